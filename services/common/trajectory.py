@@ -1,0 +1,98 @@
+"""The trajectory record (proto `openmanus.trajectory.v1`): building it turn by turn, checking its
+invariants, and the bytes that go on the stream."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Iterable, Sequence
+
+from services.common.protos import trajectory_pb2
+
+SCHEMA_VERSION = 1
+Trajectory = trajectory_pb2.Trajectory
+Turn = trajectory_pb2.Turn
+TrajectoryBatch = trajectory_pb2.TrajectoryBatch
+
+
+class RecordError(ValueError):
+    """A trajectory or batch that breaks the record's contract."""
+
+
+class TrajectoryBuilder:
+    """Accumulates the exact token sequence of one episode; tokens are never re-tokenised."""
+
+    def __init__(self, *, env: str, task_index: int, group_id: str, prompt_ids: Sequence[int],
+                 rollout_server: str = "", trajectory_id: str | None = None):
+        self.record = Trajectory(
+            trajectory_id=trajectory_id or uuid.uuid4().hex, group_id=group_id, env=env,
+            task_index=task_index, prompt_length=len(prompt_ids), rollout_server=rollout_server)
+        self._extend(prompt_ids, mask=0)
+
+    def _extend(self, ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None = None) -> None:
+        self.record.token_ids.extend(ids)
+        self.record.loss_mask.extend([mask] * len(ids))
+        self.record.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    @property
+    def length(self) -> int:
+        return len(self.record.token_ids)
+
+    def add_model_turn(self, ids: Sequence[int], logprobs: Sequence[float], *, policy_version: int, text: str,
+                       action: str, action_valid: bool, finish_reason: str) -> Turn:
+        if len(ids) != len(logprobs):
+            raise RecordError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
+        turn = self.record.turns.add(start=self.length, model_tokens=len(ids), policy_version=policy_version,
+                                     text=text, action=action, action_valid=action_valid,
+                                     finish_reason=finish_reason)
+        self._extend(ids, mask=1, logprobs=logprobs)
+        return turn
+
+    def add_observation(self, ids: Sequence[int], *, env_reward: float) -> None:
+        turn = self.record.turns[-1]
+        turn.env_tokens = len(ids)
+        turn.env_reward = env_reward
+        self._extend(ids, mask=0)
+
+    def finish(self, *, env_return: float, success: bool, stop_reason: str) -> Trajectory:
+        self.record.env_return = env_return
+        self.record.success = success
+        self.record.stop_reason = stop_reason
+        self.record.created_at = time.time()
+        validate(self.record)
+        return self.record
+
+
+def validate(traj: Trajectory) -> None:
+    n = len(traj.token_ids)
+    if len(traj.loss_mask) != n or len(traj.logprobs) != n:
+        raise RecordError(f"{traj.trajectory_id}: token_ids/loss_mask/logprobs lengths differ "
+                          f"({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})")
+    expected = [0] * traj.prompt_length
+    for turn in traj.turns:
+        if turn.start != len(expected):
+            raise RecordError(f"{traj.trajectory_id}: turn starts at {turn.start}, expected {len(expected)}")
+        expected += [1] * turn.model_tokens + [0] * turn.env_tokens
+    if list(traj.loss_mask) != expected:
+        raise RecordError(f"{traj.trajectory_id}: loss_mask does not match the turns")
+    if any(lp != 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if m == 0):
+        raise RecordError(f"{traj.trajectory_id}: logprob on a non-model token")
+
+
+def model_segments(traj: Trajectory) -> list[tuple[int, int]]:
+    """[start, end) of each turn's model tokens."""
+    return [(t.start, t.start + t.model_tokens) for t in traj.turns if t.model_tokens]
+
+
+def encode_batch(trajectories: Iterable[Trajectory], batch_id: str | None = None) -> bytes:
+    batch = TrajectoryBatch(schema_version=SCHEMA_VERSION, batch_id=batch_id or uuid.uuid4().hex)
+    batch.trajectories.extend(trajectories)
+    return batch.SerializeToString()
+
+
+def decode_batch(data: bytes) -> TrajectoryBatch:
+    batch = TrajectoryBatch.FromString(data)
+    if batch.schema_version != SCHEMA_VERSION:
+        raise RecordError(f"trajectory schema v{batch.schema_version}, this build reads v{SCHEMA_VERSION}")
+    for traj in batch.trajectories:
+        validate(traj)
+    return batch

@@ -1,0 +1,52 @@
+"""The generation backend interface: token ids in, token ids and logprobs out."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from services.common.registry import Registry
+
+
+@dataclass
+class SamplingSpec:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: Optional[int] = None
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+
+
+class RolloutBackend(abc.ABC):
+    """One policy engine. `generate` calls run concurrently (the engine batches them continuously);
+    `load_weights` is only called while no `generate` is in flight (the server guarantees it)."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec) -> Generation: ...
+
+    @abc.abstractmethod
+    async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Replace weights in place by Hugging Face parameter name (torch tensors)."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name}
+
+
+BACKENDS: Registry[RolloutBackend] = Registry("rollout backend")
+BACKENDS.register_lazy("vllm", "services.rollout.backends.vllm")
