@@ -6,6 +6,8 @@ import time
 import uuid
 from typing import Iterable, Sequence
 
+from google.protobuf.message import DecodeError
+
 from services.common.protos import trajectory_pb2
 
 SCHEMA_VERSION = 1
@@ -90,7 +92,10 @@ def encode_batch(trajectories: Iterable[Trajectory], batch_id: str | None = None
 
 
 def decode_batch(data: bytes) -> TrajectoryBatch:
-    batch = TrajectoryBatch.FromString(data)
+    try:
+        batch = TrajectoryBatch.FromString(data)
+    except DecodeError as exc:
+        raise RecordError(f"not a TrajectoryBatch: {exc}") from None
     if batch.schema_version != SCHEMA_VERSION:
         raise RecordError(f"trajectory schema v{batch.schema_version}, this build reads v{SCHEMA_VERSION}")
     for traj in batch.trajectories:

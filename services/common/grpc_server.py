@@ -1,0 +1,198 @@
+"""What every service's gRPC server shares: health, error mapping, metrics endpoint, graceful shutdown."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import socket
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from services.common import metrics
+from services.common.errors import ServiceError
+
+log = logging.getLogger(__name__)
+AddServicer = Callable[[grpc.aio.Server], None]
+
+
+def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, ServiceError):
+        return exc.code, exc.message
+    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Turns ServiceError into its status code and any other exception into INTERNAL (a reply never
+    carries an error inside), and counts every call by method and code."""
+
+    def __init__(self, service: str):
+        self._requests = metrics.counter(service, "grpc_requests_total", "gRPC calls by method and status code",
+                                         ["method", "code"])
+        self._latency = metrics.histogram(service, "grpc_request_seconds", "gRPC call latency", ["method"])
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                factory = getattr(grpc, f"{kind}_rpc_method_handler")
+                return factory(self._wrap(handler_call_details.method, behavior),
+                               request_deserializer=handler.request_deserializer,
+                               response_serializer=handler.response_serializer)
+        return handler
+
+    def _wrap(self, method: str, behavior: Callable) -> Callable:
+        if inspect.isasyncgenfunction(behavior):
+            async def stream(request, context):
+                with self._observe(method) as outcome:
+                    try:
+                        async for item in behavior(request, context):
+                            yield item
+                    except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                        await self._abort(method, exc, context, outcome)
+            return stream
+
+        async def call(request, context):
+            with self._observe(method) as outcome:
+                try:
+                    return await behavior(request, context)
+                except Exception as exc:  # noqa: BLE001
+                    await self._abort(method, exc, context, outcome)
+        return call
+
+    @contextlib.contextmanager
+    def _observe(self, method: str):
+        outcome = {"code": grpc.StatusCode.OK}
+        start = time.perf_counter()
+        try:
+            yield outcome
+        except asyncio.CancelledError:
+            outcome["code"] = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            self._requests.labels(method, outcome["code"].name).inc()
+            self._latency.labels(method).observe(time.perf_counter() - start)
+
+    @staticmethod
+    async def _abort(method: str, exc: Exception, context, outcome: dict) -> None:
+        if isinstance(exc, grpc.aio.AbortError):
+            outcome["code"] = context.code() or grpc.StatusCode.UNKNOWN
+            raise exc
+        code, message = _status(exc)
+        if not isinstance(exc, ServiceError):
+            log.exception("%s failed", method)
+        outcome["code"] = code
+        await context.abort(code, message)
+
+
+class _Recorder:
+    """Passed to `add_servicers` in place of the server, to learn the service names for health."""
+
+    def __init__(self, server: grpc.aio.Server):
+        self._server = server
+        self.services: list[str] = []
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        for handler in handlers:
+            name = getattr(handler, "service_name", lambda: None)()
+            if name and name not in self.services:
+                self.services.append(name)
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._server, attr)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host: str = "0.0.0.0",
+                metrics_port: Optional[int] = None, grace_s: float = 5.0, on_shutdown: Optional[Callable] = None,
+                stop: Optional[asyncio.Event] = None, ready: Optional[Callable[[int], Any]] = None,
+                max_message_bytes: int = 64 * 2**20) -> None:
+    """Runs a gRPC server until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully: health
+    NOT_SERVING, no new calls, in-flight calls get `grace_s`, then `on_shutdown` (sync or async) runs.
+    `ready(bound_port)` is called once serving."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(name)], options=[
+        ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it silently
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes)])
+    recorder = _Recorder(server)
+    for add in add_servicers:
+        add(recorder)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    bound = server.add_insecure_port(_hostport(host, port))
+    if not bound:
+        raise RuntimeError(f"{name}: could not bind {_hostport(host, port)}")
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+
+    http = None
+    try:
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+            http, _ = start_http_server(metrics_port, addr=host)
+            print(f"{name} metrics on {_hostport(host, http.server_address[1])}", file=sys.stderr, flush=True)
+        await server.start()
+        for service in ["", *recorder.services]:
+            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        print(f"{name} listening on {_hostport(host, bound)}", file=sys.stderr, flush=True)
+        if ready is not None:
+            ready(bound)
+        await stop.wait()
+    finally:
+        log.info("%s shutting down (grace %.1fs)", name, grace_s)
+        await health.enter_graceful_shutdown()
+        await server.stop(grace_s)
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        if http is not None:
+            http.shutdown()
+        if on_shutdown is not None:
+            result = on_shutdown()
+            if inspect.isawaitable(result):
+                await result
+
+
+async def wait_for_health(address: str, timeout_s: float, service: str = "") -> None:
+    """Polls the standard health check until `service` ("" is the whole server) is SERVING."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{address} not healthy after {timeout_s:.1f}s (last: {last})")
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                         timeout=min(1.0, remaining))
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.aio.AioRpcError as err:
+                last = err.code().name
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

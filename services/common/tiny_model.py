@@ -1,0 +1,104 @@
+"""A tiny random-init Llama with a byte-level BPE tokenizer, written as a Hugging Face model dir.
+
+Both vLLM and transformers load the result; it is the demo policy and the model every test uses.
+`build_tiny_model` is a pure function of its arguments: the same corpus and seed give the same files
+(timestamps aside), so a numerical change in a test shows up as a change, not as noise.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence, Union
+
+PAD, USER, ASSISTANT, END = "<|pad|>", "<|user|>", "<|assistant|>", "<|end|>"
+SPECIAL_TOKENS = [PAD, USER, ASSISTANT, END]
+"""Special tokens, ids 0..3 in this order; `END` is the eos."""
+ACTION_TOKENS = ["<action>", "</action>"]
+"""Added (not special) tokens: one id each, decoded as text."""
+VOCAB_SIZE = 512
+"""BPE target; a small corpus yields fewer merges, and the model's vocab is the tokenizer's length."""
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}" + USER + "{{ message['content'] }}" + END +
+    "{%- elif message['role'] == 'assistant' -%}" + ASSISTANT + "{{ message['content'] }}" + END +
+    "{%- else -%}{{ raise_exception('tiny model chat template: unsupported role ' + message['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}" + ASSISTANT + "{%- endif -%}"
+)
+
+MODEL_SHAPE = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=64,  # vLLM's CPU attention refuses head_dim 16
+    intermediate_size=256,
+    max_position_embeddings=1024,
+)
+
+
+def _train_tokenizer(corpus: Sequence[str]):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer=trainer, length=len(corpus))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ACTION_TOKENS])
+    return tok
+
+
+def build_tiny_model(
+    out_dir: Union[str, Path],
+    corpus: list[str],
+    *,
+    seed: int = 0,
+    tie_word_embeddings: bool = False,
+) -> Path:
+    """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    if not corpus:
+        raise ValueError("build_tiny_model needs a non-empty corpus to train the tokenizer on")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_tokenizer(corpus),
+        pad_token=PAD,
+        eos_token=END,
+        additional_special_tokens=[USER, ASSISTANT],
+        clean_up_tokenization_spaces=False,
+        model_max_length=MODEL_SHAPE["max_position_embeddings"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    eos_id = tokenizer.convert_tokens_to_ids(END)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD)
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+        **MODEL_SHAPE,
+    )
+    # Fork the global RNG so building a model leaves the caller's torch seed state untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

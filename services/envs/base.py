@@ -1,0 +1,67 @@
+"""The text-environment interface. The agent answers with `<action>...</action>`; an env only ever
+receives the inner text, and says so (with the exact action format) in its first observation."""
+from __future__ import annotations
+
+import abc
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class InvalidTask(ValueError):
+    """A task index or options the env cannot serve (the service answers INVALID_ARGUMENT)."""
+
+
+class EnvOptions(BaseModel):
+    """Per-env knobs; subclasses add fields. Unknown keys are rejected."""
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    success: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(abc.ABC):
+    """One episode at a time; the service creates one instance per episode and calls it from one
+    thread at a time. Invalid actions never raise: they get an observation saying what was wrong and
+    count as a turn."""
+
+    name: ClassVar[str] = "base"
+    description: ClassVar[str] = ""
+    max_turns: int = 1
+    """Turn limit with default options (reported by ListEnvs); `reset` may change it per episode."""
+    Options: ClassVar[type[EnvOptions]] = EnvOptions
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any] | None) -> EnvOptions:
+        try:
+            return cls.Options.model_validate(options or {})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+            raise InvalidTask(f"{cls.name}: bad options: {problems}") from None
+
+    @abc.abstractmethod
+    def reset(self, task_index: int, options: dict[str, Any]) -> str:
+        """Starts task `task_index` (same index and options, same task) and returns the first observation."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> StepResult: ...
+
+    def random_action(self, rng: random.Random) -> str:
+        """A valid action drawn at random for the current state: the demonstrations of a format
+        warm-start, which teach the action syntax and nothing about which action is right."""
+        raise NotImplementedError(f"{self.name} has no random_action; the tiny-model warm-start needs one")
+
+    def close(self) -> None:
+        """Releases what the episode holds."""
+
+
+def action_format(example: str) -> str:
+    return f"Answer with exactly one action inside tags, for example <action>{example}</action>."

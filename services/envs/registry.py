@@ -1,0 +1,25 @@
+"""The environment table. To add an env: write a module with a `TextEnv` subclass decorated with
+`@register_env("<name>")`, and add one `ENVS.register_lazy("<name>", "<module>")` line below so the
+service finds it without importing every env up front."""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from services.common.registry import Registry
+from services.envs.base import TextEnv
+
+E = TypeVar("E", bound=type[TextEnv])
+
+ENVS: Registry[TextEnv] = Registry("environment")
+
+
+def register_env(name: str) -> Callable[[E], E]:
+    def decorate(cls: E) -> E:
+        cls.name = name
+        return ENVS.register(name)(cls)
+
+    return decorate
+
+
+ENVS.register_lazy("corridor", "services.envs.builtin.corridor")
+ENVS.register_lazy("guess_number", "services.envs.builtin.guess_number")

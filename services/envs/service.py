@@ -1,0 +1,265 @@
+"""The env service core: many concurrent episodes, each env call in a worker thread under a deadline.
+Failures are typed errors (services.common.errors); one failing episode never affects another."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from prometheus_client import CollectorRegistry
+
+from services.common import metrics
+from services.common.errors import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
+                                    ResourceExhausted, ServiceError)
+from services.common.registry import Registry
+from services.envs.base import InvalidTask, StepResult, TextEnv
+from services.envs.messages import EnvInfo, EpisodeState
+from services.envs.registry import ENVS
+
+log = logging.getLogger(__name__)
+TRUNCATION_MARK = "\n[observation truncated]"
+
+
+@dataclass
+class _Episode:
+    id: str
+    env_name: str
+    env: TextEnv
+    options: dict[str, Any]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    done: bool = False
+    broken: Optional[str] = None
+    """Why the episode can no longer be used (its env call timed out or was abandoned mid-run)."""
+    running: Optional[concurrent.futures.Future] = None
+    """The latest env call; closing waits for it, as it may outlive a caller that gave up."""
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class EnvService:
+    def __init__(self, *, step_timeout_s: float = 10.0, max_observation_chars: int = 4096, workers: int = 32,
+                 max_episodes: int = 4096, idle_ttl_s: float = 900.0, envs: Registry[TextEnv] = ENVS,
+                 metrics_registry: Optional[CollectorRegistry] = None):
+        if max_observation_chars <= len(TRUNCATION_MARK):
+            raise ValueError(f"max_observation_chars must exceed {len(TRUNCATION_MARK)}")
+        self.step_timeout_s = step_timeout_s
+        self.max_observation_chars = max_observation_chars
+        self.max_episodes = max_episodes
+        self.idle_ttl_s = idle_ttl_s
+        self._envs = envs
+        self._episodes: dict[str, _Episode] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="env")
+        self._last_sweep = time.monotonic()
+        reg = metrics_registry
+        self._m_active = metrics.gauge("envs", "active_episodes", "Open episodes", registry=reg)
+        self._m_latency = metrics.histogram("envs", "call_seconds", "Env call latency (create, reset, step)",
+                                            ["env", "op"], registry=reg)
+        self._m_errors = metrics.counter("envs", "errors_total", "Failed calls by error kind", ["env", "kind"],
+                                         registry=reg)
+        self._m_finished = metrics.counter("envs", "episodes_finished_total", "Episodes that reached done",
+                                           ["env", "success"], registry=reg)
+
+    @property
+    def active(self) -> int:
+        return len(self._episodes)
+
+    async def list_envs(self) -> list[EnvInfo]:
+        infos = []
+        for name in self._envs.names():
+            try:
+                cls = self._envs.get(name)
+            except Exception:  # noqa: BLE001 - one broken plugin must not hide the others
+                log.exception("cannot load env %s", name)
+                continue
+            infos.append(EnvInfo(name, cls.description, int(cls.max_turns)))
+        return infos
+
+    async def create(self, env: str, task_index: int = 0, options: Optional[dict[str, Any]] = None) -> EpisodeState:
+        with self._errors(env if env in self._envs.names() else "unknown"):
+            _check_task_index(task_index)
+            if options is not None and not isinstance(options, dict):
+                raise InvalidArgument(f"options must be a mapping, got {type(options).__name__}")
+            try:
+                cls = self._envs.get(env)
+            except KeyError as exc:
+                raise NotFound(exc.args[0]) from None
+            self._sweep_idle()
+            if len(self._episodes) >= self.max_episodes:
+                raise ResourceExhausted(f"{len(self._episodes)} episodes open (max {self.max_episodes}); close some")
+            options = dict(options or {})
+
+            def build() -> tuple[TextEnv, str]:
+                instance = cls()
+                try:
+                    return instance, instance.reset(task_index, options)
+                except BaseException:
+                    _close_quietly(instance)
+                    raise
+
+            start = time.perf_counter()
+            instance, observation = await self._run(env, build)
+            self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
+            episode_id = uuid.uuid4().hex
+            self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
+            self._m_active.set(len(self._episodes))
+            return self._state(episode_id, StepResult(observation))
+
+    async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
+        ep = self._get(episode_id)
+        with self._errors(ep.env_name):
+            _check_task_index(task_index)
+            async with ep.lock:
+                self._usable(ep)
+                start = time.perf_counter()
+                observation = await self._run(ep.env_name, lambda: ep.env.reset(task_index, ep.options), ep)
+                self._m_latency.labels(ep.env_name, "reset").observe(time.perf_counter() - start)
+                ep.done, ep.last_used = False, time.monotonic()
+                return self._state(episode_id, StepResult(observation))
+
+    async def step(self, episode_id: str, action: str) -> EpisodeState:
+        ep = self._get(episode_id)
+        with self._errors(ep.env_name):
+            if not isinstance(action, str):
+                raise InvalidArgument(f"action must be a string, got {type(action).__name__}")
+            async with ep.lock:
+                self._usable(ep)
+                if ep.done:
+                    raise FailedPrecondition(f"episode {episode_id} is done; reset or close it")
+                start = time.perf_counter()
+                result = await self._run(ep.env_name, lambda: ep.env.step(action), ep)
+                self._m_latency.labels(ep.env_name, "step").observe(time.perf_counter() - start)
+                if not isinstance(result, StepResult) or not isinstance(result.info, dict):
+                    raise Internal(f"{ep.env_name}.step returned {type(result).__name__}, not a StepResult")
+                ep.done, ep.last_used = bool(result.done), time.monotonic()
+                if ep.done:
+                    self._m_finished.labels(ep.env_name, str(bool(result.success)).lower()).inc()
+                return self._state(episode_id, result)
+
+    async def close(self, episode_id: str) -> bool:
+        """False when there was no such episode (closing is idempotent)."""
+        ep = self._episodes.pop(episode_id, None)
+        self._m_active.set(len(self._episodes))
+        if ep is None:
+            return False
+        self._close_later(ep)
+        return True
+
+    async def aclose(self) -> None:
+        for episode_id in list(self._episodes):
+            await self.close(episode_id)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _get(self, episode_id: str) -> _Episode:
+        ep = self._episodes.get(episode_id)
+        if ep is None:
+            self._m_errors.labels("", NotFound.__name__).inc()
+            raise NotFound(f"unknown episode {episode_id!r}")
+        return ep
+
+    def _usable(self, ep: _Episode) -> None:
+        if self._episodes.get(ep.id) is not ep:  # closed while this call waited for the episode's lock
+            raise NotFound(f"episode {ep.id} was closed")
+        if ep.broken:
+            raise FailedPrecondition(f"episode {ep.id} is unusable ({ep.broken}); close it and create another")
+
+    async def _run(self, env_name: str, fn: Callable[[], Any], ep: Optional[_Episode] = None) -> Any:
+        cf = self._pool.submit(fn)
+        if ep is not None:
+            ep.running = cf
+        fut = asyncio.wrap_future(cf)
+        try:
+            done, _ = await asyncio.wait({fut}, timeout=self.step_timeout_s)
+        except asyncio.CancelledError:
+            self._abandon(cf, fut, ep, "a call was cancelled while the env was running")
+            raise
+        if not done:
+            self._abandon(cf, fut, ep, f"a call timed out after {self.step_timeout_s:g}s")
+            raise DeadlineExceeded(f"{env_name}: env call timed out after {self.step_timeout_s:g}s")
+        try:
+            return fut.result()
+        except InvalidTask as exc:
+            raise InvalidArgument(str(exc)) from None
+        except ServiceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an env bug fails this call only
+            log.exception("env %s raised", env_name)
+            raise Internal(f"{env_name}: {type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def _abandon(cf: concurrent.futures.Future, fut: asyncio.Future, ep: Optional[_Episode], why: str) -> None:
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it any more
+        if cf.cancel():  # never started: the env is untouched
+            return
+        if ep is not None:
+            # the worker thread cannot be stopped, so the env's state is unknown from here on
+            ep.broken = why
+        else:
+            cf.add_done_callback(_close_built)
+
+    def _close_later(self, ep: _Episode) -> None:
+        """Closes the env in a worker once any call still running on it has returned."""
+        if ep.running is not None and not ep.running.done():
+            ep.running.add_done_callback(lambda _: _close_quietly(ep.env))
+            return
+        try:
+            self._pool.submit(_close_quietly, ep.env)
+        except RuntimeError:  # pool already shut down
+            _close_quietly(ep.env)
+
+    def _sweep_idle(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sweep < 1.0:
+            return
+        self._last_sweep = now
+        for ep in list(self._episodes.values()):
+            if now - ep.last_used > self.idle_ttl_s and not ep.lock.locked():
+                log.info("closing episode %s idle for %.0fs", ep.id, now - ep.last_used)
+                self._episodes.pop(ep.id, None)
+                self._close_later(ep)
+        self._m_active.set(len(self._episodes))
+
+    def _state(self, episode_id: str, result: StepResult) -> EpisodeState:
+        try:
+            observation, reward, info = str(result.observation), float(result.reward), _jsonable(result.info)
+        except (TypeError, ValueError) as exc:
+            raise Internal(f"env returned a malformed StepResult: {exc}") from None
+        if len(observation) > self.max_observation_chars:
+            observation = observation[: self.max_observation_chars - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+            info["observation_truncated"] = True
+        return EpisodeState(episode_id, observation, reward, bool(result.done), bool(result.success), info)
+
+    @contextlib.contextmanager
+    def _errors(self, env_name: str) -> Iterator[None]:
+        try:
+            yield
+        except ServiceError as exc:
+            self._m_errors.labels(env_name, type(exc).__name__).inc()
+            raise
+
+
+def _check_task_index(task_index: Any) -> None:
+    if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
+        raise InvalidArgument(f"task_index must be an int >= 0, got {task_index!r}")
+
+
+def _close_quietly(env: TextEnv) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001
+        log.exception("closing env %s failed", env.name)
+
+
+def _close_built(done: concurrent.futures.Future) -> None:
+    """An abandoned create still builds its env: close it once built."""
+    if not done.cancelled() and done.exception() is None:
+        _close_quietly(done.result()[0])
+
+
+def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
+    """What survives a protobuf Struct, so the in-process and gRPC clients return the same info."""
+    return json.loads(json.dumps(info, default=str))

@@ -1,0 +1,29 @@
+"""python -m services.launcher train: a local training run, every service its own process."""
+import argparse
+import sys
+
+from services.common.config import load_config
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run one training job locally (defaults: tiny model on corridor, GRPO)")
+    train.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
+    train.add_argument("--model", help="Hugging Face id or local path (default: build the tiny local model)")
+    train.add_argument("--env", help="built-in environment to train on")
+    train.add_argument("--steps", type=int, help="learner steps")
+    train.add_argument("--run", help="run name (output under runs/<run>)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config override")
+    args = parser.parse_args()
+    overrides = [f"{k}={v}" for k, v in (("model.path", args.model), ("env.name", args.env),
+                                         ("learner.steps", args.steps), ("run", args.run)) if v is not None]
+    config = load_config(args.config, overrides + args.set)
+    from services.launcher.local import LocalRun
+
+    result = LocalRun(config).run()
+    return 0 if result.history else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

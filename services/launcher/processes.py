@@ -1,0 +1,76 @@
+"""Child processes of a local run: started with their logs in files, stopped by PID."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.grpc_server import wait_for_health
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    args: list[str]
+    log_path: Path
+    health_address: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen | None = None
+
+    def start(self) -> "ServiceProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        # own process group: stopping the service also stops the engine workers it spawned
+        self.popen = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.health_address:
+            if not self.running():
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
+            try:
+                asyncio.run(wait_for_health(self.health_address, min(5.0, max(deadline - time.monotonic(), 0.1))))
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM to the service's process group, SIGKILL after the grace period."""
+        if self.popen is None or self.popen.poll() is not None:
+            return None if self.popen is None else self.popen.returncode
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                return self.popen.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        return self.popen.returncode
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,1 @@
+"""The learner: trajectories in, policy updates and weight pushes out."""

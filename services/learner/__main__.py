@@ -1,0 +1,28 @@
+"""python -m services.learner: the policy learner of one run (run it under torchrun for several
+processes; rank 0 reads the stream and pushes weights)."""
+import argparse
+import json
+import logging
+
+from services.common.config import load_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--history", help="write the per-step summaries to this JSON file at the end")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
+    config = load_config(args.config, args.set)
+    from services.learner.app import build_learner
+
+    history = build_learner(config, args.metrics_port).run()
+    if args.history and history:
+        with open(args.history, "w") as f:
+            json.dump(history, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Advantage estimators by name (`AlgorithmConfig.advantage`); one module per estimator."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from services.common.registry import Registry
+
+if TYPE_CHECKING:
+    from services.common.config import AlgorithmConfig
+    from services.learner.advantages.base import AdvantageEstimator
+
+ADVANTAGES: "Registry[AdvantageEstimator]" = Registry("advantage estimator")
+ADVANTAGES.register_lazy("grpo", "services.learner.advantages.grpo")
+
+
+def build_estimator(config: "AlgorithmConfig") -> "AdvantageEstimator":
+    return ADVANTAGES.get(config.advantage).from_config(config)

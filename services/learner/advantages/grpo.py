@@ -1,0 +1,40 @@
+"""GRPO: each trajectory's score against its group (Dr.GRPO without the std division)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from services.common.config import AlgorithmConfig
+from services.learner.advantages import ADVANTAGES
+from services.learner.advantages.base import AdvantageEstimator
+
+
+@ADVANTAGES.register("grpo")
+class GRPO(AdvantageEstimator):
+    name = "grpo"
+
+    def __init__(self, *, norm_adv_by_std: bool = True, eps: float = 1e-6):
+        self.norm_adv_by_std = norm_adv_by_std
+        self.eps = eps
+
+    @classmethod
+    def from_config(cls, config: AlgorithmConfig) -> "GRPO":
+        return cls(norm_adv_by_std=config.norm_adv_by_std)
+
+    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
+                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+        mask = response_mask.to(token_rewards.dtype)
+        scores = (token_rewards * mask).sum(-1)
+        _, groups = torch.unique(group_index, return_inverse=True)
+        n_groups = int(groups.max()) + 1 if groups.numel() else 0
+        counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
+            0, groups, torch.ones_like(scores))
+        means = torch.zeros_like(counts).index_add_(0, groups, scores) / counts
+        centred = scores - means[groups]
+        if self.norm_adv_by_std:
+            sq = torch.zeros_like(counts).index_add_(0, groups, centred * centred)
+            std = (sq / (counts - 1).clamp(min=1)).sqrt()
+            centred = centred / (std[groups] + self.eps)
+        centred = torch.where(counts[groups] > 1, centred, torch.zeros_like(centred))
+        return centred.unsqueeze(-1) * mask

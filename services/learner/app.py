@@ -1,0 +1,26 @@
+"""Wires the learner: trainer (FSDP), weight pusher, and on rank 0 Redis run state and stream."""
+from __future__ import annotations
+
+from prometheus_client import start_http_server
+
+from services.common.config import TrainConfig
+from services.common.run_state import RunState
+from services.common.stream import TrajectoryStream
+from services.learner import fsdp
+from services.learner.service import LearnerService
+from services.learner.trainer import PolicyTrainer
+from services.learner.weight_push import PUSHERS
+
+
+def build_learner(config: TrainConfig, metrics_port: int | None = None) -> LearnerService:
+    if not config.model.path:
+        raise SystemExit("model.path is empty: give a model (the local launcher builds the tiny one)")
+    trainer = PolicyTrainer(config, config.model.path)
+    state = stream = None
+    if fsdp.is_rank0():
+        state = RunState.connect(config)
+        stream = TrajectoryStream(state.client, state.trajectories_key, max_len=config.stream.max_len)
+        if metrics_port:
+            start_http_server(metrics_port)
+    return LearnerService(config, trainer, PUSHERS.create("grpc", timeout_s=config.learner.push_timeout_s),
+                          state, stream)

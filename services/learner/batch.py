@@ -1,0 +1,94 @@
+"""Trajectory records to padded [B, T] tensors.
+
+Alignment: every [B, T] tensor here holds, at position t, something about token t (its mask, its rollout
+logprob, its reward, ...). A causal LM predicts token t from the logits at position t - 1; that shift
+happens in exactly one place, `logprobs_from_logits` / `entropy_from_logits`, and nowhere else."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Sequence
+
+import torch
+
+from services.common.trajectory import RecordError, Trajectory, validate
+from services.learner.allocation import trajectory_token_rewards
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor         # [B, T] long, right-padded with pad_id
+    attention_mask: torch.Tensor    # [B, T] long, 1 on real tokens
+    response_mask: torch.Tensor     # [B, T] float, 1 on tokens the model sampled
+    rollout_logprobs: torch.Tensor  # [B, T] float, sampled-token logprob under the rollout policy
+    token_rewards: torch.Tensor     # [B, T] float, the allocated reward
+    policy_versions: torch.Tensor   # [B, T] long, version of the weights that sampled token t (0 elsewhere)
+    group_index: torch.Tensor       # [B] long, group ids as 0..G-1 in order of first appearance
+    rewards: torch.Tensor           # [B] float, the trajectory reward
+    success: torch.Tensor           # [B] float, 1.0 when the episode succeeded
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor | slice) -> "TrainBatch":
+        return TrainBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def trim(self) -> "TrainBatch":
+        """Drops the padding columns no row of this batch needs."""
+        length = int(self.attention_mask.sum(-1).max()) if self.size else 0
+        return replace(self, **{f.name: getattr(self, f.name)[:, :length]
+                                for f in fields(self) if getattr(self, f.name).dim() == 2})
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+
+def collate(trajectories: Sequence[Trajectory], pad_id: int, *, allocation: str = "last_token",
+            gamma: float = 1.0) -> TrainBatch:
+    if not trajectories:
+        raise ValueError("collate needs at least one trajectory")
+    batch, length = len(trajectories), max(len(t.token_ids) for t in trajectories)
+    ids = torch.full((batch, length), pad_id, dtype=torch.long)
+    attn = torch.zeros((batch, length), dtype=torch.long)
+    resp, lps, rew = (torch.zeros((batch, length)) for _ in range(3))
+    versions = torch.zeros((batch, length), dtype=torch.long)
+    groups: dict[str, int] = {}
+    for i, traj in enumerate(trajectories):
+        validate(traj)
+        n = len(traj.token_ids)
+        if n and traj.loss_mask[0]:
+            raise RecordError(f"{traj.trajectory_id}: a model token at position 0 has no context")
+        ids[i, :n] = torch.tensor(traj.token_ids, dtype=torch.long)
+        attn[i, :n] = 1
+        resp[i, :n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+        lps[i, :n] = torch.tensor(traj.logprobs, dtype=torch.float32)
+        rew[i, :n] = torch.tensor(trajectory_token_rewards(traj, allocation, gamma), dtype=torch.float32)
+        for turn in traj.turns:
+            versions[i, turn.start:turn.start + turn.model_tokens] = turn.policy_version
+        groups.setdefault(traj.group_id, len(groups))
+    return TrainBatch(
+        input_ids=ids, attention_mask=attn, response_mask=resp, rollout_logprobs=lps, token_rewards=rew,
+        policy_versions=versions,
+        group_index=torch.tensor([groups[t.group_id] for t in trajectories], dtype=torch.long),
+        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        success=torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32))
+
+
+def split_micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
+    """Consecutive chunks of at most `size` sequences, each trimmed to its own longest sequence."""
+    if size < 1:
+        raise ValueError("micro-batch size must be at least 1")
+    return [batch.select(slice(i, i + size)).trim() for i in range(0, batch.size, size)]
+
+
+def logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T, V] logits, [B, T] ids -> [B, T]: position t = log p(token t | tokens < t); position 0 = 0."""
+    logits = logits[:, :-1].float()
+    picked = logits.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(picked - torch.logsumexp(logits, dim=-1), (1, 0))
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """[B, T, V] -> [B, T]: position t = entropy of the distribution token t was drawn from; position 0 = 0."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))

@@ -1,0 +1,110 @@
+"""Process group, FSDP2 sharding and full state dicts. The only module of the learner that knows about
+distribution; without torchrun everything runs as a world of one."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` picks CUDA when present; on CUDA each process takes the GPU of its LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device(name)
+
+
+def init_distributed(device: torch.device | str) -> tuple[int, int]:
+    """Joins the torchrun world (RANK/WORLD_SIZE/MASTER_* env vars), or else makes a world of one on an
+    in-process store. gloo on CPU, nccl on CUDA. Idempotent; returns (rank, world_size)."""
+    if not dist.is_initialized():
+        device = torch.device(device)
+        cuda = device.type == "cuda"
+        kw: dict[str, Any] = {"backend": "nccl" if cuda else "gloo", "device_id": device if cuda else None}
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(**kw)
+        else:
+            dist.init_process_group(**kw, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_rank0() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Every rank gets rank `src`'s object (picklable)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's object, in rank order, on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks, found through Hugging Face's `_no_split_modules`."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found (no _no_split_modules)")
+    return layers
+
+
+def shard_model(model: nn.Module, device: torch.device, mixed_precision_bf16: bool = False) -> nn.Module:
+    """FSDP2: `fully_shard` on each decoder layer, then on the root (embeddings and head). Moves the
+    model to `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size(),))
+    mp = MixedPrecisionPolicy()
+    if mixed_precision_bf16 and device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model.to(device)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded weights on CPU, by the model's own (Hugging Face) names. Collective: every rank
+    calls it; rank 0 gets the tensors, the others an empty dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

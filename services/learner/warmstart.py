@@ -1,0 +1,69 @@
+"""Supervised warm-start on the task format (the SFT that real pipelines run before RL): episodes of
+a random valid policy, rendered with the model's chat template, teach the action format and nothing
+about which action is right, so the policy starts near the random baseline."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from services.common.config import EnvConfig
+
+
+def demo_episodes(env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) of `count` random-policy episodes, built exactly as the agent loop builds them."""
+    from services.envs.registry import ENVS
+
+    rng, out = random.Random(seed), []
+    eos = formatter.stop_token_ids[0] if tokenizer.eos_token_id is None else tokenizer.eos_token_id
+    for i in range(count):
+        env = ENVS.create(env_cfg.name)
+        # task indices far above the training range, so warm-start never sees an RL task
+        obs = env.reset(10**9 + seed * 100_000 + i, dict(env_cfg.options))
+        ids = formatter.initial(obs)
+        mask = [0] * len(ids)
+        for _ in range(env_cfg.max_turns):
+            action = env.random_action(rng)
+            reply = tokenizer(f"<action>{action}</action>", add_special_tokens=False)["input_ids"] + [eos]
+            ids, mask = ids + reply, mask + [1] * len(reply)
+            result = env.step(action)
+            if result.done:
+                break
+            obs_ids = formatter.observation(result.observation)
+            ids, mask = ids + obs_ids, mask + [0] * len(obs_ids)
+        out.append((ids, mask))
+    return out
+
+
+def warmstart(base_dir: Path, out_dir: Path, env_cfg: EnvConfig, steps: int, seed: int = 0, batch_size: int = 16,
+              lr: float = 2e-3, say: Callable[[str], None] = print) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from services.rollout.prompting import ChatFormatter
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    episodes = demo_episodes(env_cfg, ChatFormatter(tokenizer), tokenizer, count=max(256, batch_size * 8), seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model.train()
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    pad = tokenizer.pad_token_id or 0
+    rng = random.Random(seed)
+    for step in range(1, steps + 1):
+        batch = rng.sample(episodes, batch_size)
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
+        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch], dtype=torch.bool)
+        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
+        labels = input_ids.masked_fill(~mask, -100)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        if step % 50 == 0 or step == steps:
+            say(f"warm-start {step}/{steps}: loss {loss.item():.3f}")
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

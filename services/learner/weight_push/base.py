@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+from services.common.registry import Registry
+from services.common.weights import PackedWeights
+
+
+@dataclass
+class PushResult:
+    address: str
+    ok: bool
+    policy_version: int = -1
+    checksum: str = ""
+    seconds: float = 0.0
+    error: str = ""
+
+
+class WeightPusher(abc.ABC):
+    """Delivers a full named-tensor set with its version to rollout servers; each server applies it
+    atomically or not at all, and reports the checksum of what it applied."""
+
+    @abc.abstractmethod
+    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str]) -> list[PushResult]: ...
+
+
+PUSHERS: Registry[WeightPusher] = Registry("weight push transport")

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Sequence
+
+from services.common.weights import PackedWeights
+from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
+
+
+@PUSHERS.register("grpc")
+class GrpcWeightPusher(WeightPusher):
+    """Streams the tensors in chunks to every server concurrently over the RolloutService API."""
+
+    def __init__(self, timeout_s: float = 120.0):
+        self.timeout_s = timeout_s
+
+    def push(self, version, weights: PackedWeights, addresses: Sequence[str]) -> list[PushResult]:
+        return asyncio.run(self._push_all(version, weights, list(addresses)))
+
+    async def _push_all(self, version, weights, addresses):
+        return list(await asyncio.gather(*(self._push_one(version, weights, a) for a in addresses)))
+
+    async def _push_one(self, version, weights, address) -> PushResult:
+        from services.rollout.client import GrpcRolloutClient
+
+        client = GrpcRolloutClient(address, push_timeout_s=self.timeout_s)
+        start = time.perf_counter()
+        try:
+            reply = await client.update_weights(version, weights)
+            return PushResult(address, True, reply.policy_version, reply.checksum, time.perf_counter() - start)
+        except Exception as exc:  # one unreachable server must not stop the push to the others
+            return PushResult(address, False, seconds=time.perf_counter() - start, error=str(exc))
+        finally:
+            await client.close()

@@ -1,0 +1,21 @@
+"""The reward-function interface: one finished trajectory in, one number out."""
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+from services.common.protos import trajectory_pb2
+
+
+class RewardFunction(abc.ABC):
+    """Built as `cls(**params)` from the config's `params`; a bad param must raise TypeError or
+    ValueError there, not at scoring time. `__call__` is pure and may run in any thread."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, **params: Any):
+        if params:
+            raise TypeError(f"{self.name} takes no params, got {sorted(params)}")
+
+    @abc.abstractmethod
+    def __call__(self, traj: trajectory_pb2.Trajectory) -> float: ...

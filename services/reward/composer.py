@@ -1,0 +1,53 @@
+"""The weighted sum of the configured reward functions, with each weighted part kept for logging."""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Union
+
+from services.common.config import RewardComponentConfig, RewardConfig
+from services.common.registry import Registry
+from services.common.protos import trajectory_pb2
+from services.reward.base import RewardFunction
+from services.reward.registry import REWARDS
+
+
+class RewardComposer:
+    def __init__(self, components: Mapping[str, Union[RewardComponentConfig, dict]],
+                 registry: Registry[RewardFunction] = REWARDS):
+        """Fails here (ValueError) on unknown names or bad params, never at scoring time."""
+        if not components:
+            raise ValueError(f"no reward components configured; known: {', '.join(registry.names())}")
+        unknown = sorted(set(components) - set(registry.names()))
+        if unknown:
+            raise ValueError(f"unknown reward component(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(registry.names())}")
+        self.components: list[tuple[str, float, RewardFunction]] = []
+        for name, spec in components.items():
+            spec = RewardComponentConfig.model_validate(spec)
+            try:
+                fn = registry.create(name, **spec.params)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"reward component {name!r}: bad params {spec.params}: {exc}") from None
+            self.components.append((name, spec.weight, fn))
+
+    @classmethod
+    def from_config(cls, config: RewardConfig) -> "RewardComposer":
+        return cls(config.components)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.components]
+
+    def score(self, traj: trajectory_pb2.Trajectory) -> tuple[float, dict[str, float]]:
+        """(total, {component: weight * value}); the total is the sum of the parts."""
+        parts: dict[str, float] = {}
+        for name, weight, fn in self.components:
+            try:
+                value = float(fn(traj))
+            except Exception as exc:
+                raise RuntimeError(f"reward component {name!r} failed on trajectory {traj.trajectory_id!r}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            if not math.isfinite(value):
+                raise ValueError(f"reward component {name!r} gave {value} for trajectory {traj.trajectory_id!r}")
+            parts[name] = weight * value
+        return sum(parts.values()), parts

@@ -1,0 +1,27 @@
+"""python -m services.rollout: a vLLM rollout server (and trajectory producer) for one run."""
+import argparse
+import asyncio
+import logging
+
+from services.common.config import load_config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--advertise", help="address the learner reaches this server at (default 127.0.0.1:PORT)")
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--no-produce", action="store_true", help="serve generation only, run no agent loop")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(levelname)s %(message)s")
+    config = load_config(args.config, args.set)
+    from services.rollout.app import run_server
+
+    asyncio.run(run_server(config, args.port, args.advertise or f"127.0.0.1:{args.port}", args.metrics_port,
+                           produce=not args.no_produce))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The multi-turn agent loop: generate from the episode's full token context, parse the action, step
+the environment, append the observation tokens, until done or a limit. Episodes run as independent
+coroutines, so every live episode shares the engine through continuous batching."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from services.common import metrics
+from services.common.config import EnvConfig, RolloutConfig
+from services.common.errors import ServiceError
+from services.common.trajectory import Trajectory, TrajectoryBuilder
+from services.rollout.action_parsers import ActionParser
+from services.rollout.backends.base import SamplingSpec
+from services.rollout.prompting import ChatFormatter
+
+log = logging.getLogger(__name__)
+
+ACTIVE_EPISODES = metrics.gauge("rollout", "active_episodes", "Episodes in the agent loop")
+EPISODES = metrics.counter("rollout", "episodes_total", "Finished episodes by outcome", ["outcome"])
+
+
+class Generator(Protocol):
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> Any:
+        """Returns an object with `.generation` (token_ids, logprobs, finish_reason) and `.policy_version`."""
+
+
+class EpisodeFailed(RuntimeError):
+    """An episode lost to infrastructure (env service, engine), not to the policy: never scored."""
+
+
+@dataclass
+class LoopLimits:
+    max_turns: int
+    max_new_tokens: int
+    max_model_len: int
+
+
+class AgentLoop:
+    def __init__(self, generator: Generator, env_client: Any, formatter: ChatFormatter, parser: ActionParser,
+                 rollout: RolloutConfig, env: EnvConfig, max_model_len: int, server_name: str = ""):
+        self.generator, self.envs, self.formatter, self.parser = generator, env_client, formatter, parser
+        self.rollout, self.env = rollout, env
+        self.limits = LoopLimits(env.max_turns, rollout.max_new_tokens, max_model_len)
+        self.server_name = server_name
+
+    def _sampling(self, budget: int, seed: int | None) -> SamplingSpec:
+        r = self.rollout
+        return SamplingSpec(max_tokens=budget, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                            stop_token_ids=self.formatter.stop_token_ids, seed=seed)
+
+    async def run_group(self, task_index: int, group_id: str | None = None, seed: int | None = None) -> list[Trajectory]:
+        """`group_size` episodes of one task, concurrently; any infrastructure failure fails the group."""
+        group_id = group_id or uuid.uuid4().hex
+        episodes = [self.run_episode(task_index, group_id, None if seed is None else seed * 1000 + i)
+                    for i in range(self.rollout.group_size)]
+        results = await asyncio.gather(*episodes, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise EpisodeFailed(f"group {group_id}: {len(failures)} episode(s) failed: {failures[0]!r}") from failures[0]
+        return list(results)
+
+    async def run_episode(self, task_index: int, group_id: str, seed: int | None = None) -> Trajectory:
+        ACTIVE_EPISODES.inc()
+        episode_id = None
+        try:
+            state = await self.envs.create(self.env.name, task_index, self.env.options)
+            episode_id = state.episode_id
+            traj = await self._play(state, task_index, group_id, seed)
+            EPISODES.labels(outcome="success" if traj.success else "failure").inc()
+            return traj
+        except ServiceError as exc:
+            EPISODES.labels(outcome="infra_error").inc()
+            raise EpisodeFailed(f"env service: {exc}") from exc
+        finally:
+            ACTIVE_EPISODES.dec()
+            if episode_id is not None:
+                await self._close_quietly(episode_id)
+
+    async def _play(self, state: Any, task_index: int, group_id: str, seed: int | None) -> Trajectory:
+        builder = TrajectoryBuilder(env=self.env.name, task_index=task_index, group_id=group_id,
+                                    prompt_ids=self.formatter.initial(state.observation),
+                                    rollout_server=self.server_name)
+        env_return, lim = 0.0, self.limits
+        for turn in range(lim.max_turns):
+            budget = min(lim.max_new_tokens, lim.max_model_len - builder.length)
+            if budget <= 0:
+                return builder.finish(env_return=env_return, success=False, stop_reason="max_length")
+            out = await self.generator.generate(f"{builder.record.trajectory_id}-{turn}", builder.record.token_ids,
+                                                self._sampling(budget, None if seed is None else seed + turn))
+            gen = out.generation
+            text = self.formatter.decode(gen.token_ids)
+            parsed = self.parser.parse(text)
+            builder.add_model_turn(gen.token_ids, gen.logprobs, policy_version=out.policy_version, text=text,
+                                   action=parsed.action, action_valid=parsed.valid, finish_reason=gen.finish_reason)
+            if parsed.valid:
+                state = await self.envs.step(state.episode_id, parsed.action)
+                env_return += state.reward
+                if state.done:
+                    builder.record.turns[-1].env_reward = state.reward
+                    return builder.finish(env_return=env_return, success=state.success, stop_reason="done")
+                observation, reward = state.observation, state.reward
+            else:
+                observation, reward = f"{self.parser.format_hint()} ({parsed.error})", 0.0
+            obs_ids = self.formatter.observation(observation)
+            if builder.length + len(obs_ids) >= lim.max_model_len:
+                return builder.finish(env_return=env_return, success=False, stop_reason="max_length")
+            builder.add_observation(obs_ids, env_reward=reward)
+        return builder.finish(env_return=env_return, success=False, stop_reason="max_turns")
+
+    async def _close_quietly(self, episode_id: str) -> None:
+        try:
+            await self.envs.close(episode_id)
+        except Exception as exc:  # closing is best effort: the env service may be the thing that failed
+            log.debug("close of episode %s failed: %s", episode_id, exc)

@@ -1,0 +1,87 @@
+"""Callers of a rollout server: the gRPC client used in production and an in-process one for tests."""
+from __future__ import annotations
+
+import abc
+from typing import Sequence
+
+import grpc
+
+from services.common.errors import from_rpc_error
+from services.common.protos import rollout_pb2, rollout_pb2_grpc
+from services.common.weights import PackedWeights
+from services.rollout.backends.base import Generation, SamplingSpec
+from services.rollout.core import RolloutCore, UpdateResult, VersionedGeneration
+
+
+class RolloutClient(abc.ABC):
+    @abc.abstractmethod
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration: ...
+
+    @abc.abstractmethod
+    async def update_weights(self, version: int, weights: PackedWeights) -> UpdateResult: ...
+
+    @abc.abstractmethod
+    async def status(self) -> dict: ...
+
+    async def close(self) -> None:
+        pass
+
+
+class InProcessRolloutClient(RolloutClient):
+    def __init__(self, core: RolloutCore):
+        self.core = core
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        return await self.core.generate(request_id, prompt_ids, sampling)
+
+    async def update_weights(self, version, weights):
+        return await self.core.update_weights(version, weights.specs, weights.payload, weights.checksum)
+
+    async def status(self):
+        return self.core.status()
+
+
+class GrpcRolloutClient(RolloutClient):
+    def __init__(self, address: str, timeout_s: float = 120.0, push_timeout_s: float = 300.0):
+        self.address, self.timeout_s, self.push_timeout_s = address, timeout_s, push_timeout_s
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        request = rollout_pb2.GenerateRequest(
+            request_id=request_id, prompt_token_ids=list(prompt_ids),
+            sampling=rollout_pb2.SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                                                top_p=sampling.top_p, top_k=sampling.top_k,
+                                                stop_token_ids=sampling.stop_token_ids, seed=sampling.seed))
+        try:
+            reply = await self._stub.Generate(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return VersionedGeneration(Generation(list(reply.token_ids), list(reply.logprobs), reply.finish_reason),
+                                   reply.policy_version)
+
+    async def update_weights(self, version, weights):
+        packed = weights
+        header = rollout_pb2.WeightUpdateHeader(version=version, checksum=packed.checksum, tensors=[
+            rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in packed.specs])
+
+        async def chunks():
+            yield rollout_pb2.WeightChunk(header=header)
+            for data in packed.chunks():
+                yield rollout_pb2.WeightChunk(data=data)
+
+        try:
+            reply = await self._stub.UpdateWeights(chunks(), timeout=self.push_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
+
+    async def status(self):
+        try:
+            reply = await self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from exc
+        return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
+
+    async def close(self):
+        await self._channel.close()

@@ -1,0 +1,93 @@
+"""The agent loop against the real env service core (in-process) and a scripted policy."""
+import asyncio
+
+import pytest
+
+from services.common.config import EnvConfig, RolloutConfig
+from services.common.errors import Unavailable
+from services.common.trajectory import validate
+from services.envs.client import InProcessEnvClient
+from services.envs.service import EnvService
+from services.rollout.action_parsers import PARSERS
+from services.rollout.agent_loop import AgentLoop, EpisodeFailed
+from services.rollout.backends.base import Generation
+from services.rollout.core import VersionedGeneration
+from services.rollout.prompting import ChatFormatter
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from services.common.tiny_model import build_tiny_model
+
+    corpus = ["You are in cell 3. The exit is to the left. <action>left</action> <action>right</action>"] * 20
+    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny"), corpus))
+
+
+class ScriptedPolicy:
+    """Reads the latest observation from the prompt and answers with `reply(observation)`."""
+
+    def __init__(self, tokenizer, reply, version=3):
+        self.tokenizer, self.reply, self.version, self.prompts = tokenizer, reply, version, []
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        self.prompts.append(list(prompt_ids))
+        text = self.tokenizer.decode(prompt_ids)
+        last_obs = text.rsplit("<|user|>", 1)[-1]
+        ids = self.tokenizer(self.reply(last_obs), add_special_tokens=False)["input_ids"][:sampling.max_tokens - 1]
+        ids.append(self.tokenizer.eos_token_id)
+        return VersionedGeneration(Generation(ids, [-0.5] * len(ids), "stop"), self.version)
+
+
+def toward_exit(obs):
+    return "<action>left</action>" if "to the left" in obs else "<action>right</action>"
+
+
+def make_loop(tokenizer, reply, env_client=None, max_turns=6, group_size=3):
+    policy = ScriptedPolicy(tokenizer, reply)
+    loop = AgentLoop(policy, env_client or InProcessEnvClient(EnvService()), ChatFormatter(tokenizer),
+                     PARSERS.create("xml_action"), RolloutConfig(group_size=group_size, max_new_tokens=16),
+                     EnvConfig(name="corridor", max_turns=max_turns), max_model_len=512)
+    return loop, policy
+
+
+def test_optimal_policy_succeeds_with_exact_tokens_and_masks(tokenizer):
+    loop, policy = make_loop(tokenizer, toward_exit)
+    group = asyncio.run(loop.run_group(task_index=5, group_id="g"))
+    assert len(group) == 3
+    for traj in group:
+        validate(traj)
+        assert traj.success and traj.stop_reason == "done" and len(traj.turns) == 3
+        assert all(t.action_valid and t.policy_version == 3 for t in traj.turns)
+        # every prompt the engine saw is exactly the record's prefix: nothing was re-tokenised
+        for turn in traj.turns:
+            assert any(list(traj.token_ids[:turn.start]) == p for p in policy.prompts)
+        assert traj.turns[-1].env_reward == 1.0 and traj.env_return == 1.0
+
+
+def test_unparseable_replies_get_a_format_hint_and_run_out_of_turns(tokenizer):
+    loop, _ = make_loop(tokenizer, lambda obs: "left", max_turns=3)
+    traj = asyncio.run(loop.run_episode(task_index=1, group_id="g"))
+    assert traj.stop_reason == "max_turns" and not traj.success and len(traj.turns) == 3
+    assert not any(t.action_valid for t in traj.turns)
+    assert "Invalid format" in tokenizer.decode(traj.token_ids[traj.turns[1].start - traj.turns[0].env_tokens:
+                                                              traj.turns[1].start])
+
+
+def test_context_limit_stops_the_episode(tokenizer):
+    loop, _ = make_loop(tokenizer, lambda obs: "<action>up</action>", max_turns=50)
+    loop.limits.max_model_len = 200
+    traj = asyncio.run(loop.run_episode(task_index=1, group_id="g"))
+    assert traj.stop_reason in {"max_length", "done"} and len(traj.token_ids) <= 200
+
+
+class BrokenEnvClient(InProcessEnvClient):
+    async def step(self, episode_id, action):
+        raise Unavailable("env replica gone")
+
+
+def test_infrastructure_failure_fails_the_whole_group(tokenizer):
+    loop, _ = make_loop(tokenizer, toward_exit, env_client=BrokenEnvClient(EnvService()))
+    with pytest.raises(EpisodeFailed, match="env replica gone"):
+        asyncio.run(loop.run_group(task_index=2, group_id="g"))

@@ -1,0 +1,278 @@
+import asyncio
+import re
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.common.errors import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
+                                    ResourceExhausted)
+from services.common.registry import Registry
+from services.envs.base import StepResult, TextEnv
+from services.envs.builtin.corridor import Corridor
+from services.envs.builtin.guess_number import GuessNumber
+from services.envs.client import InProcessEnvClient
+from services.envs.service import TRUNCATION_MARK, EnvService
+
+
+class SlowEnv(TextEnv):
+    name = "slow"
+    max_turns = 3
+    closed = threading.Event()
+
+    def reset(self, task_index, options):
+        if options.get("slow_reset"):
+            time.sleep(0.6)
+        return "slow start"
+
+    def step(self, action):
+        time.sleep(float(action))
+        return StepResult(f"slept {action}")
+
+    def close(self):
+        SlowEnv.closed.set()
+
+
+class BrokenEnv(TextEnv):
+    name = "broken"
+
+    def reset(self, task_index, options):
+        if options.get("fail_reset"):
+            raise RuntimeError("reset exploded")
+        return "ready"
+
+    def step(self, action):
+        if action == "boom":
+            raise ZeroDivisionError("step exploded")
+        if action == "nonsense":
+            return "not a StepResult"
+        return StepResult("fine", info={"shape": (1, 2), "obj": object.__name__})
+
+
+class VerboseEnv(TextEnv):
+    name = "verbose"
+
+    def reset(self, task_index, options):
+        return "x" * 10_000
+
+    def step(self, action):
+        return StepResult("y" * 50)
+
+
+def make_client(**kwargs) -> tuple[InProcessEnvClient, CollectorRegistry]:
+    envs = Registry("environment")
+    for cls in (Corridor, GuessNumber, SlowEnv, BrokenEnv, VerboseEnv):
+        envs.register(cls.name)(cls)
+    metrics = CollectorRegistry()
+    return InProcessEnvClient(EnvService(envs=envs, metrics_registry=metrics, **kwargs)), metrics
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_list_envs():
+    client, _ = make_client()
+    infos = {info.name: info for info in run(client.list_envs())}
+    assert set(infos) == {"corridor", "guess_number", "slow", "broken", "verbose"}
+    assert infos["corridor"].max_turns == 4 and infos["guess_number"].max_turns == 5
+    assert infos["corridor"].description
+
+
+async def play_corridor(client, task_index: int) -> bool:
+    state = await client.create("corridor", task_index, {})
+    while not state.done:
+        await asyncio.sleep(0)  # interleave episodes
+        side = re.search(r"exit is to the (left|right)", state.observation).group(1)
+        state = await client.step(state.episode_id, side)
+    assert await client.close(state.episode_id)
+    return state.success
+
+
+def test_many_concurrent_episodes():
+    client, metrics = make_client()
+
+    async def main():
+        results = await asyncio.gather(*(play_corridor(client, i) for i in range(200)))
+        assert all(results)
+        assert client.service.active == 0
+
+    run(main())
+    assert metrics.get_sample_value("omrl_envs_active_episodes") == 0
+    assert metrics.get_sample_value("omrl_envs_episodes_finished_total", {"env": "corridor", "success": "true"}) == 200
+    assert metrics.get_sample_value("omrl_envs_call_seconds_count", {"env": "corridor", "op": "step"}) == 600
+
+
+def test_step_timeout_breaks_only_that_episode():
+    SlowEnv.closed.clear()
+    client, metrics = make_client(step_timeout_s=0.2)
+
+    async def main():
+        slow = await client.create("slow")
+        other = await client.create("corridor", 0)
+        started = time.monotonic()
+        slow_step = asyncio.ensure_future(client.step(slow.episode_id, "0.6"))
+        await asyncio.sleep(0.05)
+        assert (await client.step(other.episode_id, "left")).episode_id == other.episode_id
+        assert time.monotonic() - started < 0.2, "a slow env must not block other episodes"
+        with pytest.raises(DeadlineExceeded, match="slow: env call timed out after 0.2s"):
+            await slow_step
+        with pytest.raises(FailedPrecondition, match="unusable"):
+            await client.step(slow.episode_id, "0")
+        with pytest.raises(FailedPrecondition, match="unusable"):
+            await client.reset(slow.episode_id, 0)
+        assert await client.close(slow.episode_id)
+        assert not SlowEnv.closed.is_set(), "closing waits for the abandoned call"
+        await asyncio.to_thread(SlowEnv.closed.wait, 2)
+        assert SlowEnv.closed.is_set()
+        assert (await client.step(other.episode_id, "right")).info["turn"] == 2
+
+    run(main())
+    assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "slow", "kind": "DeadlineExceeded"}) == 1
+
+
+def test_create_timeout():
+    client, _ = make_client(step_timeout_s=0.2)
+    with pytest.raises(DeadlineExceeded):
+        run(client.create("slow", 0, {"slow_reset": True}))
+    assert client.service.active == 0
+
+
+def test_env_exception_fails_that_call_only():
+    client, metrics = make_client()
+
+    async def main():
+        broken = await client.create("broken")
+        other = await client.create("guess_number", 3)
+        with pytest.raises(Internal, match="broken: ZeroDivisionError: step exploded"):
+            await client.step(broken.episode_id, "boom")
+        with pytest.raises(Internal, match="not a StepResult"):
+            await client.step(broken.episode_id, "nonsense")
+        state = await client.step(broken.episode_id, "ok")
+        assert state.observation == "fine" and state.info == {"shape": [1, 2], "obj": "object"}
+        assert (await client.step(other.episode_id, "8")).info["action_valid"]
+        with pytest.raises(Internal, match="reset exploded"):
+            await client.create("broken", 0, {"fail_reset": True})
+
+    run(main())
+    assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "broken", "kind": "Internal"}) == 3
+
+
+def test_observation_truncation():
+    client, _ = make_client(max_observation_chars=100)
+    state = run(client.create("verbose"))
+    assert len(state.observation) == 100 and state.observation.endswith(TRUNCATION_MARK)
+    assert state.info == {"observation_truncated": True}
+    state = run(client.step(state.episode_id, "go"))
+    assert state.observation == "y" * 50 and state.info == {}
+
+
+def test_error_types():
+    client, metrics = make_client(max_episodes=2)
+
+    async def main():
+        with pytest.raises(NotFound, match="known: broken, corridor, guess_number, slow, verbose"):
+            await client.create("nope")
+        for missing in (client.step("nope", "left"), client.reset("nope", 0)):
+            with pytest.raises(NotFound, match="unknown episode 'nope'"):
+                await missing
+        assert await client.close("nope") is False
+        for task_index in (-1, 1.5, True, "3"):
+            with pytest.raises(InvalidArgument, match="task_index"):
+                await client.create("corridor", task_index)
+        with pytest.raises(InvalidArgument, match="bogus"):
+            await client.create("corridor", 0, {"bogus": 1})
+        with pytest.raises(InvalidArgument, match="mapping"):
+            await client.create("corridor", 0, ["length", 3])
+
+        state = await client.create("guess_number", 0, {"max_number": 1})
+        done = await client.step(state.episode_id, "1")
+        assert done.done and done.success
+        with pytest.raises(FailedPrecondition, match="is done"):
+            await client.step(state.episode_id, "1")
+        with pytest.raises(InvalidArgument, match="action must be a string"):
+            await client.step(state.episode_id, 1)
+        with pytest.raises(InvalidArgument, match="task_index"):
+            await client.reset(state.episode_id, -2)
+        again = await client.reset(state.episode_id, 1)
+        assert not again.done and (await client.step(state.episode_id, "1")).success
+
+        await client.create("corridor")
+        with pytest.raises(ResourceExhausted, match="max 2"):
+            await client.create("corridor")
+        assert await client.close(state.episode_id) and not await client.close(state.episode_id)
+        await client.create("corridor")
+
+    run(main())
+    assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "unknown", "kind": "NotFound"}) == 1
+    assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "", "kind": "NotFound"}) == 2
+
+
+def test_reset_is_reproducible_through_the_service():
+    client, _ = make_client()
+
+    async def main():
+        a = await client.create("corridor", 42, {"length": 12, "distance": 4})
+        b = await client.create("corridor", 42, {"length": 12, "distance": 4})
+        assert a.observation == b.observation and a.episode_id != b.episode_id
+        await client.step(a.episode_id, "left")
+        assert (await client.reset(a.episode_id, 42)).observation == b.observation
+
+    run(main())
+
+
+def test_idle_episodes_are_closed():
+    client, _ = make_client(idle_ttl_s=0.0)
+
+    async def main():
+        old = await client.create("corridor")
+        client.service._last_sweep = 0.0
+        await client.create("corridor")
+        with pytest.raises(NotFound):
+            await client.step(old.episode_id, "left")
+
+    run(main())
+
+
+def test_aclose_closes_every_episode():
+    SlowEnv.closed.clear()
+    client, _ = make_client()
+
+    async def main():
+        await client.create("slow")
+        await client.create("corridor")
+        await client.service.aclose()
+        assert client.service.active == 0
+
+    run(main())
+    assert SlowEnv.closed.wait(2)
+
+
+def test_calls_on_one_episode_are_serialised_and_close_wins():
+    client, _ = make_client()
+
+    async def main():
+        state = await client.create("slow")
+        first = asyncio.ensure_future(client.step(state.episode_id, "0.3"))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(client.step(state.episode_id, "0"))
+        await asyncio.sleep(0.05)
+        assert await client.close(state.episode_id)
+        assert (await first).observation == "slept 0.3"
+        with pytest.raises(NotFound, match="was closed"):
+            await queued
+
+    run(main())
+
+
+def test_malformed_step_result_is_internal():
+    client, _ = make_client()
+
+    async def main():
+        state = await client.create("broken")
+        client.service._episodes[state.episode_id].env.step = lambda action: StepResult("x", reward="lots")
+        with pytest.raises(Internal, match="malformed StepResult"):
+            await client.step(state.episode_id, "go")
+
+    run(main())

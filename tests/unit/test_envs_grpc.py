@@ -1,0 +1,123 @@
+"""The env service behind a real in-process gRPC server: the shared server plumbing (health, error
+mapping, metrics) and both clients returning the same things."""
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
+
+from services.common.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+from services.common.grpc_server import free_port, serve, wait_for_health
+from services.common.protos import envs_pb2_grpc
+from services.envs.client import GrpcEnvClient, InProcessEnvClient
+from services.envs.server import EnvServicer, add_env_service
+from services.envs.service import EnvService
+
+
+class ExplodingServicer(EnvServicer):
+    async def ListEnvs(self, request, context):
+        raise RuntimeError("kaboom")
+
+
+@contextlib.asynccontextmanager
+async def running(*add_servicers, on_shutdown=None):
+    stop, bound = asyncio.Event(), asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(serve("envs", 0, list(add_servicers), host="127.0.0.1", grace_s=1.0,
+                                       stop=stop, ready=bound.set_result, on_shutdown=on_shutdown))
+    port = await asyncio.wait_for(asyncio.shield(bound), 10)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_grpc_and_in_process_clients_agree():
+    service = EnvService()
+
+    async def play(client):
+        states = [await client.create("corridor", 9, {"length": 10, "distance": 3})]
+        for action in ("LEFT", "jump", "right"):
+            states.append(await client.step(states[0].episode_id, action))
+        states.append(await client.reset(states[0].episode_id, 9))
+        assert await client.close(states[0].episode_id)
+        return [(s.observation, s.reward, s.done, s.success, s.info) for s in states], await client.list_envs()
+
+    async def main():
+        async with running(add_env_service(service)) as address:
+            async with GrpcEnvClient(address, timeout_s=5) as remote:
+                assert await play(remote) == await play(InProcessEnvClient(service))
+
+    run(main())
+
+
+def test_health_per_service_and_error_codes():
+    service = EnvService()
+    closed = []
+
+    async def main():
+        async with running(add_env_service(service), on_shutdown=lambda: closed.append(True)) as address:
+            await wait_for_health(address, 5)
+            await wait_for_health(address, 5, service="openmanus.envs.v1.EnvService")
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+                assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            async with GrpcEnvClient(address, timeout_s=5) as client:
+                with pytest.raises(NotFound, match="known: corridor, guess_number"):
+                    await client.create("nope")
+                with pytest.raises(InvalidArgument, match="distance 7 needs length >= 9"):
+                    await client.create("corridor", 0, {"distance": 7})
+                with pytest.raises(InvalidArgument):
+                    await client.create("corridor", -1)
+                state = await client.create("guess_number", 0, {"max_number": 1})
+                await client.step(state.episode_id, "1")
+                with pytest.raises(FailedPrecondition) as err:
+                    await client.step(state.episode_id, "1")
+                assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert closed == [True]
+        with pytest.raises(Unavailable):
+            async with GrpcEnvClient(address, timeout_s=2) as client:
+                await client.list_envs()
+
+    run(main())
+
+
+def test_unexpected_exception_becomes_internal():
+    async def main():
+        add = lambda server: envs_pb2_grpc.add_EnvServiceServicer_to_server(  # noqa: E731
+            ExplodingServicer(EnvService()), server)
+        async with running(add) as address:
+            async with GrpcEnvClient(address, timeout_s=5) as client:
+                with pytest.raises(Internal, match="RuntimeError: kaboom"):
+                    await client.list_envs()
+
+    before = REGISTRY.get_sample_value("omrl_envs_grpc_requests_total",
+                                       {"method": "/openmanus.envs.v1.EnvService/ListEnvs", "code": "INTERNAL"}) or 0
+    run(main())
+    after = REGISTRY.get_sample_value("omrl_envs_grpc_requests_total",
+                                      {"method": "/openmanus.envs.v1.EnvService/ListEnvs", "code": "INTERNAL"})
+    assert after == before + 1
+
+
+def test_port_in_use_fails_loudly():
+    async def main():
+        async with running(add_env_service(EnvService())) as address:
+            port = int(address.rsplit(":", 1)[1])
+            with pytest.raises(RuntimeError):
+                await serve("envs", port, [], host="127.0.0.1", stop=asyncio.Event())
+
+    run(main())
+
+
+def test_free_port_is_bindable():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))

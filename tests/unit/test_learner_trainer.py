@@ -1,0 +1,176 @@
+import json
+
+import pytest
+import torch
+
+from services.common.config import TrainConfig
+from services.common.trajectory import TrajectoryBuilder
+from services.learner import fsdp
+from services.learner.checkpoint import COMMITTED, checkpoint_path, latest_checkpoint
+from services.learner.model import token_logprobs
+from services.learner.smoke import build_tiny_llama, synthetic_trajectories
+from services.learner.trainer import PolicyTrainer
+
+PROMPT = [5, 6, 7]
+GOOD, BAD = 10, 20
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def make_config(**algorithm):
+    return TrainConfig.model_validate({"seed": 1, "rollout": {"group_size": 4}, "learner": {"device": "cpu"},
+                                       "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm}})
+
+
+def episode(group, token, reward, logprob=-1.0):
+    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=PROMPT)
+    b.add_model_turn([token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True,
+                     finish_reason="stop")
+    traj = b.finish(env_return=reward, success=reward > 0, stop_reason="done")
+    traj.reward = reward
+    return traj
+
+
+def logprob_of(trainer, token):
+    ids = torch.tensor([PROMPT + [token]])
+    with torch.no_grad():
+        return token_logprobs(trainer.model, ids, torch.ones_like(ids))[0, -1].item()
+
+
+def full_params(trainer):
+    return {k: v.full_tensor().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def optim_state(trainer):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(trainer.model, trainer.optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def test_positive_advantage_tokens_gain_probability(model_dir):
+    trainer = PolicyTrainer(make_config(), model_dir)
+    batch = [episode(f"g{g}", tok, r) for g in range(3) for tok, r in ((GOOD, 1.0), (BAD, 0.0)) * 2]
+    good0, bad0 = logprob_of(trainer, GOOD), logprob_of(trainer, BAD)
+    for _ in range(5):
+        metrics = trainer.train_step(batch)
+    assert logprob_of(trainer, GOOD) > good0 + 0.5
+    assert logprob_of(trainer, BAD) < bad0 - 0.5
+    assert metrics["num_trajectories"] == 12 and metrics["reward_mean"] == 0.5 and metrics["success_rate"] == 0.5
+    assert metrics["response_len_mean"] == 2 and metrics["grad_norm"] > 0 and metrics["entropy"] > 0
+
+
+def test_mismatch_kl_is_zero_when_rollout_used_the_same_weights(model_dir):
+    trainer = PolicyTrainer(make_config(), model_dir)
+    trajs = synthetic_trajectories(5, 4, seed=3)
+    for traj in trajs:  # score each sampled token from its own prefix, as a sampler does
+        ids = list(traj.token_ids)
+        for i, m in enumerate(traj.loss_mask):
+            if m:
+                traj.logprobs[i] = logprob_of_prefix(trainer, ids[:i], ids[i])
+    metrics = trainer.train_step(trajs)
+    assert metrics["mismatch_kl"] < 1e-8
+    assert metrics["ratio_mean"] == pytest.approx(1.0) and metrics["clip_frac"] == 0
+    assert metrics["policy_version_min"] == 0 and metrics["policy_version_max"] == 2
+
+
+def logprob_of_prefix(trainer, prefix, token):
+    ids = torch.tensor([prefix])
+    with torch.no_grad():
+        logits = trainer.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    return torch.log_softmax(logits[0, -1].float(), -1)[token].item()
+
+
+def test_checkpoint_round_trip_is_bit_identical(model_dir, tmp_path):
+    config = make_config(ppo_epochs=2)
+    trainer = PolicyTrainer(config, model_dir)
+    for seed in range(2):
+        trainer.train_step(synthetic_trajectories(6, 4, seed=seed))
+    trainer.policy_version = 7
+    path = trainer.save_checkpoint(tmp_path, {"stream_id": "1-0"})
+    assert path == checkpoint_path(tmp_path, 2) and (path / COMMITTED).is_file()
+    assert PolicyTrainer.latest_checkpoint(tmp_path) == path
+
+    fresh = PolicyTrainer(config, model_dir)
+    assert fresh.load_checkpoint(path) == {"stream_id": "1-0"}
+    assert (fresh.step, fresh.policy_version) == (2, 7)
+    a, b = full_params(trainer), full_params(fresh)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa, ob = optim_state(trainer), optim_state(fresh)
+    betas_as_tuple = [{**g, "betas": tuple(g["betas"])} for g in ob["param_groups"]]  # broadcast makes a list
+    assert oa["param_groups"] == betas_as_tuple
+    assert oa["state"].keys() == ob["state"].keys()
+    for name, state in oa["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, ob["state"][name][key]), (name, key)
+    nxt = synthetic_trajectories(6, 4, seed=9)
+    assert trainer.train_step(nxt) == fresh.train_step(nxt)
+
+
+def test_pushed_weights_are_the_full_hf_state_dict(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    trainer = PolicyTrainer(make_config(), model_dir)
+    trainer.train_step(synthetic_trajectories(4, 4, seed=1))
+    pushed = trainer.named_weights_for_push()
+    params = full_params(trainer)
+    assert [n for n, _ in pushed] == list(params)
+    assert all(t.device.type == "cpu" and t.dtype == torch.float32 and torch.equal(t, params[n]) for n, t in pushed)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir)
+    hf.load_state_dict(dict(pushed), strict=True)  # names as Hugging Face expects
+    ids = torch.tensor([PROMPT + [GOOD]])
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(hf.eval(), ids, torch.ones_like(ids)),
+                                   token_logprobs(trainer.model, ids, torch.ones_like(ids)))
+
+
+def test_pushed_weights_in_configured_dtype(model_dir):
+    config = make_config()
+    config.model.dtype = "bfloat16"
+    trainer = PolicyTrainer(config, model_dir)
+    assert {t.dtype for _, t in trainer.named_weights_for_push()} == {torch.bfloat16}
+
+
+def test_latest_checkpoint_ignores_unfinished_and_keeps_last_k(model_dir, tmp_path):
+    config = make_config()
+    config.learner.keep_checkpoints = 2
+    trainer = PolicyTrainer(config, model_dir)
+    for step in (1, 2, 3):
+        trainer.step = trainer.policy_version = step
+        trainer.save_checkpoint(tmp_path, {"step": step})
+    trainer.save_checkpoint(tmp_path, {"step": 3, "again": True})  # the same step saved twice: the last wins
+    # a crash mid-write: a temp dir, and a renamed dir whose marker never landed
+    (tmp_path / "step_00000005.tmp").mkdir()
+    (tmp_path / "step_00000004").mkdir()
+    (tmp_path / "step_00000004" / "model.pt").write_bytes(b"partial")
+    assert latest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 3)
+    assert sorted(p.name for p in tmp_path.iterdir() if (p / COMMITTED).exists()) == ["step_00000002",
+                                                                                        "step_00000003"]
+    assert json.loads((checkpoint_path(tmp_path, 3) / "meta.json").read_text())["extra"] == {"step": 3, "again": True}
+    assert not list(tmp_path.glob("*.old"))
+    assert latest_checkpoint(tmp_path / "missing") is None
+    with pytest.raises(FileNotFoundError):
+        trainer.load_checkpoint(tmp_path / "step_00000004")
+
+
+def test_world_of_one_is_idempotent():
+    assert fsdp.init_distributed("cpu") == (0, 1) == fsdp.init_distributed("cpu")
+    assert fsdp.is_rank0() and fsdp.broadcast_object({"a": 1}) == {"a": 1}
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_micro_batching_equals_full_batch(model_dir, mode):
+    trajs = synthetic_trajectories(7, 4, seed=5)
+    runs = []
+    for size in (1, 3, 64):
+        trainer = PolicyTrainer(make_config(loss_agg_mode=mode, micro_batch_size=size, ppo_epochs=2), model_dir)
+        runs.append((trainer.train_step(trajs), full_params(trainer)))
+    (m_full, p_full) = runs[-1]
+    for metrics, params in runs[:-1]:
+        for key in ("loss", "grad_norm", "clip_frac", "approx_kl", "entropy", "mismatch_kl"):
+            assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+        for name, value in params.items():
+            torch.testing.assert_close(value, p_full[name], rtol=1e-4, atol=5e-5)  # Adam magnifies fp noise

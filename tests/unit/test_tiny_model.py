@@ -1,0 +1,99 @@
+"""The tiny demo model: its tokenizer, chat template, and that building it is deterministic."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+
+from services.common.tiny_model import ACTION_TOKENS, END, SPECIAL_TOKENS, build_tiny_model  # noqa: E402
+
+CORPUS = [
+    f"You are in room {i} of a corridor with {i % 5 + 2} doors. The goal is to the "
+    f"{'left' if i % 3 else 'right'}. Reply with <action>left</action> or <action>right</action>. "
+    f"Thinking: the goal is {'behind' if i % 2 else 'ahead'}, so I go <action>{'left' if i % 3 else 'right'}</action>."
+    for i in range(60)
+] + ["The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs!"] * 5
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), CORPUS)
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    return transformers.AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.mark.parametrize("text", [
+    "I go <action>left</action>.",
+    "  leading spaces, trailing\ttab\nnew line  ",
+    "unseen words: zyzzyva, naïve café, 東京, 🙂",
+    "",
+])
+def test_round_trip(tok, text):
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_special_tokens_round_trip(tok):
+    text = "<|user|>hi<|end|><|assistant|>I go <action>left</action><|end|>"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    # <action> is an added token, not a special one: it survives skip_special_tokens.
+    assert tok.decode(ids, skip_special_tokens=True) == "hiI go <action>left</action>"
+
+
+def test_vocab_and_special_ids(tok, model_dir):
+    assert 400 <= len(tok) <= 600
+    assert tok.convert_tokens_to_ids(SPECIAL_TOKENS) == [0, 1, 2, 3]
+    assert tok.eos_token == END and tok.pad_token == "<|pad|>"
+    config = json.loads((model_dir / "config.json").read_text())
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert config["eos_token_id"] == generation["eos_token_id"] == tok.eos_token_id
+    assert config["vocab_size"] == len(tok)
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["head_dim"], config["intermediate_size"]) == (128, 2, 2, 64, 256)
+    assert config["max_position_embeddings"] == 1024 and config["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("token", ACTION_TOKENS)
+def test_action_tags_are_single_tokens(tok, token):
+    ids = tok.encode(token, add_special_tokens=False)
+    assert len(ids) == 1 and tok.decode(ids) == token
+    assert len(tok.encode(f"go {token}x", add_special_tokens=False)) >= 3
+
+
+def test_chat_template(tok):
+    messages = [
+        {"role": "user", "content": "Which way?"},
+        {"role": "assistant", "content": "<action>left</action>"},
+        {"role": "user", "content": "Again."},
+    ]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert rendered == ("<|user|>Which way?<|end|><|assistant|><action>left</action><|end|>"
+                        "<|user|>Again.<|end|><|assistant|>")
+    assert tok.apply_chat_template(messages[:1], tokenize=False) == "<|user|>Which way?<|end|>"
+
+
+def test_build_is_deterministic(tmp_path, model_dir):
+    again = build_tiny_model(tmp_path / "again", CORPUS)
+    files = sorted(p.name for p in model_dir.iterdir())
+    assert files == sorted(p.name for p in again.iterdir())
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"} <= set(files)
+    for name in files:
+        assert (model_dir / name).read_bytes() == (again / name).read_bytes(), name
+
+
+def test_seed_and_tying_change_weights_only(tmp_path, model_dir):
+    torch = pytest.importorskip("torch")
+    other = build_tiny_model(tmp_path / "seed1", CORPUS, seed=1, tie_word_embeddings=True)
+    assert (other / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+    model = transformers.AutoModelForCausalLM.from_pretrained(other)
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    assert not torch.equal(base.model.embed_tokens.weight, model.model.embed_tokens.weight)
