@@ -1,5 +1,6 @@
 """python -m services.launcher train: a local training run, every service its own process."""
 import argparse
+import signal
 import sys
 
 from services.common.config import load_config
@@ -21,6 +22,8 @@ def main() -> int:
     config = load_config(args.config, overrides + args.set)
     from services.launcher.local import LocalRun
 
+    # SIGTERM unwinds like Ctrl-C, so the run stops every service it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = LocalRun(config).run()
     return 0 if result.history else 1
 

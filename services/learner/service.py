@@ -84,7 +84,7 @@ class LearnerService:
         cfg, out = self.config, CollectedStep()
         want = cfg.rollout.groups_per_step
         deadline = time.monotonic() + cfg.learner.step_timeout_s
-        oldest_ok = self.step - cfg.algorithm.max_staleness
+        oldest_ok, stale = self.step - cfg.algorithm.max_staleness, 0
         while len(out.groups) < want:
             entries, self._backlog = (self._backlog, []) if self._backlog else (
                 self.stream.read(CONSUMER, count=want - len(out.groups), block_ms=cfg.stream.read_block_ms), [])
@@ -93,12 +93,13 @@ class LearnerService:
                 for traj in entry.batch.trajectories:
                     if min((t.policy_version for t in traj.turns), default=self.version) < oldest_ok:
                         DROPPED.labels(reason="stale").inc()
+                        stale += 1
                         continue
                     out.trajectories.append(traj)
                     out.groups.add(traj.group_id)
             if not entries and time.monotonic() > deadline:
-                raise StepTimeout(f"step {self.step}: {len(out.groups)}/{want} groups after "
-                                  f"{cfg.learner.step_timeout_s:.0f}s")
+                raise StepTimeout(f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
+                                  f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped)")
         return out
 
     def _push(self) -> tuple[float, str, list[dict]]:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import grpc
 
-from services.common.errors import from_rpc_error
+from services.common.errors import rpc_errors
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.common.weights import PackedWeights
 from services.rollout.backends.base import Generation, SamplingSpec
@@ -44,8 +44,15 @@ class InProcessRolloutClient(RolloutClient):
 class GrpcRolloutClient(RolloutClient):
     def __init__(self, address: str, timeout_s: float = 120.0, push_timeout_s: float = 300.0):
         self.address, self.timeout_s, self.push_timeout_s = address, timeout_s, push_timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
-        self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: rollout_pb2_grpc.RolloutServiceStub | None = None
+
+    @property
+    def stub(self) -> rollout_pb2_grpc.RolloutServiceStub:
+        if self._stub is None:  # created on first use so it binds to the running event loop
+            self._channel = grpc.aio.insecure_channel(self.address)
+            self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
+        return self._stub
 
     async def generate(self, request_id, prompt_ids, sampling):
         request = rollout_pb2.GenerateRequest(
@@ -53,10 +60,8 @@ class GrpcRolloutClient(RolloutClient):
             sampling=rollout_pb2.SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                                 top_p=sampling.top_p, top_k=sampling.top_k,
                                                 stop_token_ids=sampling.stop_token_ids, seed=sampling.seed))
-        try:
-            reply = await self._stub.Generate(request, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        with rpc_errors():
+            reply = await self.stub.Generate(request, timeout=self.timeout_s)
         return VersionedGeneration(Generation(list(reply.token_ids), list(reply.logprobs), reply.finish_reason),
                                    reply.policy_version)
 
@@ -70,18 +75,15 @@ class GrpcRolloutClient(RolloutClient):
             for data in packed.chunks():
                 yield rollout_pb2.WeightChunk(data=data)
 
-        try:
-            reply = await self._stub.UpdateWeights(chunks(), timeout=self.push_timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        with rpc_errors():
+            reply = await self.stub.UpdateWeights(chunks(), timeout=self.push_timeout_s)
         return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
 
     async def status(self):
-        try:
-            reply = await self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+        with rpc_errors():
+            reply = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.timeout_s)
         return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
 
     async def close(self):
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()

@@ -1,0 +1,143 @@
+"""LearnerService's stream contract on the real Redis, with a recording stand-in for the trainer:
+groups per step, checkpoint-then-ack, and exactly-once application across a crash."""
+import json
+from pathlib import Path
+
+import pytest
+
+from services.common.config import load_config
+from services.common.run_state import RunState
+from services.common.stream import TrajectoryStream
+from services.common.trajectory import TrajectoryBuilder
+from services.learner.service import LearnerService
+from services.learner.weight_push import PushResult
+
+
+class RecordingTrainer:
+    """Applies nothing; records which groups each step saw and checkpoints that record."""
+
+    def __init__(self):
+        self.applied: list[list[str]] = []
+
+    @staticmethod
+    def latest_checkpoint(directory):
+        found = sorted(Path(directory).glob("step_*/meta.json"))
+        return found[-1].parent if found else None
+
+    def load_checkpoint(self, path):
+        meta = json.loads((Path(path) / "meta.json").read_text())
+        self.applied = meta["applied"]
+        return meta["extra"]
+
+    def save_checkpoint(self, directory, extra):
+        path = Path(directory) / f"step_{len(self.applied):08d}"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "meta.json").write_text(json.dumps({"applied": self.applied, "extra": extra}))
+
+    def train_step(self, trajectories):
+        self.applied.append(sorted({t.group_id for t in trajectories}))
+        return {"reward_mean": 0.0, "success_rate": 0.0}
+
+    def named_weights_for_push(self):
+        return []
+
+
+class OkPusher:
+    def push(self, version, weights, addresses):
+        return [PushResult(a, True, version, weights.checksum) for a in addresses]
+
+
+def group(gid, version, size=2):
+    out = []
+    for _ in range(size):
+        b = TrajectoryBuilder(env="corridor", task_index=0, group_id=gid, prompt_ids=[1])
+        b.add_model_turn([2], [-0.3], policy_version=version, text="", action="left", action_valid=True,
+                         finish_reason="stop")
+        out.append(b.finish(env_return=0.0, success=False, stop_reason="max_turns"))
+    return out
+
+
+@pytest.fixture
+def setup(redis_url, run_name, tmp_path):
+    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=3",
+                                "rollout.groups_per_step=2", "stream.read_block_ms=50",
+                                "learner.step_timeout_s=5", f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    state = RunState.connect(config)
+    state.register_rollout("127.0.0.1:1", {"policy_version": 0})
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    for i in range(6):
+        stream.publish(group(f"g{i}", version=i // 2))
+    yield config, state, stream
+    state.reset()
+
+
+def service(config, state, stream, trainer):
+    return LearnerService(config, trainer, OkPusher(), state, stream)
+
+
+def test_each_step_takes_its_groups_and_acks_after_the_checkpoint(setup):
+    config, state, stream = setup
+    trainer = RecordingTrainer()
+    history = service(config, state, stream, trainer).run()
+    assert trainer.applied == [["g0", "g1"], ["g2", "g3"], ["g4", "g5"]]
+    assert [m["policy_version"] for m in history] == [1, 2, 3]
+    assert state.policy_version() == 3 and state.done() == "finished"
+    assert stream.pending_count() == 0
+
+
+def test_crash_between_checkpoint_and_ack_applies_every_batch_exactly_once(setup, monkeypatch):
+    config, state, stream = setup
+    first = service(config, state, stream, RecordingTrainer())
+    first.resume()
+    first.run_step()
+    calls = {"n": 0}
+
+    def ack_then_crash(ids):
+        calls["n"] += 1
+        raise RuntimeError("killed after the checkpoint, before the ack")
+
+    monkeypatch.setattr(stream, "ack", ack_then_crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        first.run_step()
+    monkeypatch.undo()
+    assert stream.pending_count() == 2  # step 2's entries: checkpointed as consumed, never acked
+
+    trainer = RecordingTrainer()
+    resumed = service(config, state, stream, trainer)
+    resumed.run()
+    applied = [g for step in trainer.applied for g in step]
+    assert applied == ["g0", "g1", "g2", "g3", "g4", "g5"], "no group lost, none applied twice"
+    assert stream.pending_count() == 0
+
+
+def test_crash_before_the_checkpoint_trains_the_pending_entries_again(setup):
+    config, state, stream = setup
+    config.learner.checkpoint_every = 2
+    first = service(config, state, stream, RecordingTrainer())
+    first.resume()
+    first.run_step()  # step 1 applied, not yet checkpointed: its entries stay pending
+    assert stream.pending_count() == 2
+
+    trainer = RecordingTrainer()
+    service(config, state, stream, trainer).run()
+    assert trainer.applied == [["g0", "g1"], ["g2", "g3"], ["g4", "g5"]]
+    assert stream.pending_count() == 0
+
+
+def test_missing_groups_time_out_with_a_clear_error(setup):
+    config, state, stream = setup
+    config.learner.steps, config.learner.step_timeout_s = 4, 0.3
+    with pytest.raises(Exception, match="step 4: 0/2 groups"):
+        service(config, state, stream, RecordingTrainer()).run()
+
+
+def test_trajectories_older_than_the_staleness_bound_are_dropped(setup):
+    config, state, stream = setup
+    stream.publish(group("old", version=0))
+    stream.publish(group("new", version=3))
+    config.learner.steps = 4
+    config.learner.step_timeout_s = 0.5
+    trainer = RecordingTrainer()
+    with pytest.raises(Exception, match=r"step 4: 1/2 groups .*\(2 stale trajectories dropped\)"):
+        service(config, state, stream, trainer).run()
+    assert trainer.applied[-1] == ["g4", "g5"]
