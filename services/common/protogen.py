@@ -19,11 +19,11 @@ def generate() -> list[pathlib.Path]:
             f"--grpc_python_out={OUT_DIR}", *map(str, protos)]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for package_dir in {p.parent for p in OUT_DIR.rglob("*_pb2.py")}:
-        for d in [package_dir, *package_dir.relative_to(OUT_DIR).parents]:
-            init = OUT_DIR / d / "__init__.py" if not d.is_absolute() else d / "__init__.py"
-            if init.parent != OUT_DIR:
-                init.touch()
+    for module in OUT_DIR.rglob("*_pb2.py"):
+        package = module.parent
+        while package != OUT_DIR:  # each level of openmanus/<service>/v1 becomes a package
+            (package / "__init__.py").touch()
+            package = package.parent
     return protos
 
 
