@@ -28,6 +28,11 @@ class Registry(Generic[T]):
 
         return decorate
 
+    def unregister(self, name: str) -> None:
+        """Removes an entry (tests that register throwaway implementations clean up with this)."""
+        self._entries.pop(name, None)
+        self._lazy.pop(name, None)
+
     def register_lazy(self, name: str, module: str) -> None:
         self._lazy[name] = module
 

@@ -18,6 +18,7 @@ from services.common.grpc_server import free_port, wait_for_health
 from services.common.trajectory import TrajectoryBuilder
 from services.reward.client import GrpcRewardClient
 from services.reward.composer import RewardComposer
+from services.reward.registry import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 3.0
@@ -126,6 +127,8 @@ def test_scores_match_the_in_process_composer(server, tmp_path):
         composer = RewardComposer.from_config(load_config(str(log.parent / "config.yaml")).reward)
     finally:
         sys.path.remove(str(log.parent))
+        sys.modules.pop("omrl_test_rewards", None)
+        REWARDS.unregister("tripwire")
     expected = [composer.score(traj) for traj in batch]
     for (total, parts), (want_total, want_parts) in zip(scores, expected):
         assert total == pytest.approx(want_total) and parts == pytest.approx(want_parts)
