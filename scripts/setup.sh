@@ -21,7 +21,7 @@ if ! python -c "import vllm" 2>/dev/null; then
     python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   fi
 fi
-python -m pip install -q -e ".[ml,api,dev]"
+python -m pip install -q -e ".[ml,api,k8s,dev,envs]"
 python -m services.common.protogen
 
 if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1); then
@@ -32,5 +32,9 @@ if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/d
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
   for _ in $(seq 50); do redis-cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+# the Prometheus server the dashboard e2e test scrapes the services with (the package starts no daemon here)
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
 echo "setup done: $(python -c 'import vllm, torch; print(f"vllm {vllm.__version__}, torch {torch.__version__}")')"

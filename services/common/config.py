@@ -3,10 +3,10 @@ all map onto these models. Every field's docstring doubles as its help text."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 
 class Section(BaseModel):
@@ -30,13 +30,27 @@ class EnvConfig(Section):
     options: dict[str, Any] = Field(default_factory=dict)
     """Environment knobs, e.g. {"length": 6} for corridor difficulty."""
     address: str = "127.0.0.1:50052"
-    """host:port of the environment service."""
+    """host:port of the environment service; several replicas as `ipv4:h1:p1,h2:p2` or one DNS name."""
+    replicas: int = Field(1, ge=1, le=64)
+    """Env-service processes the local launcher starts; they route each episode's calls to its owner."""
     max_turns: int = Field(6, ge=1, le=1000)
     """Turns after which an episode is cut off (stop_reason max_turns)."""
     step_timeout_s: float = Field(10.0, gt=0, le=600)
     """Deadline of one environment call."""
-    train_tasks: int = Field(100000, ge=1)
-    """Task indices are drawn from [0, train_tasks)."""
+    max_episode_attempts: int = Field(3, ge=1, le=20)
+    """Tries of one episode on a fresh environment after infrastructure failures; then its group is dropped."""
+    dataset: Optional[str] = None
+    """Folder with train.parquet and validation.parquet; empty: `<data_dir>/<name>`, generated on first use."""
+    data_dir: str = "data"
+    """Where generated task datasets are written."""
+    train_tasks: int = Field(10000, ge=1)
+    """Rows of a generated train split (task indices 0..train_tasks-1); tasks are drawn from the train split."""
+    validation_tasks: int = Field(32, ge=1, le=100000)
+    """Rows of a generated validation split (the task indices right after the train ones)."""
+    validation_every: int = Field(0, ge=0)
+    """Run the whole validation split whenever the policy version is a multiple of this (0: never)."""
+    validation_temperature: float = Field(0.0, ge=0, le=5)
+    """Sampling temperature of validation episodes (0: greedy)."""
 
 
 class RolloutConfig(Section):
@@ -91,7 +105,7 @@ class RewardConfig(Section):
 
 class AlgorithmConfig(Section):
     advantage: str = "grpo"
-    """Registered advantage estimator."""
+    """Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False gives Dr.GRPO)."""
     clip_ratio_low: float = Field(0.2, ge=0, le=1)
@@ -107,6 +121,44 @@ class AlgorithmConfig(Section):
     """Sequences per forward/backward; gradients accumulate across micro-batches."""
     max_staleness: int = Field(0, ge=0, le=1000)
     """Rollout may run this many policy versions ahead of the learner; 0 is synchronous on-policy."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip: for negative advantages the per-token loss is capped at -A * clip_ratio_c."""
+    entropy_coeff: float = Field(0.0, ge=0)
+    """Entropy bonus: the loss subtracts this times the aggregated token entropy."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount per model token for GAE and REINFORCE++ returns."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE lambda (0: one-step TD errors, 1: Monte-Carlo returns minus values)."""
+    tis_cap: float = Field(2.0, ge=0)
+    """Truncated importance sampling: token losses are weighted by min(pi_learner / pi_rollout, tis_cap); 0 disables."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate shape after warm-up, for policy and critic (cosine decays over learner.steps)."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Steps of linear warm-up: step k (0-based) runs at lr * (k + 1) / lr_warmup_steps."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Cosine schedule: the final learning rate as a fraction of lr."""
+    critic_lr: float = Field(1e-3, gt=0, le=1)
+    """AdamW learning rate of the critic (advantage `gae`)."""
+    value_clip: float = Field(0.5, gt=0)
+    """Clipped value loss: new values are clipped to within this of the step's initial values."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(policy || reference) from each token's reward before the advantages."""
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
+    """KL estimator in the reward: k1 `kl`, `abs`, k2 `mse`, k3 `low_var_kl`."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """In-reward KL coefficient: fixed, or adapted towards kl_target (Ziegler et al.)."""
+    kl_coef: float = Field(0.001, ge=0)
+    """In-reward KL coefficient (the adaptive controller's starting value)."""
+    kl_target: float = Field(0.1, gt=0)
+    """Adaptive controller: the KL per token it steers towards."""
+    kl_horizon: int = Field(10000, ge=1)
+    """Adaptive controller: trajectories over which the coefficient may change by about 20%."""
+    use_kl_loss: bool = False
+    """Add kl_loss_coef * KL(policy || reference) to the policy loss."""
+    kl_loss_coef: float = Field(0.001, ge=0)
+    """Weight of the KL loss term."""
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
+    """KL estimator of the loss term."""
 
 
 class StreamConfig(Section):
@@ -132,6 +184,8 @@ class LearnerConfig(Section):
     """Learner processes (torchrun); FSDP shards over them."""
     push_timeout_s: float = Field(120.0, gt=0)
     """Deadline of one weight push to a rollout server."""
+    weight_push: str = "grpc"
+    """Registered weight transport; `none` trains on the stream without rollout servers (recorded batches)."""
     step_timeout_s: float = Field(900.0, gt=0)
     """Longest wait for one step's trajectories before the learner gives up."""
 
@@ -165,7 +219,8 @@ class TrainConfig(Section):
         return f"{self.stream.prefix}:{self.run}:{name}"
 
 
-def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TrainConfig:
+def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None,
+                schema: type[TrainConfig] = TrainConfig) -> TrainConfig:
     """Reads a YAML/JSON file (optional) and applies `a.b.c=value` overrides (values parsed as YAML)."""
     data: dict[str, Any] = {}
     if path:
@@ -179,8 +234,91 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(raw)
-    return TrainConfig.model_validate(data)
+    return schema.model_validate(data)
 
 
 def dump_config(config: TrainConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+# -- job spec: a run config plus where and how it runs (REST API, CLI `omrl submit`, launchers) -----------
+Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")]
+DnsName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")]
+
+
+class ComponentResources(Section):
+    replicas: int = Field(1, ge=1, le=512)
+    """Pods of this component (learner: torchrun nodes, each running learner.nproc processes)."""
+    cpu: Quantity = "2"
+    """CPU request and limit per pod (Kubernetes quantity)."""
+    memory: Quantity = "8Gi"
+    """Memory request and limit per pod (Kubernetes quantity)."""
+    gpus: int = Field(0, ge=0, le=16)
+    """GPUs per pod (`nvidia.com/gpu`); the learner runs one process per GPU."""
+
+
+class ResourcesConfig(Section):
+    learner: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="4", memory="16Gi"))
+    rollout: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="4", memory="16Gi"))
+    envs: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="1", memory="2Gi"))
+    reward: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="1", memory="2Gi"))
+    image: Optional[str] = None
+    """Container image for every component (Kubernetes); empty: the launcher's default images."""
+    volume_claim: Optional[DnsName] = None
+    """PersistentVolumeClaim mounted at /data in every pod (models, checkpoints); empty: scratch space per pod."""
+
+
+class Toleration(Section):
+    key: Optional[str] = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: Optional[str] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+
+
+class ScheduleConfig(Section):
+    max_runtime_s: Optional[int] = Field(None, ge=60, le=30 * 86400)
+    """Wall-clock limit of the job; past it the job is stopped and marked failed. Empty: no limit."""
+    backoff_limit: int = Field(0, ge=0, le=10)
+    """Kubernetes: retries of the learner pods before the job fails."""
+    priority_class: Optional[DnsName] = None
+    """Kubernetes PriorityClass of the job's pods."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Kubernetes node labels every pod of the job requires."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Kubernetes taints the job's pods tolerate (e.g. GPU node taints)."""
+    ttl_after_finished_s: int = Field(86400, ge=0, le=365 * 86400)
+    """Kubernetes: how long the finished learner Job (and its logs) is kept."""
+
+
+class JobSpec(TrainConfig):
+    """A training job: the run config plus the resources and schedule it runs with. Every run config
+    file is a valid job spec; `run` becomes the job's name."""
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+
+    @model_validator(mode="after")
+    def _check_resources(self) -> "JobSpec":
+        # env-service replicas: one number, whichever of the two fields says it
+        envs, env = self.resources.envs, self.env
+        if "replicas" in envs.model_fields_set and "replicas" in env.model_fields_set and envs.replicas != env.replicas:
+            raise ValueError(f"resources.envs.replicas ({envs.replicas}) and env.replicas ({env.replicas}) disagree; "
+                             "set one of them")
+        if "replicas" in envs.model_fields_set:
+            try:
+                env.replicas = envs.replicas
+            except ValidationError as exc:
+                raise ValueError(f"resources.envs.replicas: {exc.errors()[0]['msg']} (env.replicas' limit)") from None
+        else:
+            envs.replicas = env.replicas
+        learner_gpus = self.resources.learner.gpus
+        if learner_gpus and learner_gpus != self.learner.nproc:
+            raise ValueError(f"resources.learner.gpus ({learner_gpus}) must equal learner.nproc "
+                             f"({self.learner.nproc}): the learner runs one process per GPU")
+        if self.resources.rollout.gpus > 1:
+            raise ValueError("resources.rollout.gpus > 1 needs tensor parallelism, which the rollout service "
+                             "does not support yet; add rollout replicas instead")
+        return self
+
+    def train_config(self) -> TrainConfig:
+        """The run config the services load (they reject the job-only sections)."""
+        return TrainConfig.model_validate(self.model_dump(exclude={"resources", "schedule"}))

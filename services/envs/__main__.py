@@ -13,27 +13,67 @@ def main() -> None:
     parser.add_argument("--step-timeout-s", type=float, default=None, help="Deadline of one env call")
     parser.add_argument("--max-observation-chars", type=int, default=4096, help="Longer observations are cut")
     parser.add_argument("--max-episodes", type=int, default=4096, help="Open episodes at most")
+    parser.add_argument("--max-episode-steps", type=int, default=1000,
+                        help="Steps after which the service ends an episode whatever the env says")
     parser.add_argument("--workers", type=int, default=32, help="Threads running env calls")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="Import MODULE first, so its envs registered with @register_env are served")
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
+    parser.add_argument("--replica-id", default=None,
+                        help="This replica's id, the prefix of its episode ids (default: random)")
+    parser.add_argument("--advertise", default=None,
+                        help="Direct address peers forward this replica's episodes to (default 127.0.0.1:PORT)")
+    parser.add_argument("--registry", choices=["none", "redis"], default="none",
+                        help="Where replicas find each other: redis (the run config's stream.redis_url) or none")
+    parser.add_argument("--peer", action="append", default=[], metavar="ID=HOST:PORT",
+                        help="A peer replica's direct address (a static directory instead of Redis)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import importlib
 
     from services.common.config import load_config
-    from services.common.grpc_server import serve
-    from services.envs.server import add_env_service
     from services.envs.service import EnvService
 
     for module in args.imports:
         importlib.import_module(module)
-    step_timeout_s = args.step_timeout_s or load_config(args.config).env.step_timeout_s
-    service = EnvService(step_timeout_s=step_timeout_s, max_observation_chars=args.max_observation_chars,
-                         max_episodes=args.max_episodes, workers=args.workers)
-    asyncio.run(serve("envs", args.port, [add_env_service(service)], host=args.host,
-                      metrics_port=args.metrics_port, grace_s=args.grace_s, on_shutdown=service.aclose))
+    config = load_config(args.config)
+    service = EnvService(step_timeout_s=args.step_timeout_s or config.env.step_timeout_s,
+                         max_observation_chars=args.max_observation_chars, max_episodes=args.max_episodes,
+                         max_episode_steps=args.max_episode_steps, workers=args.workers, replica_id=args.replica_id)
+    asyncio.run(run(args, config, service))
+
+
+async def run(args, config, service) -> None:
+    from services.common.grpc_server import serve
+    from services.envs.replicas import RedisDirectory, RoutedEnvService, StaticDirectory, heartbeat
+    from services.envs.server import add_env_service
+
+    advertise = args.advertise or f"127.0.0.1:{args.port}"
+    directory = None
+    if args.registry == "redis":
+        import redis
+
+        client = redis.Redis.from_url(config.stream.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        directory = RedisDirectory(client, config.key("env_replicas"))
+    elif args.peer:
+        directory = StaticDirectory(dict(peer.split("=", 1) for peer in args.peer))
+    routed = RoutedEnvService(service, directory, timeout_s=service.step_timeout_s + 5.0)
+    tasks = []
+    if directory is not None:
+        await directory.register(service.replica_id, advertise)
+        tasks.append(asyncio.create_task(heartbeat(directory, service.replica_id, advertise)))
+    logging.getLogger("services.envs").info("replica %s serving at %s", service.replica_id, advertise)
+
+    async def on_shutdown() -> None:
+        for task in tasks:
+            task.cancel()
+        if directory is not None:
+            await directory.unregister(service.replica_id)
+        await routed.aclose()
+
+    await serve("envs", args.port, [add_env_service(routed)], host=args.host, metrics_port=args.metrics_port,
+                grace_s=args.grace_s, on_shutdown=on_shutdown)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ class InvalidTask(ValueError):
     """A task index or options the env cannot serve (the service answers INVALID_ARGUMENT)."""
 
 
+class MissingDependency(InvalidTask):
+    """The env needs a package that is not installed (the message says how to install it)."""
+
+
 class EnvOptions(BaseModel):
     """Per-env knobs; subclasses add fields. Unknown keys are rejected."""
     model_config = ConfigDict(extra="forbid")
@@ -38,6 +42,8 @@ class TextEnv(abc.ABC):
     max_turns: int = 1
     """Turn limit with default options (reported by ListEnvs); `reset` may change it per episode."""
     Options: ClassVar[type[EnvOptions]] = EnvOptions
+    offline_prompts: ClassVar[bool] = True
+    """False where `reset` needs a remote server, so datasets are written without prompts."""
 
     @classmethod
     def parse_options(cls, options: dict[str, Any] | None) -> EnvOptions:
@@ -58,6 +64,10 @@ class TextEnv(abc.ABC):
         """A valid action drawn at random for the current state: the demonstrations of a format
         warm-start, which teach the action syntax and nothing about which action is right."""
         raise NotImplementedError(f"{self.name} has no random_action; the tiny-model warm-start needs one")
+
+    def task_info(self) -> dict[str, Any]:
+        """What defines the current task's answer (dataset `reward_model.ground_truth`), e.g. {"answer": "7"}."""
+        return {}
 
     def close(self) -> None:
         """Releases what the episode holds."""

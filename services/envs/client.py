@@ -66,7 +66,9 @@ class InProcessEnvClient(EnvClient):
 class GrpcEnvClient(EnvClient):
     def __init__(self, address: str, timeout_s: float = 30.0):
         """`timeout_s` bounds every call; keep it above the server's step timeout so a slow env is
-        reported by the server (DEADLINE_EXCEEDED with the env's name) rather than cut off here."""
+        reported by the server (DEADLINE_EXCEEDED with the env's name) rather than cut off here.
+        `address` may name several replicas (`ipv4:h1:p1,h2:p2`, or a DNS name with several records):
+        calls are spread round-robin, and the replicas route each episode's calls to its owner."""
         self.address, self.timeout_s = address, timeout_s
         self._channel: Optional[grpc.aio.Channel] = None
         self._stub: Optional[envs_pb2_grpc.EnvServiceStub] = None
@@ -75,7 +77,7 @@ class GrpcEnvClient(EnvClient):
     def stub(self) -> envs_pb2_grpc.EnvServiceStub:
         # created on first use so it binds to the running event loop
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = grpc.aio.insecure_channel(self.address, options=[("grpc.lb_policy_name", "round_robin")])
             self._stub = envs_pb2_grpc.EnvServiceStub(self._channel)
         return self._stub
 

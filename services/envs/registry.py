@@ -23,3 +23,9 @@ def register_env(name: str) -> Callable[[E], E]:
 
 ENVS.register_lazy("corridor", "services.envs.builtin.corridor")
 ENVS.register_lazy("guess_number", "services.envs.builtin.guess_number")
+ENVS.register_lazy("maze", "services.envs.builtin.maze")
+ENVS.register_lazy("wordle", "services.envs.builtin.wordle")
+ENVS.register_lazy("crafting", "services.envs.builtin.crafting")
+ENVS.register_lazy("reasoning", "services.envs.builtin.reasoning")
+ENVS.register_lazy("babyai", "services.envs.builtin.babyai")
+ENVS.register_lazy("agentgym", "services.envs.agentgym.env")

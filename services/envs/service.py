@@ -22,6 +22,8 @@ from services.envs.base import InvalidTask, StepResult, TextEnv
 from services.envs.messages import EnvInfo, EpisodeState
 from services.envs.registry import ENVS
 
+ERROR_KINDS = (NotFound, InvalidArgument, FailedPrecondition, DeadlineExceeded, ResourceExhausted, Internal)
+
 log = logging.getLogger(__name__)
 TRUNCATION_MARK = "\n[observation truncated]"
 
@@ -39,18 +41,34 @@ class _Episode:
     running: Optional[concurrent.futures.Future] = None
     """The latest env call; closing waits for it, as it may outlive a caller that gave up."""
     last_used: float = field(default_factory=time.monotonic)
+    steps: int = 0
+
+
+def owner_of(episode_id: str) -> Optional[str]:
+    """The replica that created an episode: ids are `<replica id>.<hex>` (see services.envs.replicas)."""
+    owner, sep, _ = episode_id.rpartition(".")
+    return owner if sep else None
 
 
 class EnvService:
     def __init__(self, *, step_timeout_s: float = 10.0, max_observation_chars: int = 4096, workers: int = 32,
-                 max_episodes: int = 4096, idle_ttl_s: float = 900.0, envs: Registry[TextEnv] = ENVS,
+                 max_episodes: int = 4096, idle_ttl_s: float = 900.0, max_episode_steps: int = 1000,
+                 replica_id: Optional[str] = None, envs: Registry[TextEnv] = ENVS,
                  metrics_registry: Optional[CollectorRegistry] = None):
+        """`max_episode_steps`: a step that reaches it ends the episode (done, info.truncated) whatever
+        the env says, so a runaway client cannot keep an episode forever. `replica_id` prefixes every
+        episode id so that replicas can route calls to the owner."""
         if max_observation_chars <= len(TRUNCATION_MARK):
             raise ValueError(f"max_observation_chars must exceed {len(TRUNCATION_MARK)}")
+        if replica_id is not None and (not replica_id or any(ch.isspace() for ch in replica_id)):
+            raise ValueError(f"replica_id must be a non-empty word, got {replica_id!r}")
         self.step_timeout_s = step_timeout_s
         self.max_observation_chars = max_observation_chars
         self.max_episodes = max_episodes
+        self.max_episode_steps = max_episode_steps
         self.idle_ttl_s = idle_ttl_s
+        self.replica_id = replica_id or uuid.uuid4().hex[:8]
+        self.metrics_registry = metrics_registry
         self._envs = envs
         self._episodes: dict[str, _Episode] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="env")
@@ -61,6 +79,7 @@ class EnvService:
                                             ["env", "op"], registry=reg)
         self._m_errors = metrics.counter("envs", "errors_total", "Failed calls by error kind", ["env", "kind"],
                                          registry=reg)
+        metrics.preset(self._m_errors, *((name, kind.__name__) for name in envs.names() for kind in ERROR_KINDS))
         self._m_finished = metrics.counter("envs", "episodes_finished_total", "Episodes that reached done",
                                            ["env", "success"], registry=reg)
 
@@ -104,7 +123,7 @@ class EnvService:
             start = time.perf_counter()
             instance, observation = await self._run(env, build)
             self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
-            episode_id = uuid.uuid4().hex
+            episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
             self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
             self._m_active.set(len(self._episodes))
             return self._state(episode_id, StepResult(observation))
@@ -118,7 +137,7 @@ class EnvService:
                 start = time.perf_counter()
                 observation = await self._run(ep.env_name, lambda: ep.env.reset(task_index, ep.options), ep)
                 self._m_latency.labels(ep.env_name, "reset").observe(time.perf_counter() - start)
-                ep.done, ep.last_used = False, time.monotonic()
+                ep.done, ep.last_used, ep.steps = False, time.monotonic(), 0
                 return self._state(episode_id, StepResult(observation))
 
     async def step(self, episode_id: str, action: str) -> EpisodeState:
@@ -135,6 +154,9 @@ class EnvService:
                 self._m_latency.labels(ep.env_name, "step").observe(time.perf_counter() - start)
                 if not isinstance(result, StepResult) or not isinstance(result.info, dict):
                     raise Internal(f"{ep.env_name}.step returned {type(result).__name__}, not a StepResult")
+                ep.steps += 1
+                if ep.steps >= self.max_episode_steps and not result.done:
+                    result.done, result.info["truncated"] = True, f"max_episode_steps ({self.max_episode_steps})"
                 ep.done, ep.last_used = bool(result.done), time.monotonic()
                 if ep.done:
                     self._m_finished.labels(ep.env_name, str(bool(result.success)).lower()).inc()

@@ -2,17 +2,26 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from services.common.config import TrainConfig, dump_config
+import psutil
+
+from services.common.config import JobSpec, TrainConfig, dump_config
 from services.common.grpc_server import free_port
 from services.common.run_state import RunState
+from services.launcher.base import (CANCELLED, CANCELLING, FAILED, INTERRUPTED, RUNNING, STARTING,
+                                    LAUNCHERS, Launcher, LaunchStatus, SpecRejected)
+from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_json
+from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, python_module
-from services.launcher.report import learning_summary, step_line, write_reward_curve
+from services.launcher.report import learning_summary, step_line, validation_line, write_reward_curve
 
 
 @dataclass
@@ -28,6 +37,10 @@ class LocalRun:
         self.config, self.say, self.health_timeout_s = config, say, health_timeout_s
         self.run_dir = config.run_dir
         self.processes: list[ServiceProcess] = []
+        self.metrics_ports: dict[str, int] = {}
+        """Prometheus /metrics port of each service on 127.0.0.1, known once started."""
+        self.validations: list[dict] = []
+        """Validation results (`kind: validation` entries of the metrics stream), in order."""
 
     def prepare_model(self) -> None:
         if self.config.model.path:
@@ -41,15 +54,38 @@ class LocalRun:
     def _assign_addresses(self) -> dict[str, int]:
         ports = {name: free_port() for name in ("envs", "reward", "rollout", "envs_m", "reward_m", "rollout_m",
                                                  "learner_m")}
+        for i in range(1, self.config.env.replicas):
+            ports[f"envs-{i}"], ports[f"envs-{i}_m"] = free_port(), free_port()
         self.config.env.address = f"127.0.0.1:{ports['envs']}"
+        if self.config.env.replicas > 1:  # one address for all replicas: gRPC spreads calls round-robin
+            self.config.env.address = "ipv4:" + ",".join(f"127.0.0.1:{ports[n]}" for n in self._env_names())
         self.config.reward.address = f"127.0.0.1:{ports['reward']}"
         self.config.rollout.addresses = [f"127.0.0.1:{ports['rollout']}"]
         self.config.learner.checkpoint_dir = str(self.run_dir / "checkpoints")
         return ports
 
+    def _env_names(self) -> list[str]:
+        return ["envs"] + [f"envs-{i}" for i in range(1, self.config.env.replicas)]
+
+    def _env_processes(self, ports: dict[str, int], cfg: list[str], logs: Path) -> list[ServiceProcess]:
+        """One env-service process per replica; several find each other through Redis."""
+        procs = []
+        for name in self._env_names():
+            direct = f"127.0.0.1:{ports[name]}"
+            args = [*cfg, "--port", str(ports[name]), "--metrics-port", str(ports[f"{name}_m"])]
+            if self.config.env.replicas > 1:
+                args += ["--replica-id", name, "--advertise", direct, "--registry", "redis"]
+            procs.append(ServiceProcess(name, python_module("services.envs", *args), logs / f"{name}.log", direct))
+        return procs
+
     def start(self) -> None:
         self.prepare_model()
         ports = self._assign_addresses()
+        self.metrics_ports = {name: ports[f"{name}_m"] for name in ("envs", "reward", "rollout", "learner")}
+        self.metrics_ports.update({name: ports[f"{name}_m"] for name in self._env_names()})
+        from services.envs.datasets import ensure
+
+        self.say(f"task dataset: {ensure(self.config.env)}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(dump_config(self.config))
@@ -57,8 +93,7 @@ class LocalRun:
         state.reset()
         cfg, logs = ["--config", str(config_path)], self.run_dir / "logs"
         self.processes = [
-            ServiceProcess("envs", python_module("services.envs", *cfg, "--port", str(ports["envs"]), "--metrics-port",
-                                                 str(ports["envs_m"])), logs / "envs.log", self.config.env.address),
+            *self._env_processes(ports, cfg, logs),
             ServiceProcess("reward", python_module("services.reward", *cfg, "--port", str(ports["reward"]),
                                                    "--metrics-port", str(ports["reward_m"])), logs / "reward.log",
                            self.config.reward.address),
@@ -76,28 +111,60 @@ class LocalRun:
         self.processes.append(ServiceProcess("learner", learner_cmd, logs / "learner.log"))
         for proc in self.processes:
             proc.start()
+        # whoever outlives this process (the job API) can still stop the services by PID
+        (self.run_dir / "pids.json").write_text(json.dumps({p.name: p.pid for p in self.processes}))
         self.say(f"started {', '.join(f'{p.name} (pid {p.pid})' for p in self.processes)}; logs in {logs}")
         for proc in self.processes:
             proc.wait_healthy(self.health_timeout_s)
         self.say("all services healthy")
 
+    def _record(self, metrics: dict, history: list[dict]) -> None:
+        if metrics.get("kind") == "validation":  # the rollout's validation runs share the metrics stream
+            self.validations.append(metrics)
+            self.say(validation_line(metrics))
+            return
+        history.append(metrics)
+        self.say(step_line(metrics, self.config.learner.steps))
+
     def follow(self) -> list[dict]:
         state = RunState.connect(self.config)
         history, last_id, learner = [], "0", self.processes[-1]
+        self.validations = []
         while True:
             for last_id, metrics in state.read_metrics(last_id, block_ms=1000):
-                history.append(metrics)
-                self.say(step_line(metrics, self.config.learner.steps))
+                self._record(metrics, history)
             if not learner.running():
                 for last_id, metrics in state.read_metrics(last_id):
-                    history.append(metrics)
-                    self.say(step_line(metrics, self.config.learner.steps))
+                    self._record(metrics, history)
                 if learner.popen.returncode != 0:
                     raise RuntimeError(f"learner exited with {learner.popen.returncode}:\n{learner.log_tail()}")
+                self._await_final_validation(state, last_id)
+                self._say_infra_counters(state)
                 return history
             for proc in self.processes[:-1]:
                 if not proc.running():
                     raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+
+    def _await_final_validation(self, state: RunState, last_id: str, timeout_s: float = 120.0) -> None:
+        """The rollout validates the final policy after the learner has finished: wait for it."""
+        every, steps = self.config.env.validation_every, self.config.learner.steps
+        if not every or steps % every or any(v["policy_version"] == steps for v in self.validations):
+            return
+        deadline = time.monotonic() + timeout_s
+        rollout = next(p for p in self.processes if p.name == "rollout")
+        while time.monotonic() < deadline and rollout.running():
+            for last_id, metrics in state.read_metrics(last_id, block_ms=1000):
+                if metrics.get("kind") == "validation":
+                    self.validations.append(metrics)
+                    self.say(validation_line(metrics))
+                    if metrics["policy_version"] == steps:
+                        return
+
+    def _say_infra_counters(self, state: RunState) -> None:
+        counters = {k.decode(): int(v) for k, v in state.client.hgetall(self.config.key("rollout_counters")).items()}
+        lost = {k: v for k, v in counters.items() if k != "groups_published" and v}
+        if lost:
+            self.say("infrastructure failures (never scored): " + ", ".join(f"{k} {v}" for k, v in sorted(lost.items())))
 
     def stop(self) -> None:
         for proc in reversed(self.processes):
@@ -110,6 +177,8 @@ class LocalRun:
         finally:
             self.stop()
         (self.run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in history))
+        if self.validations:
+            (self.run_dir / "validation.jsonl").write_text("".join(json.dumps(m) + "\n" for m in self.validations))
         curve, summary = None, {}
         if history:
             curve = write_reward_curve(history, self.run_dir / "reward_curve.png",
@@ -119,3 +188,163 @@ class LocalRun:
                      f"{100 * summary['first_success']:.0f}% -> {100 * summary['last_success']:.0f}% "
                      f"(mean of first/last {summary['window']} steps); curve: {curve}")
         return RunResult(history, self.run_dir, curve, summary)
+
+
+@LAUNCHERS.register("local")
+class LocalLauncher(Launcher):
+    """The job API's launcher for this machine: each job runs under its own supervisor process
+    (`services.launcher.supervisor`, which runs LocalRun). Jobs outlive the API: a restarted API
+    re-attaches to a live supervisor by PID, and stops the leftovers of a dead one."""
+
+    name = "local"
+    # not repeated as messages: steps (the API reads them from the metrics stream) and progress bars
+    _NOISE = re.compile(r"^step\s+\d+/\d+ \||\d+%\|")
+
+    def __init__(self, output_dir: str | Path = "runs/jobs", max_jobs: int = 1, cancel_grace_s: float = 90.0):
+        self.output_dir = Path(output_dir).resolve()
+        self.max_jobs, self.cancel_grace_s = max_jobs, cancel_grace_s
+        self._children: dict[str, ServiceProcess] = {}
+
+    def check(self, spec: JobSpec) -> None:
+        for name in ("learner", "rollout", "reward"):  # env-service replicas run locally too (env.replicas)
+            if getattr(spec.resources, name).replicas > 1:
+                raise SpecRejected(("resources", name, "replicas"),
+                                   "the local launcher runs one process of each service")
+
+    def capacity(self) -> int | None:
+        return self.max_jobs
+
+    def run_config(self, job_id: str, spec: JobSpec) -> TrainConfig:
+        config = spec.train_config()
+        config.run, config.output_dir = job_id, str(self.output_dir)
+        return config
+
+    def start(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
+        config = self.run_config(job_id, spec)
+        run_dir, job_file = config.run_dir, config.run_dir / "job.yaml"
+        earlier = read_json(run_dir / STATUS).get("pid")
+        if earlier and _alive(earlier, lambda p: str(job_file) in p.cmdline()):
+            # the API died between starting this job and recording it: adopt that supervisor
+            return {"run_dir": str(run_dir), "pid": earlier, "create_time": psutil.Process(earlier).create_time(),
+                    "log_offset": 0}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        job_file.write_text(dump_config(config))
+        args = python_module("services.launcher.supervisor", "--config", str(job_file),
+                             "--status", str(run_dir / STATUS))
+        if spec.schedule.max_runtime_s:
+            args += ["--max-runtime-s", str(spec.schedule.max_runtime_s)]
+        proc = ServiceProcess("supervisor", args, run_dir / "logs" / "supervisor.log").start()
+        self._children[job_id] = proc
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:  # died at once; poll reports why from its log
+            create_time = 0.0
+        return {"run_dir": str(run_dir), "pid": proc.pid, "create_time": create_time, "log_offset": 0}
+
+    def poll(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
+        handle = dict(handle)
+        run_dir, messages = Path(handle["run_dir"]), self._new_log_lines(handle)
+        cancel_at = handle.get("cancel_requested_at")
+        if self._supervisor_alive(job_id, handle):
+            if cancel_at and time.time() - cancel_at > self.cancel_grace_s:
+                self._kill(handle)
+                messages.append(f"still running {self.cancel_grace_s:.0f}s after the cancel: killed")
+            if cancel_at:
+                return LaunchStatus(CANCELLING, messages=messages, handle=handle)
+            phase = read_json(run_dir / STATUS).get("phase")
+            return LaunchStatus(STARTING if phase in (None, PREPARING, STARTING_PHASE) else RUNNING, messages=messages,
+                                handle=handle)
+        child = self._children.pop(job_id, None)
+        stopped = self._stop_leftovers(run_dir)
+        if stopped:
+            messages.append(f"stopped leftover service processes: {', '.join(stopped)}")
+        status = read_json(run_dir / STATUS)
+        if status.get("phase") == EXITED:
+            return LaunchStatus(status["state"], error=status.get("error"), messages=messages, handle=handle)
+        if cancel_at:
+            return LaunchStatus(CANCELLED, messages=messages, handle=handle)
+        code = child.popen.returncode if child else "unknown"
+        return LaunchStatus(FAILED, error=f"supervisor (pid {handle['pid']}) exited with {code} before reporting an "
+                                          f"outcome:\n{self.logs(job_id, handle, 'supervisor', 20)}",
+                            messages=messages, handle=handle)
+
+    def recover(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
+        if self._supervisor_alive(job_id, handle):
+            status = self.poll(job_id, handle)
+            status.messages.insert(0, f"re-attached to the job's supervisor (pid {handle['pid']})")
+            return status
+        if read_json(Path(handle["run_dir"]) / STATUS).get("phase") == EXITED or handle.get("cancel_requested_at"):
+            return self.poll(job_id, handle)  # it ended on its own while the API was down
+        stopped = self._stop_leftovers(Path(handle["run_dir"]))
+        return LaunchStatus(INTERRUPTED, error=(
+            f"the job's supervisor (pid {handle['pid']}) ended while the job API was down, without an outcome; "
+            f"stopped its service processes ({', '.join(stopped) or 'none left'}); checkpoints stay in "
+            f"{handle['run_dir']}/checkpoints"), handle=handle)
+
+    def cancel(self, job_id: str, handle: dict[str, Any]) -> dict[str, Any]:
+        handle = {**handle, "cancel_requested_at": time.time()}
+        if self._supervisor_alive(job_id, handle):
+            os.kill(handle["pid"], signal.SIGTERM)  # the supervisor stops its services, then exits
+        return handle
+
+    def logs(self, job_id: str, handle: dict[str, Any], service: str, tail: int) -> str:
+        path = Path(handle["run_dir"]) / "logs" / f"{service}.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * tail))
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-tail:])
+        except FileNotFoundError:
+            return ""
+
+    # -- processes, found again by PID ------------------------------------------------------------
+    def _supervisor_alive(self, job_id: str, handle: dict[str, Any]) -> bool:
+        if job_id in self._children:
+            return self._children[job_id].running()
+        return _alive(handle["pid"], lambda p: abs(p.create_time() - handle["create_time"]) < 0.01)
+
+    def _stop_leftovers(self, run_dir: Path) -> list[str]:
+        """SIGKILLs service processes of the run that outlived their supervisor (their own process groups)."""
+        config_arg, stopped = str(run_dir / "config.yaml"), []
+        for name, pid in read_json(run_dir / PIDS).items():
+            if _alive(pid, lambda p: config_arg in p.cmdline()):
+                _kill_group(pid)
+                stopped.append(f"{name} (pid {pid})")
+        return stopped
+
+    def _kill(self, handle: dict[str, Any]) -> None:
+        if _alive(handle["pid"], lambda p: abs(p.create_time() - handle["create_time"]) < 0.01):
+            _kill_group(handle["pid"])
+        self._stop_leftovers(Path(handle["run_dir"]))
+
+    def _new_log_lines(self, handle: dict[str, Any], limit: int = 200) -> list[str]:
+        path = Path(handle["run_dir"]) / "logs" / "supervisor.log"
+        try:
+            with open(path, "rb") as f:
+                f.seek(handle.get("log_offset", 0))
+                chunk = f.read(1 << 20)
+        except FileNotFoundError:
+            return []
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        handle["log_offset"] = handle.get("log_offset", 0) + len(complete)
+        lines = [line[:500] for line in complete.decode(errors="replace").splitlines()
+                 if line.strip() and not self._NOISE.search(line)]
+        return lines[-limit:]
+
+
+def _alive(pid: int, same_process: Callable[[psutil.Process], bool]) -> bool:
+    """True if `pid` runs and is still the process we started (PIDs get reused)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and same_process(proc)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # started in its own session: the group is the service and its workers
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while _alive(pid, lambda p: True) and time.monotonic() < deadline:
+        time.sleep(0.1)

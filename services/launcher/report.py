@@ -12,6 +12,14 @@ def step_line(m: dict[str, Any], total_steps: int) -> str:
             f"mismatch {m.get('mismatch_kl', float('nan')):.1e} | {m['step_seconds']:5.1f}s | policy v{m['policy_version']}")
 
 
+def validation_line(m: dict[str, Any]) -> str:
+    rates = ", ".join(f"{env} success {100 * m[f'validation/{env}/success_rate']:.1f}%"
+                      for env in m.get("envs", []) if f"validation/{env}/success_rate" in m)
+    failed = f", {m['validation/failed_episodes']} lost to infrastructure" if m.get("validation/failed_episodes") else ""
+    return (f"validation at policy v{m['policy_version']}: {rates or 'no episode finished'} "
+            f"({m.get('validation/episodes', 0)} episodes{failed}, {m.get('validation_seconds', 0):.1f}s)")
+
+
 def learning_summary(history: list[dict[str, Any]], window: int = 5) -> dict[str, float]:
     rewards = [m["reward_mean"] for m in history]
     success = [m["success_rate"] for m in history]

@@ -7,6 +7,7 @@ from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.learner import fsdp
+from services.learner.exporter import register_stream_collector
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
 from services.learner.weight_push import PUSHERS
@@ -21,6 +22,7 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None) -> Learn
         state = RunState.connect(config)
         stream = TrajectoryStream(state.client, state.trajectories_key, max_len=config.stream.max_len)
         if metrics_port:
+            register_stream_collector(stream)
             start_http_server(metrics_port)
-    return LearnerService(config, trainer, PUSHERS.create("grpc", timeout_s=config.learner.push_timeout_s),
-                          state, stream)
+    pusher = PUSHERS.create(config.learner.weight_push, timeout_s=config.learner.push_timeout_s)
+    return LearnerService(config, trainer, pusher, state, stream)

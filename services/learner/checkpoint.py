@@ -1,6 +1,7 @@
 """Crash-safe checkpoints of full (unsharded) model and optimizer state.
 
-Layout: <dir>/step_<n>/{model.pt, optimizer.pt, rng.pt, meta.json, COMMITTED}. Files are written into
+Layout: <dir>/step_<n>/{model.pt, optimizer.pt, [critic_model.pt, critic_optimizer.pt,] trainer_state.pt,
+rng.pt, meta.json, COMMITTED}. Files are written into
 `step_<n>.tmp`, which is renamed into place; the COMMITTED marker comes last, so a crash at any point
 leaves every earlier checkpoint usable and this one ignored. Only rank 0 writes; the folder must be one
 that rank 0 can see (all ranks read `latest_checkpoint`)."""
@@ -82,23 +83,38 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
-         keep: int) -> None:
-    """Collective: every rank calls it; rank 0 writes. `meta` must be JSON-serialisable."""
+def _files(part: str) -> tuple[str, str]:
+    """File names of one (model, optimizer) part; the policy keeps the plain names."""
+    return ("model.pt", "optimizer.pt") if part == "policy" else (f"{part}_model.pt", f"{part}_optimizer.pt")
+
+
+Parts = dict[str, tuple[nn.Module, torch.optim.Optimizer]]
+
+
+def save(path: str | Path, parts: Parts, meta: dict[str, Any], keep: int,
+         state: Optional[dict[str, Any]] = None) -> None:
+    """Collective: every rank calls it; rank 0 writes. `parts` maps a name ("policy", "critic") to a
+    sharded model and its optimizer; `state` (tensors, numbers, lists, dicts: schedulers, controllers)
+    goes to trainer_state.pt; `meta` must be JSON-serialisable."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     path = Path(path)
-    model_state = fsdp.full_state_dict(model)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=_state_options(cpu_offload=True))
+    tensors: dict[str, Any] = {}
+    for name, (model, optimizer) in parts.items():
+        model_file, optim_file = _files(name)
+        tensors[model_file] = fsdp.full_state_dict(model)
+        tensors[optim_file] = get_optimizer_state_dict(model, optimizer, options=_state_options(cpu_offload=True))
     rng = fsdp.all_gather_object(_rng_state())
     if fsdp.is_rank0():
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        torch.save(model_state, tmp / "model.pt")
-        torch.save(optim_state, tmp / "optimizer.pt")
+        for file, value in tensors.items():
+            torch.save(value, tmp / file)
         torch.save(rng, tmp / "rng.pt")
-        (tmp / "meta.json").write_text(json.dumps({**meta, "world_size": fsdp.world_size()}))
+        torch.save(state or {}, tmp / "trainer_state.pt")
+        (tmp / "meta.json").write_text(json.dumps({**meta, "world_size": fsdp.world_size(),
+                                                   "parts": sorted(parts)}))
         for f in tmp.iterdir():
             _fsync(f)
         old = path.with_name(path.name + ".old")
@@ -114,8 +130,8 @@ def save(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, m
     fsdp.barrier()
 
 
-def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Collective. Rank 0 reads the files and broadcasts the weights; returns the saved meta. RNG state is
+def load(path: str | Path, parts: Parts) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Collective. Rank 0 reads the files and broadcasts the weights; returns (meta, state). RNG state is
     restored per rank when the world size matches the saving run's."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -123,12 +139,20 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -
     if not (path / COMMITTED).is_file():
         raise FileNotFoundError(f"{path}: not a committed checkpoint")
     meta = json.loads((path / "meta.json").read_text())
+    missing = set(parts) - set(meta.get("parts", ["policy"]))
+    if missing:
+        raise ValueError(f"{path}: holds no {', '.join(sorted(missing))} (saved: {meta.get('parts', ['policy'])}); "
+                         "the checkpoint comes from a run with another algorithm")
     rank0 = fsdp.is_rank0()
-    model_state = torch.load(path / "model.pt", map_location="cpu", weights_only=True) if rank0 else {}
-    set_model_state_dict(model, model_state, options=_state_options(broadcast_from_rank0=True))
-    del model_state
-    optim_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True) if rank0 else {}
-    set_optimizer_state_dict(model, optimizer, optim_state, options=_state_options(broadcast_from_rank0=True))
+    for name, (model, optimizer) in parts.items():
+        model_file, optim_file = _files(name)
+        model_state = torch.load(path / model_file, map_location="cpu", weights_only=True) if rank0 else {}
+        set_model_state_dict(model, model_state, options=_state_options(broadcast_from_rank0=True))
+        del model_state
+        optim_state = torch.load(path / optim_file, map_location="cpu", weights_only=True) if rank0 else {}
+        set_optimizer_state_dict(model, optimizer, optim_state, options=_state_options(broadcast_from_rank0=True))
+    state_file = path / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True) if state_file.is_file() else {}
     if meta.get("world_size") == fsdp.world_size():
         _set_rng_state(torch.load(path / "rng.pt", weights_only=True)[fsdp.rank()])
-    return meta
+    return meta, state

@@ -1,4 +1,5 @@
-"""PPO policy loss and KL estimators on [B, T] tensors; position t refers to token t everywhere."""
+"""PPO policy and value losses, loss aggregation and KL diagnostics on [B, T] tensors; position t refers
+to token t everywhere."""
 from __future__ import annotations
 
 from typing import Optional
@@ -47,22 +48,54 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg_mode: str, *,
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                clip_low: float, clip_high: float, agg_mode: str = "token-mean", *,
-                num_tokens: Optional[float] = None, num_seqs: Optional[float] = None
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                clip_low: float, clip_high: float, agg_mode: str = "token-mean", *, clip_ratio_c: Optional[float] = None,
+                is_weights: Optional[torch.Tensor] = None, num_tokens: Optional[float] = None,
+                num_seqs: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with the ratio clipped to [1 - clip_low, 1 + clip_high].
 
-    Stats (detached, means over this batch's masked tokens): clip_frac, approx_kl (k3), ratio_mean."""
+    Dual-clip (`clip_ratio_c` > 1): where the advantage is negative the token loss is at most
+    -A * clip_ratio_c, so a huge ratio on a bad token cannot blow up the update. `is_weights` (detached,
+    e.g. truncated importance weights against the rollout policy) multiply the token losses.
+    Stats (detached, means over this batch's masked tokens): clip_frac, clip_frac_lower (dual-clip
+    active), approx_kl (k3 of old vs new), ratio_mean."""
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     token_loss = torch.maximum(unclipped, clipped)
+    lower = torch.zeros_like(token_loss, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        lower = (advantages < 0) & (token_loss > cap)
+        token_loss = torch.where(advantages < 0, torch.minimum(token_loss, cap), token_loss)
+    if is_weights is not None:
+        token_loss = token_loss * is_weights
     loss = aggregate(token_loss, mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((clipped > unclipped).to(ratio.dtype), mask),
+            "clip_frac_lower": masked_mean(lower.to(ratio.dtype), mask),
             "approx_kl": masked_mean(k3_kl(logprobs, old_logprobs), mask),
             "ratio_mean": masked_mean(ratio, mask),
         }
+    return loss, stats
+
+
+def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(pi_learner / pi_rollout, cap) per token, detached: corrects for the rollout engine sampling from
+    slightly different (stale, or numerically different) weights than the learner's."""
+    return torch.exp((old_logprobs - rollout_logprobs).clamp(-20.0, 20.0)).clamp(max=cap).detach()
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float, agg_mode: str = "token-mean", *, num_tokens: Optional[float] = None,
+               num_seqs: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped value loss: 0.5 * agg(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)).
+    Stats: vf_clip_frac (the clipped branch is larger), vf_mean."""
+    clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+    plain, clipped = (values - returns) ** 2, (clipped_values - returns) ** 2
+    loss = 0.5 * aggregate(torch.maximum(plain, clipped), mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    with torch.no_grad():
+        stats = {"vf_clip_frac": masked_mean((clipped > plain).to(values.dtype), mask),
+                 "vf_mean": masked_mean(values, mask)}
     return loss, stats

@@ -12,25 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common import metrics
 from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.weights import pack
 from services.learner import fsdp
+from services.learner.exporter import DROPPED, export_summary
 
 log = logging.getLogger(__name__)
 
 CONSUMER = "learner-0"
-STEP_SECONDS = metrics.gauge("learner", "step_seconds", "Wall time of the last step")
-LEARNER_GAUGES = {k: metrics.gauge("learner", k, doc) for k, doc in {
-    "loss": "Total loss", "pg_loss": "Policy-gradient loss", "kl": "Approximate KL to the old policy",
-    "entropy": "Mean token entropy", "reward_mean": "Mean trajectory reward", "success_rate": "Episode success rate",
-    "grad_norm": "Gradient norm before clipping", "mismatch_kl": "KL between rollout and learner logprobs",
-    "policy_version": "Policy version after the last step", "staleness": "Mean policy-version lag of trained data",
-    "push_seconds": "Wall time of the last weight push", "checkpoint_seconds": "Wall time of the last checkpoint",
-}.items()}
-DROPPED = metrics.counter("learner", "dropped_trajectories_total", "Trajectories not trained on", ["reason"])
 
 
 class StepTimeout(RuntimeError):
@@ -42,6 +33,7 @@ class CollectedStep:
     trajectories: list = field(default_factory=list)
     entry_ids: list[str] = field(default_factory=list)
     groups: set[str] = field(default_factory=set)
+    dropped_stale: int = 0
 
 
 class LearnerService:
@@ -54,6 +46,7 @@ class LearnerService:
         self._unacked: list[str] = []
         self._backlog: list[StreamEntry] = []
         self.history: list[dict[str, Any]] = []
+        self.dropped_stale_total = 0
 
     # -- start-up ----------------------------------------------------------------------------
     def resume(self) -> None:
@@ -63,6 +56,7 @@ class LearnerService:
             extra = self.trainer.load_checkpoint(ckpt)
             self.step, self.version = extra["step"], extra["policy_version"]
             consumed = set(extra.get("unacked_entry_ids", []))
+            self.dropped_stale_total = extra.get("dropped_stale_total", 0)
             log.info("resumed from %s at step %d (policy v%d)", ckpt, self.step, self.version)
         if self.stream is not None:
             self.stream.ensure_group()
@@ -86,23 +80,40 @@ class LearnerService:
         deadline = time.monotonic() + cfg.learner.step_timeout_s
         oldest_ok, stale = self.step - cfg.algorithm.max_staleness, 0
         while len(out.groups) < want:
-            entries, self._backlog = (self._backlog, []) if self._backlog else (
-                self.stream.read(CONSUMER, count=want - len(out.groups), block_ms=cfg.stream.read_block_ms), [])
+            if self._backlog:  # replayed as the stream delivered it: at most as many entries as groups missing
+                take = want - len(out.groups)
+                entries, self._backlog = self._backlog[:take], self._backlog[take:]
+            else:
+                entries = self.stream.read(CONSUMER, count=want - len(out.groups), block_ms=cfg.stream.read_block_ms)
+            lost = set()
             for entry in entries:
                 out.entry_ids.append(entry.entry_id)
                 for traj in entry.batch.trajectories:
                     if min((t.policy_version for t in traj.turns), default=self.version) < oldest_ok:
                         DROPPED.labels(reason="stale").inc()
                         stale += 1
+                        out.dropped_stale += 1
+                        lost.add(traj.group_id)
                         continue
                     out.trajectories.append(traj)
                     out.groups.add(traj.group_id)
+            self._report_stale_groups(len(lost - out.groups))
             if not entries and time.monotonic() > deadline:
                 raise StepTimeout(f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
                                   f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped)")
         return out
 
+    def _report_stale_groups(self, count: int) -> None:
+        """Run-wide count of groups lost to staleness: the producers shift later claims by it (see
+        services.rollout.producer), so a dropped group is replaced instead of starving the last step."""
+        if count and self.state is not None:
+            self.state.client.incrby(self.config.key("stale_groups"), count)
+
     def _push(self) -> tuple[float, str, list[dict]]:
+        if not self.pusher.needs_servers:  # offline (recorded batches): only the version is published
+            if fsdp.is_rank0():
+                self.state.publish_version(self.version)
+            return 0.0, "", []
         weights = self.trainer.named_weights_for_push()
         if not fsdp.is_rank0():
             return 0.0, "", []
@@ -123,7 +134,8 @@ class LearnerService:
             return 0.0
         start = time.perf_counter()
         self.trainer.save_checkpoint(self.config.learner.checkpoint_dir, {
-            "step": self.step, "policy_version": self.version, "unacked_entry_ids": self._unacked})
+            "step": self.step, "policy_version": self.version, "unacked_entry_ids": self._unacked,
+            "dropped_stale_total": self.dropped_stale_total})
         if self.stream is not None:
             self.stream.ack(self._unacked)
         self._unacked = []
@@ -135,16 +147,18 @@ class LearnerService:
         batch = fsdp.broadcast_object(batch)
         stats = self.trainer.train_step(batch.trajectories)
         self.step += 1
-        self.version = self.step
+        self.version = self.trainer.policy_version = self.step
+        self.dropped_stale_total += batch.dropped_stale
         push_s, checksum, pushes = self._push()
         self._unacked += batch.entry_ids
         ckpt_s = self._checkpoint(force=self.step == self.config.learner.steps)
         versions = [t.policy_version for traj in batch.trajectories for t in traj.turns]
-        summary = {**stats, "step": self.step, "policy_version": self.version, "weights_checksum": checksum, "pushes": pushes,
-                   "push_seconds": push_s, "checkpoint_seconds": ckpt_s,
+        summary = {**stats, "step": self.step, "policy_version": self.version, "weights_checksum": checksum,
+                   "pushes": pushes, "push_seconds": push_s, "checkpoint_seconds": ckpt_s,
                    "staleness": self.step - 1 - sum(versions) / max(len(versions), 1),
                    "step_seconds": time.perf_counter() - start, "trajectories": len(batch.trajectories),
-                   "groups": len(batch.groups)}
+                   "groups": len(batch.groups), "entry_ids": batch.entry_ids, "dropped_stale": batch.dropped_stale,
+                   "dropped_stale_total": self.dropped_stale_total}
         for traj in batch.trajectories:
             for name, value in traj.reward_components.items():
                 summary.setdefault(f"reward/{name}", 0.0)
@@ -155,16 +169,13 @@ class LearnerService:
     def _export(self, summary: dict[str, Any]) -> None:
         if not fsdp.is_rank0():
             return
-        STEP_SECONDS.set(summary["step_seconds"])
-        for key, gauge in LEARNER_GAUGES.items():
-            if isinstance(summary.get(key), (int, float)):
-                gauge.set(summary[key])
+        export_summary(summary)
         self.history.append(summary)
         self.state.publish_metrics(self.step, summary)
 
     def run(self) -> list[dict[str, Any]]:
         self.resume()
-        if fsdp.is_rank0():
+        if fsdp.is_rank0() and self.pusher.needs_servers:
             self.wait_for_rollouts()
         self._push()  # the servers may hold other weights than the checkpoint (restart, resume)
         while self.step < self.config.learner.steps:

@@ -1,8 +1,13 @@
 """One policy update per call: trajectories in, metrics out. Collective: every rank constructs the trainer
-and calls each public method with the same arguments (same trajectories, same order)."""
+and calls each public method with the same arguments (same trajectories, same order).
+
+A step: collate the global batch; score it without gradients on this rank's share (old and reference
+logprobs, critic values), gather those to every rank; KL penalty into the rewards (optional); advantages
+on the whole batch; then `ppo_epochs` passes of the policy (and critic) over this rank's micro-batches."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -14,23 +19,37 @@ from services.common.trajectory import Trajectory
 from services.learner import checkpoint, fsdp
 from services.learner.advantages import build_estimator
 from services.learner.batch import TrainBatch, collate
-from services.learner.losses import k3_kl, policy_loss
+from services.learner.critic import Critic
+from services.learner.kl import build_kl_controller, kl_estimate
+from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, truncated_is_weights
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
+from services.learner.reference import ReferencePolicy
+from services.learner.schedule import build_scheduler, restore_scheduler
 
-
-_SUMS = ("mismatch_kl", "entropy", "loss", "clip_frac", "approx_kl", "ratio_mean", "update_tokens")
+# per-token sums (divided by the token count in the metrics) and loss sums (already normalised)
+_TOKEN_SUMS = ("mismatch_kl", "entropy", "clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean", "update_tokens",
+               "tis_weight", "tis_clipped", "kl_ref", "vf_clip_frac")
+_LOSS_SUMS = ("loss", "pg_loss", "entropy_loss", "kl_loss", "vf_loss")
+_SUMS = _TOKEN_SUMS + _LOSS_SUMS
 
 
 @dataclass
 class _Micro:
     batch: TrainBatch
-    advantages: torch.Tensor
+    rows: Optional[torch.Tensor]  # its rows in the global batch; None for a filler (all-masked) micro-batch
     old_logprobs: Optional[torch.Tensor] = None
+    ref_logprobs: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    is_weights: Optional[torch.Tensor] = None
+    advantages: Optional[torch.Tensor] = None
+    returns: Optional[torch.Tensor] = None
 
 
 class PolicyTrainer:
-    """FSDP-sharded policy, AdamW, and the PPO/GRPO update. `step` counts completed `train_step` calls;
-    `policy_version` is the version of the weights the model holds, set by the caller. Checkpoints carry both."""
+    """FSDP-sharded policy, AdamW with its schedule, and the PPO/GRPO-family update; a critic when the
+    estimator needs values, a frozen reference when a KL term is on. `step` counts completed `train_step`
+    calls; `policy_version` is the version of the weights the model holds, set by the caller.
+    Checkpoints carry all of it."""
 
     latest_checkpoint = staticmethod(checkpoint.latest_checkpoint)
 
@@ -39,79 +58,171 @@ class PolicyTrainer:
         self.device = fsdp.resolve_device(config.learner.device)
         self.rank, self.world_size = fsdp.init_distributed(self.device)
         torch.manual_seed(config.seed)
+        algo = config.algorithm
         mixed = config.model.dtype != "float32" and self.device.type == "cuda"
-        self.model = load_model(model_path, "float32" if mixed else config.model.dtype)
+        load_dtype = "float32" if mixed else config.model.dtype
+        self.model = load_model(model_path, load_dtype)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         fsdp.shard_model(self.model, self.device, mixed_precision_bf16=mixed)
-        algo = config.algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
-        if self.estimator.needs_values:
-            raise NotImplementedError(f"advantage {algo.advantage!r} needs a critic, which the learner lacks")
+        self.critic = Critic(config, model_path, self.device, load_dtype, mixed) if self.estimator.needs_values else None
+        self.reference = None
+        if algo.use_kl_in_reward or algo.use_kl_loss:
+            self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed)
+        self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
         self.policy_version = 0
 
-    def _local_micro_batches(self, batch: TrainBatch, advantages: torch.Tensor) -> list[_Micro]:
+    # -- batch layout ----------------------------------------------------------------------
+    def _local_micro_batches(self, batch: TrainBatch) -> list[_Micro]:
         """This rank's share of the sequences in micro-batches, topped up with empty (mask 0) micro-batches
         so that every rank runs the same number of forward/backward passes (FSDP's collectives)."""
         size = self.config.algorithm.micro_batch_size
         shares = torch.arange(batch.size).tensor_split(self.world_size)
         n_micro = math.ceil(len(shares[0]) / size)
-        mine = shares[self.rank]
-        out = []
-        for chunk in mine.split(size):
-            mb = batch.select(chunk).trim()
-            out.append(_Micro(mb.to(self.device), advantages[chunk, :mb.input_ids.shape[1]].to(self.device)))
+        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in shares[self.rank].split(size)]
         while len(out) < n_micro:
             mb = batch.select(slice(0, 1)).trim()
             mb.response_mask = torch.zeros_like(mb.response_mask)
-            out.append(_Micro(mb.to(self.device), torch.zeros_like(mb.response_mask).to(self.device)))
+            out.append(_Micro(mb.to(self.device), None))
         return out
+
+    def _gather(self, micro: list[_Micro], field: str, shape: torch.Size) -> torch.Tensor:
+        """The per-micro-batch tensors `field` of every rank, as one [B, T] CPU tensor on every rank."""
+        full = torch.zeros(shape, dtype=torch.float64, device=self.device)
+        for m in micro:
+            if m.rows is not None:
+                local = getattr(m, field)
+                full[m.rows.to(self.device), :local.shape[1]] = local.to(torch.float64)
+        return fsdp.all_reduce_sum(full).to("cpu", torch.float32)
+
+    # -- one step ---------------------------------------------------------------------------
+    def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor]) -> None:
+        """Old (pre-update) logprobs, reference logprobs, values and importance weights, without gradients."""
+        cap = self.config.algorithm.tis_cap
+        with torch.no_grad():
+            for m in micro:
+                b, mask = m.batch, m.batch.response_mask
+                m.old_logprobs, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask)
+                sums["mismatch_kl"] += (k3_kl(m.old_logprobs, b.rollout_logprobs) * mask).sum()
+                sums["entropy"] += (ent * mask).sum()
+                if self.reference is not None:
+                    m.ref_logprobs = self.reference.logprobs(b.input_ids, b.attention_mask)
+                    sums["kl_ref"] += (kl_estimate(m.old_logprobs, m.ref_logprobs, "low_var_kl") * mask).sum()
+                if self.critic is not None:
+                    m.values = self.critic.values(b.input_ids, b.attention_mask)
+                if cap > 0:
+                    m.is_weights = truncated_is_weights(m.old_logprobs, b.rollout_logprobs, cap)
+                    raw = torch.exp((m.old_logprobs - b.rollout_logprobs).clamp(-20.0, 20.0))
+                    sums["tis_weight"] += (m.is_weights * mask).sum()
+                    sums["tis_clipped"] += ((raw > cap).to(mask.dtype) * mask).sum()
+
+    def _kl_penalised_rewards(self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float]) -> torch.Tensor:
+        """verl's apply_kl_penalty: r_t - beta * KL_t on model tokens; the controller then sees the batch's
+        mean per-sequence KL."""
+        algo, mask = self.config.algorithm, batch.response_mask
+        old = self._gather(micro, "old_logprobs", mask.shape)
+        ref = self._gather(micro, "ref_logprobs", mask.shape)
+        kl = kl_estimate(old, ref, algo.kl_penalty) * mask
+        beta = self.kl_ctrl.value
+        current = masked_mean(kl, mask, dim=-1).mean().item()
+        self.kl_ctrl.update(current, batch.size)
+        extra.update(kl_in_reward=current, kl_coef=beta)
+        return batch.token_rewards - beta * kl
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         algo, reward = self.config.algorithm, self.config.reward
         batch = collate(trajectories, self.pad_id, allocation=reward.allocation, gamma=reward.gamma)
-        advantages = self.estimator.compute(batch.token_rewards, batch.response_mask, batch.group_index,
-                                            gamma=reward.gamma)
-        num_tokens = batch.response_mask.sum().item()
-        num_seqs = (batch.response_mask.sum(-1) > 0).sum().item()
-        micro = self._local_micro_batches(batch, advantages)
-
+        mask = batch.response_mask
+        norm = {"num_tokens": max(mask.sum().item(), 1.0), "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
+        micro = self._local_micro_batches(batch)
         sums = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in _SUMS}
-        with torch.no_grad():
-            for m in micro:
-                lp, ent = token_logprobs_and_entropy(self.model, m.batch.input_ids, m.batch.attention_mask)
-                m.old_logprobs = lp
-                mask = m.batch.response_mask
-                sums["mismatch_kl"] += (k3_kl(lp, m.batch.rollout_logprobs) * mask).sum()
-                sums["entropy"] += (ent * mask).sum()
+        extra: dict[str, float] = {"lr": self.optimizer.param_groups[0]["lr"]}
 
+        start = time.perf_counter()
+        self._score(micro, sums)
+        token_rewards = batch.token_rewards
+        if algo.use_kl_in_reward:
+            token_rewards = self._kl_penalised_rewards(batch, micro, extra)
+        values = self._gather(micro, "values", mask.shape) if self.critic is not None else None
+        advantages, returns = self.estimator.advantages_and_returns(
+            token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam)
+        for m in micro:
+            width = m.batch.input_ids.shape[1]
+            rows = m.rows if m.rows is not None else slice(0, 1)
+            m.advantages = advantages[rows, :width].to(self.device)
+            m.returns = returns[rows, :width].to(self.device)
+        extra.update(advantage_mean=masked_mean(advantages, mask).item(),
+                     advantage_abs_mean=masked_mean(advantages.abs(), mask).item())
+        scored = time.perf_counter()
+        extra["time/score_s"] = scored - start  # these phases end in a host sync (gather, grad norm)
+
+        grad_norms, skipped = self._update_policy(micro, sums, norm)
+        extra["time/policy_update_s"] = time.perf_counter() - scored
+        if self.critic is not None:
+            extra["critic_lr"] = self.critic.optimizer.param_groups[0]["lr"]
+            updated = time.perf_counter()
+            critic_norms = self.critic.update(micro, sums, **norm)
+            extra["time/critic_update_s"] = time.perf_counter() - updated
+            extra.update(critic_grad_norm=critic_norms[-1], **self._value_stats(values, returns, mask))
+        self.scheduler.step()
+        self.step += 1
+        totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
+        return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped), **extra}
+
+    def _update_policy(self, micro: list[_Micro], sums: dict[str, torch.Tensor], norm: dict[str, float]
+                       ) -> tuple[list[float], int]:
+        algo = self.config.algorithm
         grad_norms, skipped = [], 0
         for _ in range(algo.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for m in micro:
-                lp = token_logprobs(self.model, m.batch.input_ids, m.batch.attention_mask)
-                loss, stats = policy_loss(lp, m.old_logprobs, m.advantages, m.batch.response_mask,
-                                          algo.clip_ratio_low, algo.clip_ratio_high, algo.loss_agg_mode,
-                                          num_tokens=max(num_tokens, 1.0), num_seqs=max(num_seqs, 1.0))
+                b, mask = m.batch, m.batch.response_mask
+                if algo.entropy_coeff > 0:
+                    lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask)
+                else:
+                    lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask), None
+                pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
+                                        algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
+                                        is_weights=m.is_weights, **norm)
+                loss = pg
+                if ent is not None:
+                    ent_loss = aggregate(ent, mask, algo.loss_agg_mode, **norm)
+                    loss = loss - algo.entropy_coeff * ent_loss
+                    sums["entropy_loss"] += ent_loss.detach()
+                if algo.use_kl_loss:
+                    kl_loss = aggregate(kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode,
+                                        **norm)
+                    loss = loss + algo.kl_loss_coef * kl_loss
+                    sums["kl_loss"] += kl_loss.detach()
                 # FSDP averages gradients over ranks; the partial losses already sum to the batch loss.
                 (loss * self.world_size).backward()
-                n = m.batch.response_mask.sum()
+                n = mask.sum()
                 sums["loss"] += loss.detach()
-                for key in ("clip_frac", "approx_kl", "ratio_mean"):
+                sums["pg_loss"] += pg.detach()
+                for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"):
                     sums[key] += stats[key] * n
                 sums["update_tokens"] += n
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
-            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            grad_norms.append(norm)
-            if math.isfinite(norm):
+            norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
+            norm_value = float(norm_value.full_tensor() if hasattr(norm_value, "full_tensor") else norm_value)
+            grad_norms.append(norm_value)
+            if math.isfinite(norm_value):
                 self.optimizer.step()
             else:
                 skipped += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
-        return self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped)
+        return grad_norms, skipped
+
+    @staticmethod
+    def _value_stats(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        m = mask > 0
+        v, r = values[m].double(), returns[m].double()
+        var_r = r.var(unbiased=False).item() if r.numel() > 1 else 0.0
+        explained = 1.0 - (r - v).var(unbiased=False).item() / var_r if var_r > 0 else float("nan")
+        return {"values_mean": v.mean().item() if v.numel() else 0.0,
+                "returns_mean": r.mean().item() if r.numel() else 0.0, "vf_explained_var": explained}
 
     def _metrics(self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int
                  ) -> dict[str, float]:
@@ -119,10 +230,11 @@ class PolicyTrainer:
         tokens = max(batch.response_mask.sum().item(), 1.0)
         update_tokens = max(s["update_tokens"], 1.0)
         versions = batch.policy_versions[batch.response_mask > 0]
-        return {
+        out = {
             "loss": s["loss"] / epochs,
-            "pg_loss": s["loss"] / epochs,
+            "pg_loss": s["pg_loss"] / epochs,
             "clip_frac": s["clip_frac"] / update_tokens,
+            "clip_frac_lower": s["clip_frac_lower"] / update_tokens,
             "approx_kl": s["approx_kl"] / update_tokens,
             "ratio_mean": s["ratio_mean"] / update_tokens,
             "grad_norm": grad_norms[-1],
@@ -137,27 +249,61 @@ class PolicyTrainer:
             "policy_version_min": float(versions.min()) if versions.numel() else 0.0,
             "policy_version_max": float(versions.max()) if versions.numel() else 0.0,
         }
+        algo = self.config.algorithm
+        if algo.tis_cap > 0:
+            out.update(tis_weight_mean=s["tis_weight"] / tokens, tis_clip_frac=s["tis_clipped"] / tokens)
+        if algo.entropy_coeff > 0:
+            out["entropy_loss"] = s["entropy_loss"] / epochs
+        if self.reference is not None:
+            out["kl_ref"] = s["kl_ref"] / tokens
+        if algo.use_kl_loss:
+            out["kl_loss"] = s["kl_loss"] / epochs
+        if self.critic is not None:
+            out.update(vf_loss=s["vf_loss"] / epochs, vf_clip_frac=s["vf_clip_frac"] / update_tokens)
+        return out
 
+    # -- weights and checkpoints --------------------------------------------------------------
     def named_weights_for_push(self) -> list[tuple[str, torch.Tensor]]:
         """Full weights by Hugging Face name, on CPU, in the configured model dtype. Collective; rank 0 gets
         the list, the other ranks an empty one."""
         dtype = DTYPES[self.config.model.dtype]
         return [(name, t.to(dtype)) for name, t in fsdp.full_state_dict(self.model).items()]
 
+    def _parts(self) -> checkpoint.Parts:
+        parts = {"policy": (self.model, self.optimizer)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic.model, self.critic.optimizer)
+        return parts
+
     def save_checkpoint(self, directory: str | Path, extra: Optional[dict[str, Any]] = None) -> Path:
         """Collective. Writes `<directory>/step_<step>` and keeps the newest `keep_checkpoints` there.
         `extra` (JSON-serialisable, e.g. stream offsets) comes back from `load_checkpoint`."""
         path = checkpoint.checkpoint_path(directory, self.step)
-        meta = {"step": self.step, "policy_version": self.policy_version, "extra": extra or {}}
-        checkpoint.save(path, self.model, self.optimizer, meta, keep=self.config.learner.keep_checkpoints)
+        meta = {"step": self.step, "policy_version": self.policy_version, "extra": extra or {},
+                "advantage": self.config.algorithm.advantage,
+                "reference": self.reference.identity if self.reference is not None else None}
+        state: dict[str, Any] = {"scheduler": self.scheduler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
+        if self.critic is not None:
+            state["critic_scheduler"] = self.critic.scheduler.state_dict()
+        checkpoint.save(path, self._parts(), meta, keep=self.config.learner.keep_checkpoints, state=state)
         return path
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Collective. Restores weights, optimizer state, RNG and `policy_version`; returns `extra`.
-        Learning rate and weight decay come from the current config, not the checkpoint."""
-        meta = checkpoint.load(path, self.model, self.optimizer)
+        """Collective. Restores weights, optimizer, scheduler and KL-controller state, RNG and
+        `policy_version`; returns `extra`. Base learning rates and weight decay come from the current
+        config; the schedule position from the checkpoint."""
+        meta, state = checkpoint.load(path, self._parts())
+        algo = self.config.algorithm
+        if self.reference is not None:
+            self.reference.check(meta.get("reference") or {})
         for group in self.optimizer.param_groups:
-            group["lr"] = self.config.algorithm.lr
-            group["weight_decay"] = self.config.algorithm.weight_decay
+            group["weight_decay"] = algo.weight_decay
+        if "scheduler" in state:
+            restore_scheduler(self.scheduler, state["scheduler"], algo.lr)
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.critic is not None:
+            for group in self.critic.optimizer.param_groups:
+                group["weight_decay"] = algo.weight_decay
+            restore_scheduler(self.critic.scheduler, state["critic_scheduler"], algo.critic_lr)
         self.step, self.policy_version = int(meta["step"]), int(meta["policy_version"])
         return meta["extra"]

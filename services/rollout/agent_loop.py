@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from services.common import metrics
 from services.common.config import EnvConfig, RolloutConfig
-from services.common.errors import ServiceError
+from services.common.errors import InvalidArgument, ServiceError
 from services.common.trajectory import Trajectory, TrajectoryBuilder
 from services.rollout.action_parsers import ActionParser
 from services.rollout.backends.base import SamplingSpec
@@ -20,7 +21,10 @@ from services.rollout.prompting import ChatFormatter
 log = logging.getLogger(__name__)
 
 ACTIVE_EPISODES = metrics.gauge("rollout", "active_episodes", "Episodes in the agent loop")
-EPISODES = metrics.counter("rollout", "episodes_total", "Finished episodes by outcome", ["outcome"])
+EPISODES = metrics.preset(metrics.counter("rollout", "episodes_total", "Finished episodes by outcome", ["outcome"]),
+                          ("success",), ("failure",), ("infra_error",))
+EPISODE_RETRIES = metrics.counter("rollout", "episode_retries_total",
+                                  "Episodes played again on a fresh environment after an infrastructure failure")
 
 
 class Generator(Protocol):
@@ -29,7 +33,12 @@ class Generator(Protocol):
 
 
 class EpisodeFailed(RuntimeError):
-    """An episode lost to infrastructure (env service, engine), not to the policy: never scored."""
+    """An episode lost to infrastructure (env service, engine), not to the policy: never scored.
+    `retryable` is False for failures a fresh environment cannot fix (a bad env name or options)."""
+
+    def __init__(self, message: str, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass
@@ -46,6 +55,8 @@ class AgentLoop:
         self.rollout, self.env = rollout, env
         self.limits = LoopLimits(env.max_turns, rollout.max_new_tokens, max_model_len)
         self.server_name = server_name
+        self.stats: Counter[str] = Counter()
+        """episode_retries and episodes_failed (infrastructure failures of single attempts), for the producer."""
 
     def _sampling(self, budget: int, seed: int | None) -> SamplingSpec:
         r = self.rollout
@@ -53,15 +64,41 @@ class AgentLoop:
                             stop_token_ids=self.formatter.stop_token_ids, seed=seed)
 
     async def run_group(self, task_index: int, group_id: str | None = None, seed: int | None = None) -> list[Trajectory]:
-        """`group_size` episodes of one task, concurrently; any infrastructure failure fails the group."""
+        """`group_size` episodes of one task, concurrently. An episode lost to infrastructure is played
+        again on a fresh environment (up to env.max_episode_attempts tries); once one runs out of tries
+        the group fails as a whole and its other episodes are cancelled, so a partial group never
+        reaches advantage statistics."""
         group_id = group_id or uuid.uuid4().hex
-        episodes = [self.run_episode(task_index, group_id, None if seed is None else seed * 1000 + i)
-                    for i in range(self.rollout.group_size)]
-        results = await asyncio.gather(*episodes, return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            raise EpisodeFailed(f"group {group_id}: {len(failures)} episode(s) failed: {failures[0]!r}") from failures[0]
-        return list(results)
+        tasks = [asyncio.create_task(self.run_episode_with_retries(task_index, group_id,
+                                                                   None if seed is None else seed * 1000 + i))
+                 for i in range(self.rollout.group_size)]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()
+        failed = next((t for t in tasks if t in done and not t.cancelled() and t.exception() is not None), None)
+        if failed is not None:
+            await asyncio.gather(*pending, return_exceptions=True)  # let cancelled episodes close their envs
+            exc = failed.exception()
+            raise EpisodeFailed(f"group {group_id} dropped: {exc}", getattr(exc, "retryable", True)) from exc
+        return [t.result() for t in tasks]
+
+    async def run_episode_with_retries(self, task_index: int, group_id: str, seed: int | None = None) -> Trajectory:
+        attempts = self.env.max_episode_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self.run_episode(task_index, group_id, seed)
+            except EpisodeFailed as exc:
+                self.stats["episodes_failed"] += 1
+                if not exc.retryable or attempt == attempts:
+                    raise EpisodeFailed(f"episode of task {task_index} failed {attempt} time(s), last: {exc}",
+                                        exc.retryable) from exc
+                self.stats["episode_retries"] += 1
+                EPISODE_RETRIES.inc()
+                log.warning("episode of task %d (group %s) lost, retrying on a fresh environment (%d/%d): %s",
+                            task_index, group_id, attempt, attempts, exc)
+        raise AssertionError("unreachable")
 
     async def run_episode(self, task_index: int, group_id: str, seed: int | None = None) -> Trajectory:
         ACTIVE_EPISODES.inc()
@@ -74,7 +111,8 @@ class AgentLoop:
             return traj
         except ServiceError as exc:
             EPISODES.labels(outcome="infra_error").inc()
-            raise EpisodeFailed(f"env service: {exc}") from exc
+            raise EpisodeFailed(f"env service: {type(exc).__name__}: {exc}",
+                                retryable=not isinstance(exc, InvalidArgument)) from exc
         finally:
             ACTIVE_EPISODES.dec()
             if episode_id is not None:

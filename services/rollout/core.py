@@ -15,10 +15,12 @@ from services.rollout.rwlock import ReadWriteLock
 log = logging.getLogger(__name__)
 
 GENERATED_TOKENS = metrics.counter("rollout", "generated_tokens_total", "Tokens sampled by the engine")
-GENERATE_LATENCY = metrics.histogram("rollout", "generate_latency_seconds", "Latency of one generation call")
+GENERATE_LATENCY = metrics.histogram("rollout", "generate_latency_seconds", "Latency of one generation call",
+                                     buckets=metrics.DURATION_BUCKETS)
 ACTIVE_REQUESTS = metrics.gauge("rollout", "active_requests", "Generation requests in flight")
 POLICY_VERSION = metrics.gauge("rollout", "policy_version", "Policy version being served")
-WEIGHT_UPDATE_SECONDS = metrics.histogram("rollout", "weight_update_seconds", "Time to apply a weight set")
+WEIGHT_UPDATE_SECONDS = metrics.histogram("rollout", "weight_update_seconds", "Time to apply a weight set",
+                                          buckets=metrics.DURATION_BUCKETS)
 
 
 @dataclass

@@ -12,6 +12,11 @@ from services.learner.smoke import ALL_AGG_MODES, build_tiny_llama, run
 REPO = Path(__file__).resolve().parents[2]
 
 
+def untimed(metrics):
+    """Metrics without the wall-clock phase timings, which differ from run to run."""
+    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
 def close(a, b, rel=1e-5, abs_=1e-7):
     return a == pytest.approx(b, rel=rel, abs=abs_)
 
@@ -55,6 +60,6 @@ def test_two_process_checkpoint_resume(results, mode):
     _, two, tmp = results
     resume = two[mode]["resume"]
     assert resume["extra"] == {"mode": mode} and resume["version"] == 2 and resume["step"] == 2
-    assert resume["continued"] == resume["resumed"]
+    assert untimed(resume["continued"]) == untimed(resume["resumed"])
     assert resume["checksums"][0] == resume["checksums"][1]
     assert (tmp / "ckpt" / mode / "step_00000002" / "COMMITTED").is_file()

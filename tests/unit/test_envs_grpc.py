@@ -71,7 +71,7 @@ def test_health_per_service_and_error_codes():
                     await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
                 assert err.value.code() == grpc.StatusCode.NOT_FOUND
             async with GrpcEnvClient(address, timeout_s=5) as client:
-                with pytest.raises(NotFound, match="known: corridor, guess_number"):
+                with pytest.raises(NotFound, match="known: agentgym, babyai, corridor, crafting, guess_number"):
                     await client.create("nope")
                 with pytest.raises(InvalidArgument, match="distance 7 needs length >= 9"):
                     await client.create("corridor", 0, {"distance": 7})

@@ -4,13 +4,15 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from services.learner.losses import AGG_MODES, aggregate, masked_mean, mismatch_kl, policy_loss
+from services.learner.losses import (AGG_MODES, aggregate, masked_mean, mismatch_kl, policy_loss,
+                                     truncated_is_weights, value_loss)
 
 
-def reference(lp, old, adv, mask, lo, hi, mode):
+def reference(lp, old, adv, mask, lo, hi, mode, dual_c=None, weights=None):
     """Token by token, in plain Python."""
     lp, old, adv, mask = (x.tolist() for x in (lp, old, adv, mask))
-    per_seq, tokens, clipped, kl, ratios = [], [], 0, 0.0, 0.0
+    weights = weights.tolist() if weights is not None else [[1.0] * len(row) for row in lp]
+    per_seq, tokens, clipped, lower, kl, ratios = [], [], 0, 0, 0.0, 0.0
     for b in range(len(lp)):
         seq = []
         for t in range(len(lp[b])):
@@ -19,7 +21,10 @@ def reference(lp, old, adv, mask, lo, hi, mode):
             r = math.exp(lp[b][t] - old[b][t])
             a = adv[b][t]
             u, c = -a * r, -a * min(max(r, 1 - lo), 1 + hi)
-            seq.append(max(u, c))
+            loss = max(u, c)
+            if dual_c is not None and a < 0 and loss > -a * dual_c:
+                loss, lower = -a * dual_c, lower + 1
+            seq.append(loss * weights[b][t])
             clipped += c > u
             kl += r - 1 - math.log(r)
             ratios += r
@@ -31,28 +36,99 @@ def reference(lp, old, adv, mask, lo, hi, mode):
             "seq-mean-token-sum": sum(sum(s) for s in nonempty) / max(len(nonempty), 1),
             "seq-mean-token-mean": sum(sum(s) / len(s) for s in nonempty) / max(len(nonempty), 1)}[mode]
     n = max(n, 1)
-    return loss, {"clip_frac": clipped / n, "approx_kl": kl / n, "ratio_mean": ratios / n}
+    return loss, {"clip_frac": clipped / n, "clip_frac_lower": lower / n, "approx_kl": kl / n, "ratio_mean": ratios / n}
 
 
-def rand_inputs(seed, batch, length, p_mask=0.6):
+def rand_inputs(seed, batch, length, p_mask=0.6, spread=0.3):
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(batch, length, generator=gen, dtype=torch.float64) * 4
-    lp = old + torch.randn(batch, length, generator=gen, dtype=torch.float64) * 0.3
+    lp = old + torch.randn(batch, length, generator=gen, dtype=torch.float64) * spread
     adv = torch.randn(batch, length, generator=gen, dtype=torch.float64)
     mask = (torch.rand(batch, length, generator=gen) < p_mask).double()
     return lp, old, adv, mask
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(0, 2 ** 31), st.integers(1, 6), st.integers(1, 8), st.sampled_from(AGG_MODES),
-       st.floats(0.0, 0.5), st.floats(0.0, 2.0))
-def test_policy_loss_matches_reference(seed, batch, length, mode, lo, hi):
-    lp, old, adv, mask = rand_inputs(seed, batch, length)
-    loss, stats = policy_loss(lp, old, adv, mask, lo, hi, mode)
-    ref_loss, ref_stats = reference(lp, old, adv, mask, lo, hi, mode)
+       st.floats(0.0, 0.5), st.floats(0.0, 2.0), st.one_of(st.none(), st.floats(1.01, 4.0)), st.booleans(),
+       st.sampled_from([0.3, 1.5]))
+def test_policy_loss_matches_reference(seed, batch, length, mode, lo, hi, dual_c, weighted, spread):
+    lp, old, adv, mask = rand_inputs(seed, batch, length, spread=spread)  # spread 1.5: ratios beyond the dual clip
+    weights = torch.rand(batch, length, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
+    weights = weights if weighted else None
+    loss, stats = policy_loss(lp, old, adv, mask, lo, hi, mode, clip_ratio_c=dual_c, is_weights=weights)
+    ref_loss, ref_stats = reference(lp, old, adv, mask, lo, hi, mode, dual_c, weights)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-9, abs=1e-12)
     for key, value in ref_stats.items():
         assert stats[key].item() == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_dual_clip_caps_negative_advantage_losses_and_stops_their_gradient():
+    old = torch.zeros(1, 3)
+    lp = torch.tensor([[2.0, 2.0, 0.5]], requires_grad=True)  # ratios e^2 ~ 7.4 (beyond c = 3) and e^0.5
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    loss, stats = policy_loss(lp, old, adv, torch.ones(1, 3), 0.2, 0.2, "seq-mean-token-sum", clip_ratio_c=3.0)
+    loss.backward()
+    # token 0: A < 0, capped at -A * c = 3 (no gradient); token 1: A > 0, clipped at 1.2 (no gradient);
+    # token 2: A < 0, ratio 1.65 below c, unclipped branch -A * r keeps its gradient
+    assert loss.item() == pytest.approx(3.0 - 1.2 + math.exp(0.5))
+    assert lp.grad[0, 0] == 0 and lp.grad[0, 1] == 0 and lp.grad[0, 2] == pytest.approx(math.exp(0.5))
+    assert stats["clip_frac_lower"].item() == pytest.approx(1 / 3)
+    unbounded, _ = policy_loss(lp.detach(), old, adv, torch.ones(1, 3), 0.2, 0.2, "seq-mean-token-sum")
+    assert unbounded.item() == pytest.approx(math.exp(2.0) - 1.2 + math.exp(0.5))
+
+
+def test_truncated_is_weights():
+    old = torch.tensor([[-1.0, -1.0, -3.0]])
+    rollout = torch.tensor([[-1.0, -2.0, -1.0]])
+    w = truncated_is_weights(old, rollout, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 2.0, math.exp(-2.0)]]))  # e^1 > 2 is truncated
+    assert not w.requires_grad
+
+
+def reference_value_loss(v, old, ret, mask, clip, mode):
+    v, old, ret, mask = (x.tolist() for x in (v, old, ret, mask))
+    per_seq, clipped_count, n = [], 0, 0
+    for b in range(len(v)):
+        seq = []
+        for t in range(len(v[b])):
+            if not mask[b][t]:
+                continue
+            vc = old[b][t] + min(max(v[b][t] - old[b][t], -clip), clip)
+            plain, clipped = (v[b][t] - ret[b][t]) ** 2, (vc - ret[b][t]) ** 2
+            seq.append(max(plain, clipped))
+            clipped_count += clipped > plain
+            n += 1
+        per_seq.append(seq)
+    nonempty = [s_ for s_ in per_seq if s_]
+    tokens = [x for s_ in per_seq for x in s_]
+    agg = {"token-mean": sum(tokens) / max(len(tokens), 1),
+           "seq-mean-token-sum": sum(sum(s_) for s_ in nonempty) / max(len(nonempty), 1),
+           "seq-mean-token-mean": sum(sum(s_) / len(s_) for s_ in nonempty) / max(len(nonempty), 1)}[mode]
+    return 0.5 * agg, clipped_count / max(n, 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(1, 6), st.integers(1, 8), st.sampled_from(AGG_MODES), st.floats(0.01, 2.0))
+def test_value_loss_matches_reference(seed, batch, length, mode, clip):
+    gen = torch.Generator().manual_seed(seed)
+    v, old, ret = (torch.randn(batch, length, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = (torch.rand(batch, length, generator=gen) < 0.6).double()
+    loss, stats = value_loss(v, old, ret, mask, clip, mode)
+    ref_loss, ref_frac = reference_value_loss(v, old, ret, mask, clip, mode)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-9, abs=1e-12)
+    assert stats["vf_clip_frac"].item() == pytest.approx(ref_frac, rel=1e-9, abs=1e-12)
+
+
+def test_value_loss_gradient_is_zero_where_the_clipped_branch_dominates():
+    old, ret = torch.zeros(1, 2), torch.tensor([[2.0, 0.1]])
+    v = torch.tensor([[1.0, 1.0]], requires_grad=True)  # both moved 1.0 from old; clip 0.5
+    loss, stats = value_loss(v, old, ret, torch.ones(1, 2), 0.5, "token-mean")
+    loss.backward()
+    # token 0: clipped value 0.5 is further from 2 than 1.0 is -> clipped branch, no gradient
+    # token 1: unclipped (1 - 0.1)^2 > (0.5 - 0.1)^2 -> plain branch, gradient 0.5 * 2 * 0.9 / 2
+    assert v.grad[0, 0] == 0 and v.grad[0, 1].item() == pytest.approx(0.45)
+    assert stats["vf_clip_frac"].item() == 0.5
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)

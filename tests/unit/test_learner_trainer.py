@@ -15,6 +15,11 @@ PROMPT = [5, 6, 7]
 GOOD, BAD = 10, 20
 
 
+def untimed(metrics):
+    """Metrics without the wall-clock phase timings, which differ from run to run."""
+    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
@@ -107,7 +112,7 @@ def test_checkpoint_round_trip_is_bit_identical(model_dir, tmp_path):
         for key, value in state.items():
             assert torch.equal(value, ob["state"][name][key]), (name, key)
     nxt = synthetic_trajectories(6, 4, seed=9)
-    assert trainer.train_step(nxt) == fresh.train_step(nxt)
+    assert untimed(trainer.train_step(nxt)) == untimed(fresh.train_step(nxt))
 
 
 def test_pushed_weights_are_the_full_hf_state_dict(model_dir):

@@ -55,6 +55,9 @@ class Corridor(TextEnv):
             text += f" The exit is to the {'left' if self.exit < self.position else 'right'}."
         return text
 
+    def task_info(self) -> dict:
+        return {"exit": self.exit}
+
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(["left", "right"])
 

@@ -124,6 +124,9 @@ class Crafting(TextEnv):
                 f"materials: fetch them with get N <item>. Craft with craft N <item> using <ingredients>, or list "
                 f"what you hold with inventory. {action_format('get 2 ' + RAW[0])}")
 
+    def task_info(self) -> dict:
+        return {"goal": self.goal, "shortest_plan": self.optimal}
+
     def random_action(self, rng: random.Random) -> str:
         item = rng.choice(list(self.recipes))
         raw = [name for name, _ in self.recipes[item].ingredients if name not in self.recipes]

@@ -38,6 +38,9 @@ class GuessNumber(TextEnv):
         return (f"I am thinking of a whole number from 1 to {self.n}. Find it within {self.max_turns} guesses; "
                 f"after each guess I say higher, lower or correct. {action_format(str((self.n + 1) // 2))}")
 
+    def task_info(self) -> dict:
+        return {"secret": self.secret}
+
     def random_action(self, rng: random.Random) -> str:
         return str(rng.randint(1, self.n))
 

@@ -106,6 +106,9 @@ class Maze(TextEnv):
             text += f" The goal is {' and '.join(parts)}."
         return text
 
+    def task_info(self) -> dict:
+        return {"goal": list(self.goal), "shortest_path": self.optimal}
+
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(list(MOVES))
 

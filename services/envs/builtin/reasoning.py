@@ -14,11 +14,9 @@ from __future__ import annotations
 import functools
 import json
 import random
-from typing import Any
+from typing import Any, Optional
 
-from pydantic import Field
-
-from services.envs.base import EnvOptions, InvalidTask, StepResult, TextEnv, action_format
+from services.envs.base import EnvOptions, InvalidTask, MissingDependency, StepResult, TextEnv, action_format
 from services.envs.registry import register_env
 
 MISSING = ("the reasoning env needs the `reasoning-gym` package: pip install -e \".[envs]\" "
@@ -28,9 +26,9 @@ MISSING = ("the reasoning env needs the `reasoning-gym` package: pip install -e 
 class ReasoningOptions(EnvOptions):
     dataset: str = "basic_arithmetic"
     """reasoning-gym dataset name."""
-    config: dict[str, Any] = Field(default_factory=lambda: {"min_terms": 2, "max_terms": 2, "min_digits": 1,
-                                                             "max_digits": 1, "operators": ["+", "-"]})
-    """That dataset's config (its difficulty)."""
+    config: Optional[dict[str, Any]] = None
+    """That dataset's config (its difficulty); default: the dataset's own, except for basic_arithmetic
+    where it is one-digit sums and differences of two terms."""
     seed: int = 0
     """Dataset seed; with the task index it fixes the question."""
 
@@ -40,7 +38,7 @@ def _dataset(name: str, config_json: str, seed: int):
     try:
         import reasoning_gym
     except ImportError:
-        raise InvalidTask(MISSING) from None
+        raise MissingDependency(MISSING) from None
     try:
         # size only bounds iteration; item i depends on (seed, i) alone
         return reasoning_gym.create_dataset(name, seed=seed, size=10**9, **json.loads(config_json))
@@ -48,8 +46,13 @@ def _dataset(name: str, config_json: str, seed: int):
         raise InvalidTask(f"reasoning-gym dataset {name!r}: {exc}") from None
 
 
+EASY_ARITHMETIC = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}
+
+
 def dataset(opts: ReasoningOptions):
-    return _dataset(opts.dataset, json.dumps(opts.config, sort_keys=True), opts.seed)
+    config = opts.config if opts.config is not None else (
+        EASY_ARITHMETIC if opts.dataset == "basic_arithmetic" else {})
+    return _dataset(opts.dataset, json.dumps(config, sort_keys=True), opts.seed)
 
 
 @register_env("reasoning")
@@ -67,6 +70,9 @@ class Reasoning(TextEnv):
     @property
     def answer(self) -> str:
         return str(self.entry["answer"])
+
+    def task_info(self) -> dict:
+        return {"answer": self.answer, "dataset": self.data.__class__.__name__}
 
     def random_action(self, rng: random.Random) -> str:
         """A wrong-or-right answer of the right shape: the true answer's digits redrawn."""

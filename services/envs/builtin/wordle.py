@@ -68,6 +68,9 @@ class Wordle(TextEnv):
                 f"every letter is marked G (right place), Y (in the word, elsewhere) or _ (not in the word). "
                 f"{action_format('crane')}")
 
+    def task_info(self) -> dict:
+        return {"secret": self.secret}
+
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(self.candidates)
 

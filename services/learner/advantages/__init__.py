@@ -11,6 +11,10 @@ if TYPE_CHECKING:
 
 ADVANTAGES: "Registry[AdvantageEstimator]" = Registry("advantage estimator")
 ADVANTAGES.register_lazy("grpo", "services.learner.advantages.grpo")
+ADVANTAGES.register_lazy("rloo", "services.learner.advantages.rloo")
+ADVANTAGES.register_lazy("gae", "services.learner.advantages.gae")
+ADVANTAGES.register_lazy("reinforce_plus_plus", "services.learner.advantages.reinforce_pp")
+ADVANTAGES.register_lazy("reinforce_plus_plus_baseline", "services.learner.advantages.reinforce_pp")
 
 
 def build_estimator(config: "AlgorithmConfig") -> "AdvantageEstimator":

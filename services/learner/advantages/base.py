@@ -1,4 +1,5 @@
-"""Advantage estimators: per-token rewards in, per-token advantages out."""
+"""Advantage estimators: per-token rewards in, per-token advantages out, plus the masked scans and
+group statistics they share."""
 from __future__ import annotations
 
 import abc
@@ -13,7 +14,8 @@ class AdvantageEstimator(abc.ABC):
     """`compute` sees the whole global batch (group statistics need every member of a group).
 
     Tensors: token_rewards, response_mask, values [B, T] (position t = token t); group_index [B] ints.
-    Estimators that need a critic set `needs_values` and read `values`; `gamma`/`lam` are for GAE-style ones.
+    Estimators that need a critic set `needs_values`, read `values` and also give the critic's targets
+    through `advantages_and_returns`; `gamma`/`lam` are for the return-based ones.
     """
 
     name: str = "base"
@@ -27,3 +29,65 @@ class AdvantageEstimator(abc.ABC):
     def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
                 values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
         """Advantages [B, T], zero where response_mask is 0."""
+
+    def advantages_and_returns(self, token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                               group_index: torch.Tensor, *, values: Optional[torch.Tensor] = None,
+                               gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, value targets); the targets matter only to estimators with a critic."""
+        adv = self.compute(token_rewards, response_mask, group_index, values=values, gamma=gamma, lam=lam)
+        return adv, adv
+
+
+def sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B]: each trajectory's total reward over its model tokens."""
+    return (token_rewards * response_mask.to(token_rewards.dtype)).sum(-1)
+
+
+def group_sums(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dense group id per row [B], member count per group [G], sum of `values` per group [G])."""
+    _, groups = torch.unique(group_index, return_inverse=True)
+    n_groups = int(groups.max()) + 1 if groups.numel() else 0
+    counts = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, groups, torch.ones_like(values))
+    sums = torch.zeros_like(counts).index_add_(0, groups, values)
+    return groups, counts, sums
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased variance, as verl's masked_whiten)."""
+    m = mask.to(x.dtype)
+    n = m.sum()
+    mean = (x * m).sum() / n.clamp(min=1)
+    var = (((x - mean) ** 2) * m).sum() / (n - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + eps) * m
+
+
+def _compact(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Moves each row's masked entries to the front, in order: (compacted x, compacted mask, gather order)."""
+    order = torch.sort((mask == 0).to(torch.int8), dim=-1, stable=True).indices
+    return x.gather(-1, order), mask.gather(-1, order).to(x.dtype), order
+
+
+def _expand(xc: torch.Tensor, order: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(xc).scatter_(-1, order, xc * mask_c)
+
+
+def next_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T]: at each masked position, `x` at the row's next masked position (0 after the last one).
+
+    Only the model's tokens are steps of the decision process; prompt and observation tokens in between
+    are part of the next state, so "next" skips them."""
+    xc, mc, order = _compact(x, mask)
+    nxt = torch.nn.functional.pad((xc * mc)[..., 1:], (0, 1))
+    return _expand(nxt, order, mc)
+
+
+def reverse_discounted_sum(x: torch.Tensor, mask: torch.Tensor, factor: float) -> torch.Tensor:
+    """[B, T]: y_t = x_t + factor * y_next over each row's masked positions (next as in `next_masked`)."""
+    xc, mc, order = _compact(x, mask)
+    out = torch.zeros_like(xc)
+    running = torch.zeros_like(xc[..., 0])
+    for t in range(xc.shape[-1] - 1, -1, -1):
+        running = (xc[..., t] + factor * running) * mc[..., t]
+        out[..., t] = running
+    return _expand(out, order, mc)

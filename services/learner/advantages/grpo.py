@@ -7,7 +7,7 @@ import torch
 
 from services.common.config import AlgorithmConfig
 from services.learner.advantages import ADVANTAGES
-from services.learner.advantages.base import AdvantageEstimator
+from services.learner.advantages.base import AdvantageEstimator, group_sums, sequence_scores
 
 
 @ADVANTAGES.register("grpo")
@@ -25,13 +25,9 @@ class GRPO(AdvantageEstimator):
     def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
                 values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
         mask = response_mask.to(token_rewards.dtype)
-        scores = (token_rewards * mask).sum(-1)
-        _, groups = torch.unique(group_index, return_inverse=True)
-        n_groups = int(groups.max()) + 1 if groups.numel() else 0
-        counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
-            0, groups, torch.ones_like(scores))
-        means = torch.zeros_like(counts).index_add_(0, groups, scores) / counts
-        centred = scores - means[groups]
+        scores = sequence_scores(token_rewards, mask)
+        groups, counts, sums = group_sums(scores, group_index)
+        centred = scores - (sums / counts)[groups]
         if self.norm_adv_by_std:
             sq = torch.zeros_like(counts).index_add_(0, groups, centred * centred)
             std = (sq / (counts - 1).clamp(min=1)).sqrt()

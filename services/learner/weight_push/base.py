@@ -22,6 +22,9 @@ class WeightPusher(abc.ABC):
     """Delivers a full named-tensor set with its version to rollout servers; each server applies it
     atomically or not at all, and reports the checksum of what it applied."""
 
+    needs_servers: bool = True
+    """Whether the learner waits for a registered rollout server before it starts."""
+
     @abc.abstractmethod
     def push(self, version: int, weights: PackedWeights, addresses: Sequence[str]) -> list[PushResult]: ...
 

@@ -1,0 +1,178 @@
+"""Learner step benchmark: the project's PolicyTrainer (FSDP2 full sharding, bf16 mixed precision) on a
+Qwen2.5-0.5B-shaped model with random weights and synthetic multi-turn trajectories. Needs torch and
+transformers only (no vLLM, no Redis).
+
+    python bench/learner_step.py --out result.json                                  # 1 GPU
+    torchrun --standalone --nproc_per_node 2 bench/learner_step.py --out result.json  # 2 GPUs, FSDP
+
+Step time is the wall time of `PolicyTrainer.train_step` (collate, scoring forward, advantages, update),
+the median over `--steps` timed steps after `--warmup` untimed ones. FLOPs per step (dense, causal
+attention; N = parameters that take part in matmuls, the tied embedding counted once as the LM head):
+  forward of one sequence of S tokens = 2 * N * S + 2 * L * d * S^2
+  step = (1 + 3 * ppo_epochs) * sum over sequences of that forward      (scoring pass + fwd/bwd per epoch)
+  (+ the critic's (1 + 3 * ppo_epochs) forwards for gae, + one reference forward when a KL term is on)
+MFU = FLOPs per step / step time / (GPUs * peak), peak = 989.4 TFLOP/s (H100 SXM dense bf16, datasheet).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, pad_token_id=151643, eos_token_id=151645)
+TINY = dict(QWEN25_05B, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=128, vocab_size=1024, pad_token_id=0, eos_token_id=1)
+PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}
+
+
+def build_model(path: Path, shape: dict) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**shape)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path)
+    return path
+
+
+def trajectories(num: int, group_size: int, seq_len: int, vocab: int, seed: int) -> list:
+    """Multi-turn episodes of exactly `seq_len` tokens: a prompt, then model turns (about 60% of the
+    tokens, trained on) separated by observations."""
+    from services.common.trajectory import TrajectoryBuilder
+
+    rng = random.Random(seed)
+    out = []
+    prompt_len = seq_len // 4
+    for i in range(num):
+        b = TrajectoryBuilder(env="bench", task_index=i // group_size, group_id=f"g{i // group_size}",
+                              prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)])
+        while b.length < seq_len:
+            n = min(rng.randint(64, 192), seq_len - b.length)
+            b.add_model_turn([rng.randrange(vocab) for _ in range(n)], [-rng.uniform(0.1, 4.0) for _ in range(n)],
+                             policy_version=0, text="", action="", action_valid=True, finish_reason="stop")
+            obs = min(rng.randint(16, 96), seq_len - b.length)
+            b.add_observation([rng.randrange(vocab) for _ in range(obs)], env_reward=0.0)
+        traj = b.finish(env_return=0.0, success=rng.random() < 0.5, stop_reason="done")
+        traj.reward = float(traj.success)
+        out.append(traj)
+    return out
+
+
+def matmul_params(model) -> int:
+    """Parameters used in matmuls: everything but norms, the embedding counted once (it is the LM head)."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) in seen or p.dim() < 2:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+def forward_flops(n_params: int, layers: int, width: int, lengths: list[int]) -> float:
+    return float(sum(2 * n_params * s + 2 * layers * width * s * s for s in lengths))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model directory (default: a random Qwen2.5-0.5B-shaped model)")
+    parser.add_argument("--advantage", default="grpo")
+    parser.add_argument("--trajectories", type=int, default=64, help="global batch (sequences per step)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward per GPU")
+    parser.add_argument("--ppo-epochs", type=int, default=1)
+    parser.add_argument("--kl-loss", action="store_true", help="also run the reference model (KL loss term)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", help="write the JSON result here (rank 0)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 on CPU: checks the script, measures nothing")
+    args = parser.parse_args()
+
+    import torch
+
+    from services.common.config import TrainConfig
+    from services.learner import fsdp
+    from services.learner.trainer import PolicyTrainer
+
+    device_name = "cpu" if args.tiny else "cuda"
+    device = fsdp.resolve_device(device_name)
+    fsdp.init_distributed(device)
+    model_dir = args.model
+    if not model_dir:
+        model_dir = str(Path(tempfile.gettempdir()) / ("omrl-bench-tiny" if args.tiny else "omrl-bench-qwen25-05b"))
+        if fsdp.is_rank0() and not (Path(model_dir) / "config.json").is_file():
+            build_model(Path(model_dir), TINY if args.tiny else QWEN25_05B)
+        fsdp.barrier()
+    config = TrainConfig.model_validate({
+        "seed": 0, "model": {"dtype": "float32" if args.tiny else "bfloat16"},
+        "rollout": {"group_size": args.group_size},
+        "learner": {"device": device_name, "steps": 1000},
+        "algorithm": {"advantage": args.advantage, "micro_batch_size": args.micro_batch, "ppo_epochs": args.ppo_epochs,
+                      "lr": 1e-6, "critic_lr": 1e-6, "use_kl_loss": args.kl_loss}})
+    trainer = PolicyTrainer(config, model_dir)
+    hf_config = trainer.model.config
+    vocab = hf_config.vocab_size
+    batches = [trajectories(args.trajectories, args.group_size, args.seq_len, vocab, seed=s)
+               for s in range(args.warmup + args.steps)]
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    times, metrics = [], {}
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for i, batch in enumerate(batches):
+        sync()
+        start = time.perf_counter()
+        metrics = trainer.train_step(batch)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    lengths = [len(t.token_ids) for t in batches[0]]
+    tokens = sum(lengths)
+    n_policy = matmul_params(trainer.model)
+    layers, width = hf_config.num_hidden_layers, hf_config.num_attention_heads * (
+        getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads)
+    per_pass = 1 + 3 * args.ppo_epochs
+    flops = per_pass * forward_flops(n_policy, layers, width, lengths)
+    if trainer.critic is not None:
+        flops += per_pass * forward_flops(matmul_params(trainer.critic.model), layers, width, lengths)
+    if trainer.reference is not None:
+        flops += forward_flops(n_policy, layers, width, lengths)
+    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in gpu), 989.4)
+    world = fsdp.world_size()
+    mem = fsdp.all_gather_object(torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else 0.0)
+    result = {
+        "gpu": gpu, "gpus": world, "advantage": args.advantage, "ppo_epochs": args.ppo_epochs, "kl_loss": args.kl_loss,
+        "trajectories": args.trajectories, "seq_len": args.seq_len, "micro_batch_per_gpu": args.micro_batch,
+        "tokens_per_step": tokens, "trained_tokens_per_step": metrics["num_tokens"],
+        "matmul_params": n_policy, "step_seconds_median": step_s, "step_seconds": times,
+        "tokens_per_second": tokens / step_s, "tokens_per_second_per_gpu": tokens / step_s / world,
+        "tflops_per_step": flops / 1e12, "achieved_tflops_per_gpu": flops / step_s / world / 1e12,
+        "peak_tflops_per_gpu": peak, "mfu": flops / step_s / world / (peak * 1e12),
+        "max_memory_gib_per_rank": mem, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
+        "torch": torch.__version__,
+    }
+    if fsdp.is_rank0():
+        text = json.dumps(result, indent=1)
+        print(text, flush=True)
+        if args.out:
+            Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,281 @@
+{{/* Names ---------------------------------------------------------------------------------------- */}}
+{{- define "omrl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "omrl.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Object name of a component: omrl.component (dict "root" $ "component" "envs") */}}
+{{- define "omrl.component" -}}
+{{- printf "%s-%s" (include "omrl.fullname" .root) .component -}}
+{{- end -}}
+
+{{/* Labels ------------------------------------------------------------------------------------------ */}}
+{{- define "omrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "omrl.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "omrl.labels" -}}
+{{ include "omrl.selectorLabels" . }}
+app.kubernetes.io/part-of: openmanus-rl
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
+{{- end -}}
+
+{{/* Pod selector of one component of this release, for NetworkPolicy peers */}}
+{{- define "omrl.peer" -}}
+- podSelector:
+    matchLabels:
+      {{- include "omrl.selectorLabels" . | nindent 6 }}
+{{- end -}}
+
+{{/* Images: <image.repository>/<component>:<tag>-<flavor> (flavor cpu unless the component sets cuda);
+     omrl.image (dict "root" $ "key" "rollout" "component" "rollout" ["flavor" "cuda"]) */}}
+{{- define "omrl.image" -}}
+{{- $values := index .root.Values .key -}}
+{{- $own := $values.image | default dict -}}
+{{- $tag := $own.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
+{{- $flavor := .flavor | default $values.flavor | default "cpu" -}}
+{{- if $flavor -}}{{- $tag = printf "%s-%s" $tag $flavor -}}{{- end -}}
+{{- $repo := $own.repository | default (printf "%s/%s" .root.Values.image.repository .component) -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* Redis ------------------------------------------------------------------------------------------- */}}
+{{- define "omrl.redis.host" -}}
+{{- if .Values.redis.enabled -}}
+{{- include "omrl.component" (dict "root" . "component" "redis") -}}
+{{- else -}}
+{{- required "externalRedis.host is required when redis.enabled is false" .Values.externalRedis.host -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "omrl.redis.port" -}}
+{{- if .Values.redis.enabled -}}6379{{- else -}}{{- .Values.externalRedis.port -}}{{- end -}}
+{{- end -}}
+
+{{- define "omrl.redis.db" -}}
+{{- if .Values.redis.enabled -}}0{{- else -}}{{- .Values.externalRedis.db -}}{{- end -}}
+{{- end -}}
+
+{{- define "omrl.redis.secretName" -}}
+{{- if .Values.redis.enabled -}}
+{{- .Values.redis.auth.existingSecret | default (include "omrl.component" (dict "root" . "component" "redis")) -}}
+{{- else -}}
+{{- .Values.externalRedis.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "omrl.redis.secretKey" -}}
+{{- if .Values.redis.enabled -}}{{- .Values.redis.auth.existingSecretKey -}}{{- else -}}{{- .Values.externalRedis.existingSecretKey -}}{{- end -}}
+{{- end -}}
+
+{{/* The password comes from a Secret as $(REDIS_PASSWORD); Kubernetes expands it in the args */}}
+{{- define "omrl.redis.url" -}}
+{{- $scheme := ternary "rediss" "redis" (and (not .Values.redis.enabled) .Values.externalRedis.tls) -}}
+{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" (ne (include "omrl.redis.secretName" .) "") -}}
+{{- printf "%s://%s%s:%s/%s" $scheme $auth (include "omrl.redis.host" .) (include "omrl.redis.port" .) (include "omrl.redis.db" .) -}}
+{{- end -}}
+
+{{- define "omrl.redis.env" -}}
+{{- if ne (include "omrl.redis.secretName" .) "" -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "omrl.redis.secretName" . }}
+      key: {{ include "omrl.redis.secretKey" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Run config: .Values.config plus what this deployment decides (addresses, Redis, paths) ---------- */}}
+{{- define "omrl.runConfig" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $envs := include "omrl.component" (dict "root" . "component" "envs") -}}
+{{- $reward := include "omrl.component" (dict "root" . "component" "reward") -}}
+{{- $rollout := include "omrl.component" (dict "root" . "component" "rollout") -}}
+{{- $_ := set $cfg "output_dir" "/data/runs" -}}
+{{- $_ = set $cfg "env" (merge (dict "address" (printf "%s:%d" $envs (int .Values.envs.port))) ($cfg.env | default dict)) -}}
+{{- $_ = set $cfg "reward" (merge (dict "address" (printf "%s:%d" $reward (int .Values.reward.port))) ($cfg.reward | default dict)) -}}
+{{- $_ = set $cfg "rollout" (merge (dict "addresses" (list (printf "%s:%d" $rollout (int .Values.rollout.port)))) ($cfg.rollout | default dict)) -}}
+{{- $redisUrl := printf "redis://%s:%s/%s" (include "omrl.redis.host" .) (include "omrl.redis.port" .) (include "omrl.redis.db" .) -}}
+{{- $_ = set $cfg "stream" (merge (dict "redis_url" $redisUrl) ($cfg.stream | default dict)) -}}
+{{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Arguments every service gets: the run config and the Redis URL with its password */}}
+{{- define "omrl.configArgs" -}}
+- --config=/etc/openmanus-rl/config.yaml
+{{- end -}}
+
+{{- define "omrl.redisArgs" -}}
+- --set=stream.redis_url={{ include "omrl.redis.url" . }}
+{{- end -}}
+
+{{/* Pods ---------------------------------------------------------------------------------------------- */}}
+{{- define "omrl.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.security.runAsUser }}
+runAsGroup: {{ .Values.security.runAsGroup }}
+fsGroup: {{ .Values.security.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* omrl.containerSecurityContext (dict "readOnlyRootFilesystem" true) */}}
+{{- define "omrl.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: {{ .readOnlyRootFilesystem }}
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/* gRPC health probes (Kubernetes-native); the startup probe covers model loading */}}
+{{- define "omrl.grpcProbes" -}}
+startupProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ .probes.startup.periodSeconds }}
+  failureThreshold: {{ .probes.startup.failureThreshold }}
+  timeoutSeconds: {{ .probes.timeoutSeconds }}
+readinessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ .probes.readiness.periodSeconds }}
+  failureThreshold: {{ .probes.readiness.failureThreshold }}
+  timeoutSeconds: {{ .probes.timeoutSeconds }}
+livenessProbe:
+  grpc:
+    port: {{ .port }}
+  periodSeconds: {{ .probes.liveness.periodSeconds }}
+  failureThreshold: {{ .probes.liveness.failureThreshold }}
+  timeoutSeconds: {{ .probes.timeoutSeconds }}
+{{- end -}}
+
+{{/* Resources with the component's GPUs added as nvidia.com/gpu limits */}}
+{{- define "omrl.resources" -}}
+{{- $res := deepCopy (.values.resources | default dict) -}}
+{{- if gt (int .gpus) 0 -}}
+{{- $limits := $res.limits | default dict -}}
+{{- $_ := set $limits "nvidia.com/gpu" (int .gpus) -}}
+{{- $_ = set $res "limits" $limits -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{/* Scheduling fields shared by every pod of a component */}}
+{{- define "omrl.scheduling" -}}
+{{- with .root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- with (.values.nodeSelector | default .root.Values.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (concat (.root.Values.tolerations | default list) (.values.tolerations | default list)) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Writable paths under a read-only root: /tmp (and HOME) and /cache (downloads, compile caches) */}}
+{{- define "omrl.scratchVolumes" -}}
+- name: config
+  configMap:
+    name: {{ include "omrl.component" (dict "root" . "component" "config") }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.tmpSizeLimit }}
+{{- end -}}
+
+{{- define "omrl.scratchMounts" -}}
+- name: config
+  mountPath: /etc/openmanus-rl
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{/* omrl.modelVolumes (dict "root" $ "shm" "1Gi"): caches, shared memory, the model volume */}}
+{{- define "omrl.modelVolumes" -}}
+- name: cache
+  emptyDir:
+    sizeLimit: {{ .root.Values.scratch.cacheSizeLimit }}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .shm }}
+{{- with .root.Values.modelVolume }}
+- name: models
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "omrl.modelMounts" -}}
+- name: cache
+  mountPath: /cache
+- name: shm
+  mountPath: /dev/shm
+{{- if .Values.modelVolume }}
+- name: models
+  mountPath: /models
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "omrl.podAnnotations" -}}
+checksum/config: {{ include "omrl.runConfig" .root | sha256sum }}
+{{- if .metricsPort }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- with .values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* NetworkPolicy egress rules */}}
+{{- define "omrl.np.dns" -}}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end -}}
+{{- define "omrl.np.redisEgress" -}}
+{{- if .Values.redis.enabled }}
+- to:
+    {{- include "omrl.peer" (dict "root" . "component" "redis") | nindent 4 }}
+  ports:
+    - port: 6379
+{{- else }}
+- ports:
+    - port: {{ .Values.externalRedis.port }}
+{{- end }}
+{{- end -}}

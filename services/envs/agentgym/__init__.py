@@ -1,0 +1,1 @@
+"""Fronting AgentGym environment servers (HTTP, one per family) as an env of this service."""

@@ -1,0 +1,99 @@
+"""One small profile per AgentGym family: its routes, field names, reply shapes and success rule
+(see shared/agentgym-protocol.md). To add a family, add one `Profile` to PROFILES."""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+def _textcraft_action(action: str) -> str:
+    """The reference client keeps only letters, digits, commas and spaces."""
+    return re.sub(r"[^A-Za-z0-9, ]", "", action).strip()
+
+
+def _wordle_action(action: str) -> str:
+    """LMRL-Gym's Wordle wants the letters separated by spaces: `f r o w n`."""
+    return " ".join("".join(action.split()).lower())
+
+
+def _lines_starting(observation: str, prefix: str) -> list[str]:
+    return [line.strip() for line in observation.splitlines() if line.strip().startswith(prefix)]
+
+
+def _random_textcraft(observation: str, rng: random.Random) -> str:
+    return rng.choice(["inventory", *_lines_starting(observation, "craft ")])
+
+
+def _random_babyai(observation: str, rng: random.Random) -> str:
+    listed = re.findall(r'"([a-z][a-z0-9 ]+)"', observation.rsplit("Available actions", 1)[-1])
+    return rng.choice(listed or ["turn left", "turn right", "move forward"])
+
+
+def _random_maze(observation: str, rng: random.Random) -> str:
+    return rng.choice(["move up", "move down", "move left", "move right"])
+
+
+def _random_wordle(observation: str, rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5))
+
+
+def _random_webshop(observation: str, rng: random.Random) -> str:
+    words = re.findall(r"[a-z]{4,}", observation.lower()) or ["shirt"]
+    return f"search[{' '.join(rng.sample(words, min(2, len(words))))}]"
+
+
+@dataclass(frozen=True)
+class Profile:
+    family: str
+    action_help: str
+    """Appended to the first observation: what an action looks like."""
+    action_example: str
+    prefix: str = ""
+    """Route prefix (LMRL-Gym serves /maze/... and /wordle/...)."""
+    id_field: str = "id"
+    task_field: str = "data_idx"
+    """Reset body field that selects the task."""
+    create_body: Optional[dict[str, Any]] = None
+    """JSON body of /create; None sends none."""
+    create_returns: str = "object"
+    """"object" ({"id": ...}) or "bare" (the id itself, WebShop)."""
+    reset_returns: str = "object"
+    """"object" ({"observation": ...}) or "pair" ([observation, info], WebShop)."""
+    observation_key: str = "observation"
+    """Key of the observation in /step replies ("state" for WebShop)."""
+    has_close: bool = True
+    id_reuse_after: Optional[int] = None
+    """The server hands out ids again after this many environments (WebShop: 8000)."""
+    recycle_after: Optional[int] = None
+    """Default `recycle_after` option: environments created before the server is recycled."""
+    clean_action: Callable[[str], str] = str.strip
+    success: Callable[[float, bool, dict], bool] = lambda reward, done, body: done and reward >= 1.0
+    random_action: Callable[[str, random.Random], str] = field(default=_random_textcraft)
+
+    def route(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+
+PROFILES: dict[str, Profile] = {p.family: p for p in [
+    Profile("textcraft", "Actions look like: get 1 lapis lazuli, craft 1 blue dye using 1 lapis lazuli, "
+            "inventory.", "inventory", create_body={"commands": None, "goal": None}, clean_action=_textcraft_action),
+    Profile("babyai", "Answer with one of the available actions listed in the observation.", "turn left",
+            success=lambda reward, done, body: done and reward > 0, random_action=_random_babyai),
+    Profile("maze", "Actions: move up, move down, move left, move right.", "move up", prefix="/maze",
+            task_field="game", has_close=False, success=lambda reward, done, body: done and reward >= 0,
+            random_action=_random_maze),
+    Profile("wordle", "Guess a five-letter word; write its letters separated by spaces, like c r a n e.",
+            "c r a n e", prefix="/wordle", task_field="seed", has_close=False, clean_action=_wordle_action,
+            random_action=_random_wordle),
+    Profile("webshop", "Actions: search[keywords] or click[value] (a button or item shown on the page).",
+            "search[red shirt]", id_field="env_idx", task_field="session_id", create_returns="bare",
+            reset_returns="pair", observation_key="state", has_close=False, id_reuse_after=8000, recycle_after=7000,
+            random_action=_random_webshop),
+    Profile("alfworld", "Actions are household commands such as: go to countertop 1, take apple 1 from "
+            "countertop 1, open fridge 1.", "look"),
+    Profile("sciworld", "Actions are science-lab commands such as: look around, open door to kitchen, "
+            "pick up thermometer.", "look around",
+            success=lambda reward, done, body: done and float(body.get("score", reward)) >= 100),
+]}

@@ -1,0 +1,166 @@
+"""Task datasets as parquet, the seeds' (verl) convention: `data/<env>/{train,validation}.parquet`, one
+row per task with its index, seed, first prompt and reward-model info. The rollout draws training
+tasks from the train split and runs the validation split at the configured interval.
+
+`env.dataset` names a folder of the user's own files (only `task_index` is required: an AgentGym
+`data_idx`, say); otherwise the folder is `<data_dir>/<env>` (`<env>-<hash of options>` when options
+are set) and is generated on first use: train tasks 0..train_tasks-1, validation tasks right after.
+
+    python -m services.envs.datasets --env maze --set env.train_tasks=2000   # writes data/maze/
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from services.common.config import EnvConfig
+from services.envs.base import MissingDependency
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "validation")
+FORMAT = 1
+"""Bumped when generated files change shape; older generated files are rewritten."""
+SCHEMA = pa.schema([
+    ("task_index", pa.int64()),
+    ("seed", pa.int64()),
+    ("data_source", pa.string()),
+    ("split", pa.string()),
+    ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("ability", pa.string()),
+    ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+    ("extra_info", pa.struct([("index", pa.int64()), ("options", pa.string())])),
+])
+
+
+def dataset_dir(env: EnvConfig) -> Path:
+    if env.dataset:
+        return Path(env.dataset)
+    name = env.name
+    if env.options:
+        name += "-" + hashlib.sha256(json.dumps(env.options, sort_keys=True).encode()).hexdigest()[:8]
+    return Path(env.data_dir) / name
+
+
+def _meta(env: EnvConfig, split: str) -> dict[str, Any]:
+    rows = env.train_tasks if split == "train" else env.validation_tasks
+    return {"format": FORMAT, "env": env.name, "options": env.options, "rows": rows}
+
+
+def split_range(env: EnvConfig, split: str) -> range:
+    return range(env.train_tasks) if split == "train" else range(env.train_tasks,
+                                                                  env.train_tasks + env.validation_tasks)
+
+
+def generate_rows(env: EnvConfig, split: str) -> list[dict[str, Any]]:
+    from services.envs.registry import ENVS
+
+    try:
+        cls = ENVS.get(env.name)
+        offline = getattr(cls, "offline_prompts", True)  # remote envs (AgentGym) cannot be reset offline
+    except Exception as exc:  # noqa: BLE001 - e.g. the env's package lives only in the env service's image
+        log.warning("writing %s tasks without prompts: %s", env.name, exc)
+        offline = False
+    rows = []
+    for i, task_index in enumerate(split_range(env, split)):
+        prompt, truth = None, {}
+        if offline:
+            instance = cls()
+            try:
+                prompt = [{"role": "user", "content": instance.reset(task_index, dict(env.options))}]
+                truth = instance.task_info()
+            except (ImportError, MissingDependency) as exc:
+                log.warning("writing %s tasks without prompts: %s", env.name, exc)
+                offline = False
+            finally:
+                instance.close()
+        rows.append({"task_index": task_index, "seed": task_index, "data_source": env.name, "split": split,
+                     "prompt": prompt, "ability": "agent",
+                     "reward_model": {"style": "rule" if truth else "env", "ground_truth": json.dumps(truth)},
+                     "extra_info": {"index": i, "options": json.dumps(env.options, sort_keys=True)}})
+    return rows
+
+
+def write_split(env: EnvConfig, split: str, folder: Optional[Path] = None) -> Path:
+    folder = folder or dataset_dir(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(generate_rows(env, split), schema=SCHEMA)
+    table = table.replace_schema_metadata({b"omrl": json.dumps(_meta(env, split)).encode()})
+    path = folder / f"{split}.parquet"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+    return path
+
+
+def ensure(env: EnvConfig) -> Path:
+    """The dataset folder, generating (or regenerating stale) splits unless the user named the folder."""
+    folder = dataset_dir(env)
+    for split in SPLITS:
+        path = folder / f"{split}.parquet"
+        if env.dataset:
+            if not path.exists():
+                raise FileNotFoundError(f"env.dataset={env.dataset!r} has no {split}.parquet")
+            continue
+        if _stored_meta(path) != _meta(env, split):
+            log.info("generating %s", path)
+            write_split(env, split, folder)
+    return folder
+
+
+def _stored_meta(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(b"omrl")
+    except (FileNotFoundError, pa.ArrowInvalid, OSError):
+        return None
+    return json.loads(raw) if raw else None
+
+
+@dataclass
+class TaskSplit:
+    """The task indices of one split, in file order."""
+    split: str
+    task_indices: list[int]
+
+    @classmethod
+    def load(cls, env: EnvConfig, split: str) -> "TaskSplit":
+        path = ensure(env) / f"{split}.parquet"
+        indices = pq.read_table(path, columns=["task_index"]).column("task_index").to_pylist()
+        if not indices:
+            raise ValueError(f"{path} has no rows")
+        if any(i is None or i < 0 for i in indices):
+            raise ValueError(f"{path}: task_index must be a non-negative integer in every row")
+        return cls(split, indices)
+
+    def draw(self, key: str) -> int:
+        """A task drawn with a reproducible key (the same key always gives the same task)."""
+        return self.task_indices[random.Random(key).randrange(len(self.task_indices))]
+
+
+def main() -> None:
+    from services.common.config import load_config
+
+    parser = argparse.ArgumentParser(prog="python -m services.envs.datasets", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="run config (its env section)")
+    parser.add_argument("--env", help="environment name (env.name)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    config = load_config(args.config, ([f"env.name={args.env}"] if args.env else []) + args.set)
+    folder = ensure(config.env)
+    for split in SPLITS:
+        print(f"{folder / f'{split}.parquet'}: {pq.read_metadata(folder / f'{split}.parquet').num_rows} rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Liveness and readiness: the only routes without the token."""
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: the job store answers",
+            responses={503: {"description": "The job store does not answer"}})
+def readyz(request: Request):
+    try:
+        request.app.state.store.ping()
+    except Exception as exc:
+        return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+    return {"status": "ok"}

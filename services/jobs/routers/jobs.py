@@ -1,0 +1,63 @@
+"""/v1/jobs: submit, list, inspect and cancel jobs."""
+from __future__ import annotations
+
+from typing import Optional
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+
+from services.common.config import JobSpec
+from services.jobs.manager import JobConflict, JobManager, JobNotFound
+from services.jobs.models import JOB_ID_PATTERN, Job, JobPage, JobState
+from services.launcher.base import SpecRejected
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+JobId = Path(pattern=JOB_ID_PATTERN, description="Job id, as returned by the submit call")
+NOT_FOUND = {404: {"description": "No such job"}}
+
+
+def manager(request: Request) -> JobManager:
+    return request.app.state.manager
+
+
+def get_job(request: Request, job_id: str) -> Job:
+    try:
+        return manager(request).get(job_id)
+    except JobNotFound:
+        raise HTTPException(404, f"no job {job_id}") from None
+
+
+@router.post("", status_code=201, response_model=Job, summary="Submit a job",
+             responses={400: {"description": "The body is not JSON"},
+                        422: {"description": "Invalid spec; `detail[].loc` names the field"}})
+def submit(request: Request, spec: JobSpec) -> Job:
+    try:
+        return manager(request).submit(spec)
+    except SpecRejected as exc:
+        raise RequestValidationError([{"type": "launcher_rejected", "loc": ("body", *exc.loc), "msg": exc.message,
+                                       "input": None}]) from None
+
+
+@router.get("", response_model=JobPage, summary="List jobs, newest first")
+def list_jobs(request: Request, state: Optional[list[JobState]] = Query(None, description="Only jobs in these states"),
+              limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=1_000_000)) -> JobPage:
+    jobs, total = manager(request).store.list(state, limit, offset)
+    return JobPage(jobs=jobs, total=total)
+
+
+@router.get("/{job_id}", response_model=Job, summary="A job: state, step, latest metrics, policy version, error",
+            responses=NOT_FOUND)
+def read_job(request: Request, job_id: str = JobId) -> Job:
+    return get_job(request, job_id)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=Job,
+             summary="Cancel a job: a queued one at once, a running one once its processes are gone",
+             responses={**NOT_FOUND, 409: {"description": "The job has already finished"}})
+def cancel(request: Request, job_id: str = JobId) -> Job:
+    try:
+        return manager(request).cancel(job_id)
+    except JobNotFound:
+        raise HTTPException(404, f"no job {job_id}") from None
+    except JobConflict as exc:
+        raise HTTPException(409, str(exc)) from None

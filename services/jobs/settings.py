@@ -1,0 +1,59 @@
+"""The job API's settings, from the environment (OMRL_API_*) or constructor arguments."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class JobsSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OMRL_API_", extra="ignore", use_attribute_docstrings=True)
+
+    token: Optional[SecretStr] = None
+    """Bearer token every request but health needs (or token_file)."""
+    token_file: Optional[Path] = None
+    """File holding the bearer token (a mounted Secret)."""
+    db: Path = Path("runs/jobs.sqlite")
+    """SQLite file of job records and events; keep it on a persistent volume."""
+    launcher: Literal["local", "kubernetes"] = "local"
+    """Where jobs run."""
+    output_dir: Path = Path("runs/jobs")
+    """Local launcher: run directories (models, logs, checkpoints) of the jobs."""
+    max_local_jobs: int = Field(1, ge=1)
+    """Local launcher: jobs running at once; later ones wait as `queued`."""
+    cancel_grace_s: float = Field(90.0, gt=0)
+    """Local launcher: a cancelled job's processes are killed after this long."""
+    poll_interval_s: float = Field(1.0, gt=0, le=60)
+    """How often running jobs are checked (state, steps)."""
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Larger request bodies get 413."""
+    public_docs: bool = True
+    """Serve the OpenAPI document and /docs without the token (they hold no job data)."""
+    redis_timeout_s: float = Field(2.0, gt=0)
+    """Deadline of one Redis read of a job's progress."""
+    k8s_namespace: str = "default"
+    """Kubernetes launcher: namespace the jobs' objects are created in."""
+    k8s_image: str = "openmanus-rl/{component}:cpu"
+    """Kubernetes launcher: image of components without GPUs (`{component}`: envs, reward, rollout, learner)."""
+    k8s_gpu_image: str = "openmanus-rl/{component}:cuda"
+    """Kubernetes launcher: image of components with GPUs."""
+    k8s_redis_url: Optional[str] = None
+    """Kubernetes launcher: Redis the jobs use (replaces the spec's stream.redis_url); the API reads progress there."""
+    k8s_redis_password_secret: Optional[str] = None
+    """Kubernetes launcher: Secret with the Redis password, given to the pods as $(REDIS_PASSWORD)."""
+    k8s_redis_password_key: str = "redis-password"
+    """Kubernetes launcher: key of the password in that Secret."""
+    k8s_service_account: Optional[str] = None
+    """Kubernetes launcher: service account of the jobs' pods."""
+    k8s_run_as_user: int = 10001
+    """Kubernetes launcher: uid (and gid, fsGroup) of the jobs' pods; the images' user."""
+
+    def resolve_token(self) -> str:
+        token = self.token.get_secret_value() if self.token else ""
+        if not token and self.token_file:
+            token = self.token_file.read_text().strip()
+        if not token:
+            raise SystemExit("the job API needs a bearer token: set OMRL_API_TOKEN or OMRL_API_TOKEN_FILE")
+        return token

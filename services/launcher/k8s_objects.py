@@ -1,0 +1,235 @@
+"""The Kubernetes objects of one job, as plain manifests (dicts), rendered from its spec.
+
+The learner is an Indexed Job whose pods run torchrun, one node each; they meet at pod 0 through a
+headless Service. The Job is the root: every other object names it as owner, so deleting it (cancel)
+lets the garbage collector delete the rest. Rollout servers are a Deployment (GPUs requested, pod IP
+advertised so the learner can push weights to each replica); envs and reward are Deployments with
+Services; the run config is a ConfigMap mounted at /etc/omrl."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+from services.common.config import ComponentResources, JobSpec, TrainConfig, dump_config
+
+PORTS = {"rollout": 50051, "envs": 50052, "reward": 50053}
+METRICS_PORT, RDZV_PORT = 9100, 29500
+CONFIG_DIR = "/etc/omrl"
+MANAGED_BY = "omrl-job-api"
+SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}
+
+
+@dataclass
+class K8sOptions:
+    namespace: str = "default"
+    image: str = "openmanus-rl/{component}:cpu"
+    """Image of components without GPUs; `{component}` becomes envs, reward, rollout or learner."""
+    gpu_image: str = "openmanus-rl/{component}:cuda"
+    """Image of components with GPUs; `{component}` as above."""
+    redis_url: Optional[str] = None
+    """Redis of the jobs (replaces the spec's stream.redis_url)."""
+    redis_password_secret: Optional[str] = None
+    """Secret holding the Redis password: pods get it as $(REDIS_PASSWORD), never in the ConfigMap."""
+    redis_password_key: str = "redis-password"
+    service_account: Optional[str] = None
+    run_as_user: int = 10001
+
+
+def names(job_id: str) -> dict[str, str]:
+    return {"learner": f"{job_id}-learner", "config": f"{job_id}-config", "envs": f"{job_id}-envs",
+            "reward": f"{job_id}-reward", "rollout": f"{job_id}-rollout"}
+
+
+def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
+    config = spec.train_config()
+    n = names(job_id)
+    config.run, config.output_dir = job_id, "/data/runs"
+    config.env.address = f"{n['envs']}:{PORTS['envs']}"
+    config.reward.address = f"{n['reward']}:{PORTS['reward']}"
+    config.rollout.addresses = []  # rollout pods register their pod IPs in Redis; the learner pushes to each
+    config.learner.checkpoint_dir = f"/data/runs/{job_id}/checkpoints"
+    if options.redis_url:
+        config.stream.redis_url = options.redis_url
+    return config
+
+
+def redis_url_with_password(url: str, password: Optional[str]) -> str:
+    """`url` with its password replaced (None: removed)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    auth = f"{user}:{password}@" if password is not None else (f"{user}@" if user else "")
+    return urlunsplit(parts._replace(netloc=auth + host))
+
+
+def labels(job_id: str, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "openmanus-rl", "app.kubernetes.io/instance": job_id,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def selector(job_id: str, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": job_id, "app.kubernetes.io/component": component}
+
+
+def owner_reference(root: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": root["metadata"]["name"], "uid": root["metadata"]["uid"],
+            "blockOwnerDeletion": True}
+
+
+class JobObjects:
+    """Renders the manifests of one job; `dependents` need the created root (its uid)."""
+
+    def __init__(self, job_id: str, spec: JobSpec, options: K8sOptions):
+        self.job_id, self.spec, self.options = job_id, spec, options
+        self.names = names(job_id)
+        self.config = run_config(job_id, spec, options)
+        self.redis_args: list[str] = []
+        self.redis_env: list[dict[str, Any]] = []
+        if options.redis_password_secret:
+            # Kubernetes expands $(REDIS_PASSWORD) in commands, not in mounted files
+            url = self.config.stream.redis_url
+            self.config.stream.redis_url = redis_url_with_password(url, None)
+            self.redis_args = [f"--set=stream.redis_url={redis_url_with_password(url, '$(REDIS_PASSWORD)')}"]
+            self.redis_env = [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
+                "name": options.redis_password_secret, "key": options.redis_password_key}}}]
+
+    def _meta(self, name: str, component: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+        meta = {"name": name, "namespace": self.options.namespace, "labels": labels(self.job_id, component)}
+        if owner is not None:
+            meta["ownerReferences"] = [owner_reference(owner)]
+        return meta
+
+    def _resources(self, res: ComponentResources) -> dict[str, Any]:
+        amounts = {"cpu": res.cpu, "memory": res.memory}
+        if res.gpus:
+            amounts["nvidia.com/gpu"] = str(res.gpus)
+        return {"requests": dict(amounts), "limits": dict(amounts)}
+
+    def _container(self, component: str, command: list[str], res: ComponentResources,
+                   ports: list[dict[str, Any]], env: list[dict[str, Any]] = (), probes: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+        image = self.spec.resources.image or (self.options.gpu_image if res.gpus else self.options.image)
+        container = {
+            "name": component, "image": image.replace("{component}", component),
+            "command": command, "ports": [*ports, {"name": "metrics", "containerPort": METRICS_PORT}],
+            "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/data/hf"},
+                    {"name": "PYTHONUNBUFFERED", "value": "1"}, *env],
+            "resources": self._resources(res),
+            "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                             {"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
+                             {"name": "shm", "mountPath": "/dev/shm"}],
+            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]}},
+        }
+        container.update(probes or {})
+        return container
+
+    def _pod_spec(self, containers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        sched, res = self.spec.schedule, self.spec.resources
+        data = ({"persistentVolumeClaim": {"claimName": res.volume_claim}} if res.volume_claim else {"emptyDir": {}})
+        pod = {
+            "containers": containers,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": self.options.run_as_user,
+                                "runAsGroup": self.options.run_as_user, "fsGroup": self.options.run_as_user,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumes": [{"name": "config", "configMap": {"name": self.names["config"]}},
+                        {"name": "data", **data}, {"name": "tmp", "emptyDir": {}},
+                        # torch and vLLM share tensors between processes through /dev/shm (64Mi by default)
+                        {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+            "enableServiceLinks": False,
+            **extra,
+        }
+        if sched.node_selector:
+            pod["nodeSelector"] = dict(sched.node_selector)
+        if sched.tolerations:
+            pod["tolerations"] = [t.model_dump(exclude_none=True) for t in sched.tolerations]
+        if sched.priority_class:
+            pod["priorityClassName"] = sched.priority_class
+        if self.options.service_account:
+            pod["serviceAccountName"] = self.options.service_account
+        return pod
+
+    @staticmethod
+    def _grpc_probes(port: int, startup_s: int) -> dict[str, Any]:
+        """Startup probe long enough for model loading; then readiness and liveness on the same health check."""
+        return {"startupProbe": {"grpc": {"port": port}, "periodSeconds": 10,
+                                 "failureThreshold": max(1, startup_s // 10)},
+                "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 3},
+                "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 20, "failureThreshold": 3}}
+
+    # -- the root --------------------------------------------------------------------------------
+    def learner_job(self) -> dict[str, Any]:
+        res, sched, n = self.spec.resources.learner, self.spec.schedule, self.names
+        nodes, nproc = res.replicas, self.spec.learner.nproc
+        command = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--node_rank=$(NODE_RANK)",
+                   f"--master_addr={n['learner']}-0.{n['learner']}", f"--master_port={RDZV_PORT}",
+                   "-m", "services.learner", "--config", f"{CONFIG_DIR}/config.yaml",
+                   "--metrics-port", str(METRICS_PORT), *self.redis_args]
+        env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env]
+        container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env)
+        spec: dict[str, Any] = {
+            "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
+            "backoffLimit": sched.backoff_limit, "ttlSecondsAfterFinished": sched.ttl_after_finished_s,
+            "template": {"metadata": {"labels": labels(self.job_id, "learner"), "annotations": SCRAPE},
+                         # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
+                         "spec": self._pod_spec([container], restartPolicy="Never", subdomain=n["learner"])}}
+        if sched.max_runtime_s:
+            spec["activeDeadlineSeconds"] = sched.max_runtime_s
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(n["learner"], "learner"), "spec": spec}
+
+    # -- owned by the root -----------------------------------------------------------------------
+    def dependents(self, root: dict[str, Any]) -> list[dict[str, Any]]:
+        return [self.config_map(root), self.learner_service(root),
+                self.service("envs", root), self.deployment("envs", root),
+                self.service("reward", root), self.deployment("reward", root),
+                self.deployment("rollout", root)]
+
+    def config_map(self, root: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names["config"], "config", root),
+                "data": {"config.yaml": dump_config(self.config)}}
+
+    def learner_service(self, root: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names["learner"], "learner", root),
+                "spec": {"clusterIP": "None", "selector": selector(self.job_id, "learner"),
+                         # DNS names exist before the pods are ready: the rendezvous happens during start-up
+                         "publishNotReadyAddresses": True,
+                         "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}}
+
+    def service(self, component: str, root: dict[str, Any]) -> dict[str, Any]:
+        port = PORTS[component]
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names[component], component, root),
+                "spec": {"selector": selector(self.job_id, component),
+                         "ports": [{"name": "grpc", "port": port, "targetPort": port, "appProtocol": "grpc"}]}}
+
+    def deployment(self, component: str, root: dict[str, Any]) -> dict[str, Any]:
+        res, port = getattr(self.spec.resources, component), PORTS[component]
+        command = ["python", "-m", f"services.{component}", "--config", f"{CONFIG_DIR}/config.yaml",
+                   "--port", str(port), "--metrics-port", str(METRICS_PORT)]
+        env: list[dict[str, Any]] = []
+        startup_s = 300
+        pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        if component == "rollout":
+            command += ["--advertise", f"$(POD_IP):{port}", *self.redis_args]
+            env += [pod_ip, *self.redis_env]
+            startup_s = 1800  # model download and load, engine warm-up
+        if component == "envs" and res.replicas > 1:
+            # an episode lives in one replica: replicas find each other through Redis and forward its calls
+            command += ["--replica-id", "$(POD_NAME)", "--advertise", f"$(POD_IP):{port}", "--registry", "redis"]
+            env += [pod_ip, {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+        container = self._container(component, command, res, [{"name": "grpc", "containerPort": port}], env,
+                                    self._grpc_probes(port, startup_s))
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": self._meta(self.names[component], component, root),
+                "spec": {"replicas": res.replicas, "selector": {"matchLabels": selector(self.job_id, component)},
+                         "template": {"metadata": {"labels": labels(self.job_id, component), "annotations": SCRAPE},
+                                      "spec": self._pod_spec([container])}}}
+
+    def all(self, uid: str = "00000000-0000-0000-0000-000000000000") -> list[dict[str, Any]]:
+        """Every manifest, the root first (with a placeholder uid in owner references when not created yet)."""
+        root = self.learner_job()
+        created = {**root, "metadata": {**root["metadata"], "uid": uid}}
+        return [root, *self.dependents(created)]

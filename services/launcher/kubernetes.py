@@ -1,0 +1,250 @@
+"""The kubernetes launcher: creates a job's objects (see k8s_objects) through the `kubernetes` client and
+reads the job's state back from the cluster. Cancelling deletes the root (the learner Job) in the
+foreground, and the garbage collector deletes everything it owns.
+
+`python -m services.launcher.kubernetes render job.yaml` prints the manifests it would create."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import yaml
+
+from services.common.config import JobSpec, TrainConfig, load_config
+from services.launcher.base import (CANCELLED, CANCELLING, FAILED, LAUNCHERS, RUNNING, STARTING, SUCCEEDED, Launcher,
+                                    LaunchStatus, SpecRejected)
+from services.launcher.k8s_objects import MANAGED_BY, JobObjects, K8sOptions, run_config
+
+REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds, on every API call
+APIS = {"Job": ("batch", "namespaced_job"), "ConfigMap": ("core", "namespaced_config_map"),
+        "Service": ("core", "namespaced_service"), "Deployment": ("apps", "namespaced_deployment"),
+        "Pod": ("core", "namespaced_pod")}
+POD_PROBLEMS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff",
+                "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+INSTANCE = "app.kubernetes.io/instance"
+
+
+@LAUNCHERS.register("kubernetes")
+class KubernetesLauncher(Launcher):
+    name = "kubernetes"
+
+    def __init__(self, api_client: Any, options: K8sOptions):
+        from kubernetes import client
+
+        self.api, self.options = api_client, options
+        self.core, self.apps, self.batch = (client.CoreV1Api(api_client), client.AppsV1Api(api_client),
+                                            client.BatchV1Api(api_client))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "KubernetesLauncher":
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(client.ApiClient(), K8sOptions(
+            namespace=settings.k8s_namespace, image=settings.k8s_image, gpu_image=settings.k8s_gpu_image,
+            redis_url=settings.k8s_redis_url, redis_password_secret=settings.k8s_redis_password_secret,
+            redis_password_key=settings.k8s_redis_password_key, service_account=settings.k8s_service_account,
+            run_as_user=settings.k8s_run_as_user))
+
+    def close(self) -> None:
+        self.api.close()
+
+    # -- the interface ---------------------------------------------------------------------------
+    def check(self, spec: JobSpec) -> None:
+        if not spec.model.path:
+            raise SpecRejected(("model", "path"), "the kubernetes launcher needs model.path (a Hugging Face id, or a "
+                                                  "directory on resources.volume_claim); only the local launcher "
+                                                  "builds the tiny demo model")
+        if spec.resources.envs.replicas > 1 and self.options.redis_password_secret:
+            raise SpecRejected(("resources", "envs", "replicas"), "env-service replicas find each other through "
+                                                                  "Redis, and the env service takes no Redis password "
+                                                                  "override yet; run one replica")
+
+    def run_config(self, job_id: str, spec: JobSpec) -> TrainConfig:
+        return run_config(job_id, spec, self.options)
+
+    def start(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
+        objects = JobObjects(job_id, spec, self.options)
+        root = self._create(objects.learner_job())
+        dependents = objects.dependents(root)
+        try:
+            for body in dependents:
+                self._create(body)
+        except Exception:
+            self._delete("Job", root["metadata"]["name"], "Foreground")  # nothing half-made stays behind
+            raise
+        return {"namespace": self.options.namespace, "job": root["metadata"]["name"], "uid": root["metadata"]["uid"],
+                "deployments": [b["metadata"]["name"] for b in dependents if b["kind"] == "Deployment"],
+                "services": [b["metadata"]["name"] for b in dependents if b["kind"] == "Service"]}
+
+    def poll(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
+        handle = dict(handle)
+        cancelling = bool(handle.get("cancel_requested_at"))
+        job = self._read("Job", handle["job"])
+        if job is None or job["metadata"].get("uid") != handle["uid"]:
+            if cancelling:
+                return LaunchStatus(CANCELLED, handle=handle)
+            return LaunchStatus(FAILED, error=f"Job {handle['job']} was deleted outside the job API", handle=handle)
+        messages = self._pod_problems(job_id, handle)
+        done = {c["type"]: c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+        if "Complete" in done or "Failed" in done:
+            self._release(handle)
+            if "Complete" in done:
+                return LaunchStatus(SUCCEEDED, messages=messages, handle=handle)
+            why = done["Failed"]
+            return LaunchStatus(FAILED, error=f"{why.get('reason', 'Failed')}: {why.get('message', '')}".strip(": "),
+                                messages=messages, handle=handle)
+        if cancelling:
+            return LaunchStatus(CANCELLING, messages=messages, handle=handle)
+        return LaunchStatus(RUNNING if self._all_ready(job, handle) else STARTING, messages=messages, handle=handle)
+
+    def cancel(self, job_id: str, handle: dict[str, Any]) -> dict[str, Any]:
+        self._delete("Job", handle["job"], "Foreground")
+        return {**handle, "cancel_requested_at": time.time()}
+
+    def logs(self, job_id: str, handle: dict[str, Any], service: str, tail: int) -> str:
+        if service == "supervisor":
+            return "jobs on kubernetes have no supervisor process; ask for envs, reward, rollout or learner"
+        pods = self._list_pods(f"{INSTANCE}={job_id},app.kubernetes.io/component={service}")
+        parts = []
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"])[:8]:
+            name = pod["metadata"]["name"]
+            try:
+                text = self.core.read_namespaced_pod_log(name, self.options.namespace, container=service,
+                                                         tail_lines=tail, _request_timeout=REQUEST_TIMEOUT)
+            except self._api_exception() as exc:
+                text = f"(no log: {exc.status} {exc.reason})"
+            parts.append(f"==> {name} <==\n{text}")
+        return "\n".join(parts)
+
+    # -- cluster reads and writes ----------------------------------------------------------------
+    def _method(self, kind: str, verb: str):
+        api, suffix = APIS[kind]
+        return getattr(getattr(self, api), f"{verb}_{suffix}")
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(obj)
+
+    @staticmethod
+    def _api_exception():
+        from kubernetes.client.exceptions import ApiException
+
+        return ApiException
+
+    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._plain(self._method(body["kind"], "create")(self.options.namespace, body,
+                                                                    _request_timeout=REQUEST_TIMEOUT))
+        except self._api_exception() as exc:
+            if exc.status != 409:
+                raise
+        # it exists: an API restart between creating and recording; adopt it only if it is this job's
+        existing = self._read(body["kind"], body["metadata"]["name"])
+        theirs = ((existing or {}).get("metadata") or {}).get("labels") or {}
+        if theirs.get(INSTANCE) != body["metadata"]["labels"][INSTANCE] or \
+                theirs.get("app.kubernetes.io/managed-by") != MANAGED_BY:
+            raise RuntimeError(f"{body['kind']} {body['metadata']['name']} exists and belongs to something else")
+        return existing
+
+    def _read(self, kind: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._plain(self._method(kind, "read")(name, self.options.namespace,
+                                                          _request_timeout=REQUEST_TIMEOUT))
+        except self._api_exception() as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _delete(self, kind: str, name: str, propagation: str) -> None:
+        try:
+            # explicit policy: the API's default for Jobs orphans their pods and dependents
+            self._method(kind, "delete")(name, self.options.namespace, propagation_policy=propagation,
+                                         _request_timeout=REQUEST_TIMEOUT)
+        except self._api_exception() as exc:
+            if exc.status != 404:
+                raise
+
+    def _list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        pods = self.core.list_namespaced_pod(self.options.namespace, label_selector=label_selector,
+                                             _request_timeout=REQUEST_TIMEOUT)
+        return self._plain(pods).get("items") or []
+
+    # -- reading the job back ----------------------------------------------------------------------
+    def _all_ready(self, job: dict[str, Any], handle: dict[str, Any]) -> bool:
+        status, nodes = job.get("status") or {}, job["spec"].get("parallelism", 1)
+        if max(status.get("ready") or 0, status.get("active") or 0) < nodes:
+            return False
+        for name in handle["deployments"]:
+            deployment = self._read("Deployment", name)
+            if deployment is None:
+                return False
+            want = deployment["spec"].get("replicas", 1)
+            if ((deployment.get("status") or {}).get("availableReplicas") or 0) < want:
+                return False
+        return True
+
+    def _release(self, handle: dict[str, Any]) -> None:
+        """A finished job frees its GPUs and services; the Job (logs) and ConfigMap stay until its TTL."""
+        if handle.get("released"):
+            return
+        for name in handle["deployments"]:
+            self._delete("Deployment", name, "Background")
+        for name in handle["services"]:
+            self._delete("Service", name, "Background")
+        handle["released"] = True
+
+    def _pod_problems(self, job_id: str, handle: dict[str, Any]) -> list[str]:
+        """Why pods do not run (unschedulable, image pulls, crash loops), each reported once."""
+        seen, messages = set(handle.get("reported", [])), []
+        for pod in self._list_pods(f"{INSTANCE}={job_id}"):
+            name, status = pod["metadata"]["name"], pod.get("status") or {}
+            found = []
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                    found.append((f"{name}/{cond.get('reason')}", f"{name}: not scheduled ({cond.get('reason')}): "
+                                                                   f"{cond.get('message', '')}"))
+            for cs in status.get("containerStatuses") or []:
+                waiting = (cs.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in POD_PROBLEMS:
+                    text = f"{name}/{cs['name']}: {waiting['reason']}: {waiting.get('message', '')}"
+                    found.append((f"{name}/{cs['name']}/{waiting['reason']}", text.rstrip(": ")))
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                if last.get("reason") == "OOMKilled":
+                    found.append((f"{name}/{cs['name']}/OOMKilled/{cs.get('restartCount')}",
+                                  f"{name}/{cs['name']}: killed for running out of memory"))
+            for key, message in found:
+                if key not in seen:
+                    seen.add(key)
+                    messages.append(message)
+        if messages:
+            handle["reported"] = sorted(seen)[-200:]
+        return messages
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.launcher.kubernetes", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    render = sub.add_parser("render", help="print the manifests the launcher would create for a job spec")
+    render.add_argument("spec", help="job spec YAML (services.common.config.JobSpec)")
+    render.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    render.add_argument("--job-id", default="example-job-00000000")
+    render.add_argument("--namespace", default="default")
+    render.add_argument("--image", default=K8sOptions.image)
+    render.add_argument("--gpu-image", default=K8sOptions.gpu_image)
+    render.add_argument("--redis-url", default=None)
+    render.add_argument("--redis-password-secret", default=None)
+    args = parser.parse_args(argv)
+    spec = load_config(args.spec, args.set, schema=JobSpec)
+    options = K8sOptions(namespace=args.namespace, image=args.image, gpu_image=args.gpu_image, redis_url=args.redis_url,
+                         redis_password_secret=args.redis_password_secret)
+    yaml.safe_dump_all(JobObjects(args.job_id, spec, options).all(), sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""REINFORCE++: discounted token returns whitened over the batch; the `_baseline` variant subtracts the
+group's mean score first (verl's reinforce_plus_plus / reinforce_plus_plus_baseline)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from services.learner.advantages import ADVANTAGES
+from services.learner.advantages.base import (AdvantageEstimator, group_sums, masked_whiten,
+                                              reverse_discounted_sum, sequence_scores)
+
+
+@ADVANTAGES.register("reinforce_plus_plus")
+class ReinforcePlusPlus(AdvantageEstimator):
+    """Return of token t: its reward plus gamma times the return of the next model token."""
+
+    name = "reinforce_plus_plus"
+
+    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
+                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+        mask = response_mask.to(token_rewards.dtype)
+        return masked_whiten(reverse_discounted_sum(token_rewards, mask, gamma), mask)
+
+
+@ADVANTAGES.register("reinforce_plus_plus_baseline")
+class ReinforcePlusPlusBaseline(AdvantageEstimator):
+    """Score minus its group's mean (0 baseline for a group of one) on every model token, then whitened."""
+
+    name = "reinforce_plus_plus_baseline"
+
+    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
+                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+        mask = response_mask.to(token_rewards.dtype)
+        scores = sequence_scores(token_rewards, mask)
+        groups, counts, sums = group_sums(scores, group_index)
+        mean = torch.where(counts > 1, sums / counts, torch.zeros_like(sums))
+        return masked_whiten((scores - mean[groups]).unsqueeze(-1) * mask, mask)

@@ -1,0 +1,54 @@
+"""The critic for GAE: a separate value model (the policy's trunk and initial weights, a scalar head),
+FSDP-sharded, with its own AdamW and learning-rate schedule, trained on the clipped value loss."""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+from services.common.config import TrainConfig
+from services.learner import fsdp
+from services.learner.losses import value_loss
+from services.learner.model import load_value_model, token_values
+from services.learner.schedule import build_scheduler
+
+
+class Critic:
+    def __init__(self, config: TrainConfig, model_path: str, device: torch.device, dtype: str, mixed: bool):
+        algo = config.algorithm
+        self.config = config
+        self.model = load_value_model(model_path, dtype)
+        fsdp.shard_model(self.model, device, mixed_precision_bf16=mixed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=algo.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
+
+    @torch.no_grad()
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return token_values(self.model, input_ids, attention_mask)
+
+    def update(self, micro: Iterable, sums: dict[str, torch.Tensor], *, num_tokens: float, num_seqs: float
+               ) -> list[float]:
+        """`ppo_epochs` passes over the micro-batches (each with .batch, .values, .returns); accumulates
+        vf_loss and per-token stats into `sums`; returns the gradient norm of each pass."""
+        algo, world = self.config.algorithm, fsdp.world_size()
+        micro, norms = list(micro), []
+        for _ in range(algo.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for m in micro:
+                mask = m.batch.response_mask
+                v = token_values(self.model, m.batch.input_ids, m.batch.attention_mask)
+                loss, stats = value_loss(v, m.values, m.returns, mask, algo.value_clip, algo.loss_agg_mode,
+                                         num_tokens=num_tokens, num_seqs=num_seqs)
+                (loss * world).backward()
+                n = mask.sum()
+                sums["vf_loss"] += loss.detach()
+                sums["vf_clip_frac"] += stats["vf_clip_frac"] * n
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
+            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            norms.append(norm)
+            if math.isfinite(norm):
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norms

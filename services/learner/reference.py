@@ -1,0 +1,32 @@
+"""The frozen reference policy for the KL terms: the run's initial weights, sharded like the policy."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from services.learner import fsdp
+from services.learner.model import load_model, token_logprobs
+
+
+class ReferencePolicy:
+    def __init__(self, model_path: str, dtype: str, device: torch.device, mixed_precision_bf16: bool):
+        from services.common.weights import checksum
+
+        self.model = load_model(model_path, dtype)
+        self.model.requires_grad_(False)
+        digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None
+        self.identity: dict[str, Any] = {"path": str(model_path), "checksum": fsdp.broadcast_object(digest)}
+        """Where the weights came from and their checksum; checkpoints record it, resume checks it."""
+        fsdp.shard_model(self.model, device, mixed_precision_bf16=mixed_precision_bf16)
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return token_logprobs(self.model, input_ids, attention_mask)
+
+    def check(self, saved: dict[str, Any]) -> None:
+        """Refuses to resume against other reference weights than the checkpointed run used."""
+        if saved and saved.get("checksum") != self.identity["checksum"]:
+            raise ValueError(f"reference model changed since the checkpoint: it was {saved.get('path')} "
+                             f"(checksum {str(saved.get('checksum'))[:12]}), now {self.identity['path']} "
+                             f"(checksum {self.identity['checksum'][:12]})")

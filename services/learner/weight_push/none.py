@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from typing import Sequence
+
+from services.common.weights import PackedWeights
+from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
+
+
+@PUSHERS.register("none")
+class NoPush(WeightPusher):
+    """Offline training on recorded batches: no rollout server to wait for or to update."""
+
+    needs_servers = False
+
+    def __init__(self, timeout_s: float = 0.0):
+        pass
+
+    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str]) -> list[PushResult]:
+        return []

@@ -1,0 +1,82 @@
+"""Validation on the held-out split: whenever the served policy version reaches a multiple of
+`env.validation_every` (0 included, the starting policy), one rollout server (claimed run-wide in
+Redis) plays every validation task once, at `env.validation_temperature`, and publishes the success
+rate per environment to the run's metrics stream as an entry with `"kind": "validation"`.
+
+Validation episodes share the engine with training episodes and never reach the trajectory stream.
+Episodes lost to infrastructure are retried like training ones; those that still fail are left out
+of the rates and counted (`validation/failed_episodes`)."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from statistics import mean
+from typing import Any
+
+from services.common import metrics
+from services.common.config import TrainConfig
+from services.common.run_state import RunState
+from services.envs.datasets import TaskSplit
+from services.rollout.agent_loop import AgentLoop
+
+log = logging.getLogger(__name__)
+VALIDATION_SUCCESS = metrics.gauge("rollout", "validation_success_rate", "Success rate on the validation split",
+                                   ["env"])
+
+
+class Validator:
+    def __init__(self, config: TrainConfig, loop: AgentLoop, state: RunState, core: Any, poll_s: float = 0.5,
+                 concurrency: int = 64):
+        self.config, self.state, self.core, self.poll_s = config, state, core, poll_s
+        self.loop = copy.copy(loop)
+        self.loop.rollout = loop.rollout.model_copy(update={"temperature": config.env.validation_temperature})
+        self.loop.stats = loop.stats  # infrastructure failures count the same wherever they happen
+        self._slots = asyncio.Semaphore(concurrency)
+
+    def due(self, version: int) -> bool:
+        every = self.config.env.validation_every
+        return every > 0 and version % every == 0 and version <= self.config.learner.steps
+
+    async def run(self) -> None:
+        done: set[int] = set()
+        while True:
+            version = self.core.policy_version
+            if self.due(version) and version not in done:
+                done.add(version)
+                if await asyncio.to_thread(self._claim, version):
+                    await self.validate(version)
+            if version >= self.config.learner.steps or await asyncio.to_thread(self.state.done):
+                return
+            await asyncio.sleep(self.poll_s)
+
+    def _claim(self, version: int) -> bool:
+        """Only one rollout server validates each version."""
+        return bool(self.state.client.set(self.config.key(f"validation_claim:{version}"), "1", nx=True,
+                                          ex=24 * 3600))
+
+    async def validate(self, version: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        split = await asyncio.to_thread(TaskSplit.load, self.config.env, "validation")
+        results = await asyncio.gather(*(self._episode(version, i, task) for i, task in enumerate(split.task_indices)),
+                                       return_exceptions=True)
+        played = [r for r in results if not isinstance(r, BaseException)]
+        failed = len(results) - len(played)
+        name = self.config.env.name
+        summary: dict[str, Any] = {
+            "kind": "validation", "policy_version": version, "envs": [name], "validation/episodes": len(played),
+            "validation/failed_episodes": failed, "validation_seconds": time.perf_counter() - start}
+        if played:
+            summary[f"validation/{name}/success_rate"] = mean(float(t.success) for t in played)
+            summary[f"validation/{name}/env_return"] = mean(t.env_return for t in played)
+            summary[f"validation/{name}/turns"] = mean(len(t.turns) for t in played)
+            VALIDATION_SUCCESS.labels(name).set(summary[f"validation/{name}/success_rate"])
+        await asyncio.to_thread(self.state.publish_metrics, version, summary)
+        log.info("validation at policy v%d: %s", version, {k: v for k, v in summary.items() if "/" in k})
+        return summary
+
+    async def _episode(self, version: int, i: int, task_index: int):
+        async with self._slots:
+            return await self.loop.run_episode_with_retries(task_index, f"val-v{version}",
+                                                            seed=self.config.seed * 7_919 + i)

@@ -1,0 +1,152 @@
+"""A real Prometheus (Debian's `prometheus`) scrapes a running local training and the job API; every
+PromQL expression of every Grafana dashboard in deploy/grafana/dashboards must return data."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.config import load_config
+from services.common.grpc_server import free_port
+from services.common.run_state import RunState
+from services.launcher.local import LocalRun
+from services.launcher.processes import ServiceProcess, python_module
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
+MIN_STEPS = 3
+# Grafana sets $__rate_interval from the scrape interval; here a window spanning the whole (short) run, so
+# a rate is 0 only if the event never happened, whatever the load on the machine does to step times
+RATE_WINDOW = "3m"
+TOKEN = "prometheus-e2e-token"
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title / refId, expr) of every target of every panel."""
+    out = []
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                out.append((path.name, f"{panel['title']} / {target['refId']}", target["expr"]))
+    return out
+
+
+def substitute(expr: str, run: str) -> str:
+    """Grafana's variables, as Grafana would fill them in for this run."""
+    out = expr.replace("$__rate_interval", RATE_WINDOW).replace("$run", run)
+    assert "$" not in out, f"unhandled Grafana variable in {expr!r}"
+    return out
+
+
+def http_json(url: str, timeout_s: float = 10.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+        return json.loads(reply.read())
+
+
+def wait_for(check, timeout_s: float, what: str, poll_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} after {timeout_s:.0f}s")
+        time.sleep(poll_s)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        pytest.fail("needs Debian's prometheus package (scripts/setup.sh installs it)")
+    tmp = tmp_path_factory.mktemp("prom")
+    # more steps than the test waits for: the services are scraped while they train, then stopped
+    config = load_config(None, [
+        f"run=prom-{uuid.uuid4().hex[:8]}", f"output_dir={tmp / 'runs'}", "learner.steps=1000",
+        "rollout.group_size=4", "rollout.groups_per_step=2", "model.warmstart_steps=20"])
+    lines: list[str] = []
+    run = LocalRun(config, say=lines.append)
+    api_port, prom_port = free_port(), free_port()
+    api = ServiceProcess("jobs-api", python_module("services.jobs", "--host", "127.0.0.1", "--port", str(api_port)),
+                         tmp / "jobs-api.log", env={"OMRL_API_TOKEN": TOKEN, "OMRL_API_DB": str(tmp / "jobs.sqlite"),
+                                                    "OMRL_API_LAUNCHER": "local",
+                                                    "OMRL_API_OUTPUT_DIR": str(tmp / "jobs")})
+    prometheus = None
+    try:
+        api.start()
+        run.start()
+        targets = {**{name: f"127.0.0.1:{port}" for name, port in run.metrics_ports.items()},
+                   "jobs-api": f"127.0.0.1:{api_port}"}
+        scrape = [{"job_name": name, "static_configs": [{"targets": [address], "labels": {"run": config.run}}]}
+                  for name, address in targets.items()]
+        scrape[-1]["authorization"] = {"credentials": TOKEN}
+        prom_config = tmp / "prometheus.yml"
+        prom_config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                                               "scrape_configs": scrape}))
+        prometheus = ServiceProcess("prometheus", [
+            "prometheus", f"--config.file={prom_config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h",
+            "--log.level=warn"], tmp / "prometheus.log").start()
+        url = f"http://127.0.0.1:{prom_port}"
+        wait_for(lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200, 60, "Prometheus not ready")
+        state, steps, cursor = RunState.connect(config), 0, "0"
+        deadline = time.monotonic() + 240
+        while steps < MIN_STEPS:
+            for cursor, entry in state.read_metrics(cursor, block_ms=1000):
+                steps += entry.get("kind") != "validation"  # the rollout's validation runs share the stream
+            for proc in run.processes:
+                assert proc.running(), f"{proc.name} exited:\n{proc.log_tail()}"
+            assert time.monotonic() < deadline, f"only {steps} learner steps in time:\n" + "\n".join(lines[-20:])
+        yield {"url": url, "config": config, "targets": targets, "api": api}
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        api.stop()
+        run.stop()
+        RunState.connect(config).reset()
+
+
+def query(url: str, expr: str) -> list[dict]:
+    reply = http_json(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+def test_prometheus_scrapes_every_service(stack):
+    active = http_json(f"{stack['url']}/api/v1/targets")["data"]["activeTargets"]
+    health = {t["labels"]["job"]: (t["health"], t["lastError"]) for t in active}
+    assert set(health) == set(stack["targets"])
+    assert all(h == "up" for h, _ in health.values()), health
+
+
+def test_dashboard_run_variable_lists_the_run(stack):
+    for path in DASHBOARDS:
+        variable = next(v for v in json.loads(path.read_text())["templating"]["list"] if v["name"] == "run")
+        metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["definition"]).groups()
+        values = http_json(f"{stack['url']}/api/v1/label/{label}/values?"
+                           f"{urllib.parse.urlencode({'match[]': metric})}")["data"]
+        assert stack["config"].run in values, (path.name, values)
+
+
+@pytest.mark.parametrize("dashboard, panel, expr", dashboard_queries(),
+                         ids=[f"{d}: {p}" for d, p, _ in dashboard_queries()])
+def test_dashboard_query_returns_data(stack, dashboard, panel, expr):
+    promql = substitute(expr, stack["config"].run)
+    # counters and histograms need two scrapes inside the rate window after their first change
+    result = wait_for(lambda: [s for s in query(stack["url"], promql) if math.isfinite(float(s["value"][1]))],
+                      20, f"{dashboard} / {panel}: no finite sample for {promql}", poll_s=1.0)
+    assert result

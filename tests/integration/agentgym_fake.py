@@ -1,0 +1,210 @@
+"""Fake AgentGym servers written from shared/agentgym-protocol.md, one per family shape:
+TextCraft-style, BabyAI-style, LMRL-Gym (maze + wordle under route prefixes) and WebShop-style.
+
+    python tests/integration/agentgym_fake.py <textcraft|babyai|lmrl|webshop> <port>
+
+Every game is the same small one so a scripted policy can win it: each observation ends with
+`Next: <action>`, and task (data_idx / game / seed / session_id) k needs 2 + k % 2 right actions.
+Test hooks, as actions: `explode` (HTTP 200 with {"error": ...}), `sleep` (answers after 30 s),
+`crash` (an exception outside the try blocks: HTTP 500). WebShop adds POST /__restart (forgets every
+environment, as a restarted process would) and hands out ids again past FAKE_MAX_ENVS creations."""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import uvicorn
+from fastapi import Body, FastAPI, Query
+
+ACTIONS = {"textcraft": "get 1 plank", "babyai": "move forward", "maze": "move up", "wordle": "c r a n e",
+           "webshop": "click[buy now]"}
+
+
+class Game:
+    def __init__(self, family: str, task: int):
+        self.family, self.needed, self.progress, self.done = family, 2 + task % 2, 0, False
+        self.actions: list[str] = []
+
+    def observation(self, text: str = "") -> str:
+        return f"{text}{self.family} task: {self.needed - self.progress} to go. Next: {ACTIONS[self.family]}"
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        self.actions.append(action)
+        if action == "crash":
+            raise RuntimeError("crash requested")
+        if action == "sleep":
+            time.sleep(30)
+        if action == ACTIONS[self.family]:
+            self.progress += 1
+        else:
+            return self.observation(f"Nothing happens ({action!r}). "), self._reward(False), False
+        self.done = self.progress >= self.needed
+        return ("Task complete." if self.done else self.observation()), self._reward(self.done), self.done
+
+    def _reward(self, won: bool) -> float:
+        if self.family == "maze":
+            return 0.0 if won else -1.0
+        if self.family == "wordle":  # the server adds 1 to any reward of 0 or less
+            raw = 0.0 if won else -1.0
+            return raw + 1 if raw <= 0 else raw
+        return 1.0 if won else 0.0
+
+
+def textcraft_style(family: str) -> FastAPI:
+    app, envs, ids = FastAPI(), {}, itertools.count()
+    app.state.envs = envs
+
+    @app.get("/")
+    def hello() -> str:
+        return f"This is the environment server of {family}."
+
+    @app.post("/create")
+    def create(body: Optional[dict] = Body(None)) -> Any:
+        env_id = next(ids)
+        if family == "textcraft":  # already reset with data_idx = id
+            envs[env_id] = Game(family, env_id)
+            return {"id": env_id, "observation": envs[env_id].observation(), "done": False, "reward": 0}
+        envs[env_id] = None  # BabyAI builds the environment only at reset
+        return {"id": env_id}
+
+    @app.post("/reset")
+    def reset(body: dict = Body(...)) -> Any:
+        try:
+            envs[body["id"]] = game = Game(family, body["data_idx"] if family == "babyai" else body.get("data_idx", 0))
+        except KeyError as exc:
+            return {"error": f"KeyError {exc}"}
+        if family == "babyai":
+            return {"observation": game.observation(), "reward": 0.0, "score": 0.0, "deleted": False, "done": False}
+        return {"id": body["id"], "observation": game.observation(), "done": False, "reward": 0}
+
+    @app.post("/step")
+    def step(body: dict = Body(...)) -> Any:
+        game = envs.get(body.get("id"))
+        if game is None:
+            return {"error": f"env {body.get('id')} does not exist"}
+        if body["action"] == "crash":
+            game.step("crash")  # outside any try block: FastAPI answers 500
+        try:
+            if game.done:
+                raise ValueError("the episode is finished")
+            if body["action"] == "explode":
+                raise ValueError("exploded on request")
+            observation, reward, done = game.step(body["action"])
+        except Exception as exc:  # noqa: BLE001 - the servers' own habit: errors inside a 200
+            return {"error": str(exc)}
+        reply = {"observation": observation, "reward": reward, "done": done}
+        return {**reply, "score": reward} if family == "babyai" else reply
+
+    @app.get("/observation")
+    def observation(id: int = Query(...)) -> Any:
+        return envs[id].observation() if envs.get(id) else {"error": "no such env"}
+
+    @app.post("/close")
+    def close(body: dict = Body(...)) -> bool:
+        return envs.pop(body.get("id"), "missing") != "missing"
+
+    return app
+
+
+def lmrl_style() -> FastAPI:
+    app, envs = FastAPI(), {"maze": {}, "wordle": {}}
+    app.state.envs = envs
+
+    @app.get("/")
+    def hello() -> str:
+        return "This is the environment server of LMRL-Gym."
+
+    for game_name, task_field in (("maze", "game"), ("wordle", "seed")):
+        def routes(game_name=game_name, task_field=task_field):
+            table = envs[game_name]
+
+            @app.post(f"/{game_name}/create")
+            def create() -> Any:
+                table[len(table)] = None
+                return {"id": len(table) - 1}
+
+            @app.post(f"/{game_name}/reset")
+            def reset(body: dict = Body(...)) -> Any:
+                table[body["id"]] = game = Game(game_name, body[task_field])
+                reply = {"observation": game.observation()}
+                return {"id": body["id"], **reply} if game_name == "wordle" else reply
+
+            @app.post(f"/{game_name}/step")
+            def step(body: dict = Body(...)) -> Any:
+                game = table.get(body["id"])
+                try:
+                    if game is None or game.done:
+                        raise ValueError("no running episode")
+                    if body["action"] == "explode":
+                        raise ValueError("exploded on request")
+                    observation, reward, done = game.step(body["action"])
+                except Exception as exc:  # noqa: BLE001
+                    return {"error": str(exc)}
+                return {"observation": observation, "reward": reward, "done": done}
+
+            @app.get(f"/{game_name}/available_actions")
+            def available_actions() -> list[str]:
+                return ["move left", "move right", "move up", "move down"]
+
+        routes()
+    return app
+
+
+def webshop_style() -> FastAPI:
+    app = FastAPI()
+    app.state.envs, app.state.created = {}, 0
+    max_envs = int(os.environ.get("FAKE_MAX_ENVS", "8000"))
+
+    @app.get("/")
+    def hello() -> str:
+        return "This is the environment server of WebShop."
+
+    @app.post("/create")
+    def create() -> int:
+        env_id = app.state.created % max_envs  # past the limit, ids are handed out again
+        app.state.created += 1
+        app.state.envs[env_id] = None
+        return env_id
+
+    @app.post("/reset")
+    def reset(body: dict = Body(...)) -> Any:
+        app.state.envs[body["env_idx"]] = game = Game("webshop", body.get("session_id") or 0)
+        return [game.observation("WebShop [SEP] Instruction: buy shoes [SEP] "), None]
+
+    @app.post("/step")
+    def step(body: dict = Body(...)) -> Any:
+        game = app.state.envs.get(body["env_idx"])
+        try:
+            if game is None:
+                raise ValueError("no such env")
+            if body["action"] == "explode":
+                raise ValueError("exploded on request")
+            state, reward, done = game.step(body["action"])
+        except Exception as exc:  # noqa: BLE001
+            return {"error": str(exc)}
+        return {"state": state, "reward": reward, "done": done, "info": None}
+
+    @app.get("/available_actions")
+    def available_actions(env_idx: int = Query(...)) -> Any:
+        return {"has_search_bar": True, "clickables": ["buy now", "back to search"]}
+
+    @app.post("/__restart")
+    def restart() -> bool:
+        app.state.envs.clear()
+        app.state.created = 0
+        return True
+
+    return app
+
+
+def build(shape: str) -> FastAPI:
+    if shape in ("textcraft", "babyai"):
+        return textcraft_style(shape)
+    return {"lmrl": lmrl_style, "webshop": webshop_style}[shape]()
+
+
+if __name__ == "__main__":
+    uvicorn.run(build(sys.argv[1]), host="127.0.0.1", port=int(sys.argv[2]), workers=1, log_level="warning")

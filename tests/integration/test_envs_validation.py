@@ -1,0 +1,106 @@
+"""Validation on the held-out split (real Redis, scripted policy): run at multiples of
+env.validation_every, once per version run-wide, success per environment on the metrics stream, which
+the local launcher prints apart from the learner's steps. Also the parquet task datasets."""
+import asyncio
+
+import pyarrow.parquet as pq
+import pytest
+
+from services.common.config import load_config
+from services.common.run_state import RunState
+from services.envs.client import InProcessEnvClient
+from services.envs.datasets import TaskSplit, dataset_dir, ensure
+from services.envs.service import EnvService
+from services.launcher.local import LocalRun
+from services.launcher.report import validation_line
+from services.rollout.action_parsers import PARSERS
+from services.rollout.agent_loop import AgentLoop
+from services.rollout.prompting import ChatFormatter
+from services.rollout.validation import Validator
+from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
+
+
+@pytest.fixture
+def config(tmp_path, redis_url, run_name):
+    cfg = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", f"env.data_dir={tmp_path}",
+                             "env.train_tasks=40", "env.validation_tasks=6", "env.validation_every=2",
+                             "learner.steps=4", f"output_dir={tmp_path}"])
+    yield cfg
+    RunState.connect(cfg).reset()
+
+
+class Version:
+    policy_version = 0
+
+
+def test_validation_runs_the_split_once_per_version_and_publishes_success(config, tokenizer):
+    state = RunState.connect(config)
+    loop = AgentLoop(ScriptedPolicy(tokenizer, toward_exit), InProcessEnvClient(EnvService()),
+                     ChatFormatter(tokenizer), PARSERS.create("xml_action"), config.rollout, config.env,
+                     max_model_len=512)
+    core = Version()
+    validators = [Validator(config, loop, state, core, poll_s=0.01) for _ in range(2)]  # two rollout servers
+    assert [v for v in range(7) if validators[0].due(v)] == [0, 2, 4]
+    assert validators[0].loop.rollout.temperature == 0.0 and loop.rollout.temperature == 1.0
+
+    async def main():
+        runs = [asyncio.create_task(v.run()) for v in validators]
+        for version in range(1, 5):
+            await asyncio.sleep(0.3)
+            core.policy_version = version
+        await asyncio.wait_for(asyncio.gather(*runs), 30)
+
+    asyncio.run(main())
+    entries = [m for _, m in state.read_metrics()]
+    assert [m["policy_version"] for m in entries] == [0, 2, 4], "each version validated once, run-wide"
+    for m in entries:
+        assert m["kind"] == "validation" and m["envs"] == ["corridor"]
+        assert m["validation/corridor/success_rate"] == 1.0 and m["validation/episodes"] == 6
+        assert m["validation/failed_episodes"] == 0
+    assert validation_line(entries[0]).startswith("validation at policy v0: corridor success 100.0% (6 episodes")
+
+
+def test_launcher_keeps_validation_apart_from_step_metrics(config):
+    run, lines, history = LocalRun(config, say=[].append), [], []
+    run.say = lines.append
+    run._record({"kind": "validation", "policy_version": 2, "envs": ["maze"], "validation/maze/success_rate": 0.25,
+                 "validation/episodes": 8, "validation/failed_episodes": 1, "validation_seconds": 1.5}, history)
+    run._record({"step": 1, "reward_mean": 0.5, "success_rate": 0.5, "step_seconds": 2.0, "policy_version": 1},
+                history)
+    assert [m["step"] for m in history] == [1] and run.validations[0]["policy_version"] == 2
+    assert lines[0] == "validation at policy v2: maze success 25.0% (8 episodes, 1 lost to infrastructure, 1.5s)"
+
+
+def test_launcher_starts_one_process_per_env_replica(config, tmp_path):
+    config.env.replicas = 3
+    run = LocalRun(config)
+    ports = run._assign_addresses()
+    procs = run._env_processes(ports, ["--config", "c.yaml"], tmp_path)
+    assert [p.name for p in procs] == ["envs", "envs-1", "envs-2"]
+    assert config.env.address == "ipv4:" + ",".join(p.health_address for p in procs)
+    assert all("--registry" in p.args and "redis" in p.args for p in procs)
+    assert procs[1].args[procs[1].args.index("--replica-id") + 1] == "envs-1"
+
+
+def test_task_datasets_follow_the_parquet_layout(config):
+    folder = ensure(config.env)
+    assert folder == dataset_dir(config.env) and folder.name == "corridor"
+    train = pq.read_table(folder / "train.parquet").to_pylist()
+    validation = TaskSplit.load(config.env, "validation")
+    assert [r["task_index"] for r in train] == list(range(40)) and validation.task_indices == list(range(40, 46))
+    row = train[7]
+    assert row["seed"] == 7 and row["data_source"] == "corridor" and row["split"] == "train"
+    assert row["prompt"][0]["role"] == "user" and "<action>" in row["prompt"][0]["content"]
+    assert row["reward_model"]["style"] == "rule" and '"exit"' in row["reward_model"]["ground_truth"]
+    stamp = (folder / "train.parquet").stat().st_mtime_ns
+    ensure(config.env)
+    assert (folder / "train.parquet").stat().st_mtime_ns == stamp, "an up-to-date dataset is not rewritten"
+    config.env.train_tasks = 30
+    ensure(config.env)
+    assert len(TaskSplit.load(config.env, "train").task_indices) == 30, "a stale one is"
+    config.env.options = {"length": 10}
+    assert dataset_dir(config.env).name.startswith("corridor-"), "other options, other folder"
+    config.env.dataset = str(folder.parent / "mine")
+    with pytest.raises(FileNotFoundError, match="mine"):
+        ensure(config.env)
+    assert TaskSplit("train", [5, 9]).draw("0:3") in (5, 9)

@@ -1,0 +1,156 @@
+"""docker-compose.yml (and its GPU override) for local development: valid against the Compose
+specification (scripts/check_compose.py, the compose-spec library), healthchecks and healthy-only
+dependencies, required variables, a run config the services accept, Prometheus and Grafana wired to
+the services and dashboards. No Docker engine runs here: nothing of this starts a container."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV = {"OMRL_MODEL": "/models/tiny", "REDIS_PASSWORD": "pw", "GRAFANA_ADMIN_PASSWORD": "admin-pw"}
+OUR_SERVICES = {"envs", "reward", "rollout", "learner"}
+
+
+def check_compose():
+    spec = importlib.util.spec_from_file_location("check_compose", ROOT / "scripts/check_compose.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return check_compose().interpolate(yaml.safe_load(COMPOSE.read_text()), ENV)
+
+
+def run_check(*paths: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts/check_compose.py"), *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_compose_files_are_valid():
+    proc = run_check(COMPOSE, ROOT / "docker-compose.gpu.yml")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda s: s.replace("    shm_size: 2gb\n", "    shm_sise: 2gb\n", 1), "shm_sise"),
+    (lambda s: s.replace("start_period: 20s", "start_period: soon", 1), "duration"),
+    (lambda s: re.sub(r"  envs:\n(.*?)    healthcheck:\n(      .*\n)+", r"  envs:\n\1", s, count=1, flags=re.S),
+     "service envs: no healthcheck"),
+    (lambda s: s.replace("envs: {condition: service_healthy}", "envs: {condition: service_started}"),
+     "depends_on envs does not wait for service_healthy"),
+])
+def test_the_check_rejects_a_broken_file(tmp_path, breakage, message):
+    broken = breakage(COMPOSE.read_text())
+    assert broken != COMPOSE.read_text()
+    path = tmp_path / "docker-compose.yml"
+    path.write_text(broken)
+    proc = run_check(path)
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+
+
+def test_required_variables_fail_with_their_message():
+    text = COMPOSE.read_text()
+    assert check_compose().required_variables(text) == set(ENV)
+    checker = check_compose()
+    with pytest.raises(checker.MissingVariable, match="REDIS_PASSWORD: set REDIS_PASSWORD"):
+        checker.interpolate(yaml.safe_load(text), {k: v for k, v in ENV.items() if k != "REDIS_PASSWORD"})
+
+
+def test_interpolation_follows_compose_rules():
+    interpolate = check_compose().interpolate
+    env = {"SET": "x", "EMPTY": ""}
+    assert interpolate("${SET} ${UNSET:-d} ${EMPTY:-d} ${EMPTY-d} $$SET $SET", env) == "x d d  $SET x"
+
+
+def test_every_service_is_healthchecked_and_waits_for_healthy_dependencies(compose):
+    services = compose["services"]
+    assert set(services) == OUR_SERVICES | {"redis", "prometheus", "grafana"}
+    for name, service in services.items():
+        assert service["healthcheck"]["test"], name
+        for dependency in (service.get("depends_on") or {}).values():
+            assert dependency == {"condition": "service_healthy"}, name
+    assert set(services["rollout"]["depends_on"]) == {"redis", "envs", "reward"}
+    assert set(services["learner"]["depends_on"]) == {"redis", "rollout"}
+    for name in OUR_SERVICES:
+        test = services[name]["healthcheck"]["test"]
+        assert test[:4] == ["CMD", "python", "-m", "services.common.healthcheck"], name
+
+
+def command_config(service: dict, tmp_path: Path):
+    args = service["command"]
+    config_path = next(a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args)
+                       if a.startswith("--config"))
+    host_path = next(v.split(":")[0] for v in service["volumes"] if v.split(":")[1] == config_path)
+    overrides = [a.split("=", 1)[1] for a in args if a.startswith("--set=")]
+    return load_config(str(ROOT / host_path), overrides)
+
+
+def test_services_load_the_run_config_with_the_compose_addresses(compose, tmp_path):
+    for name in OUR_SERVICES:
+        config = command_config(compose["services"][name], tmp_path)
+        assert config.env.address == "envs:50052" and config.reward.address == "reward:50053"
+        if name in ("rollout", "learner"):
+            assert config.model.path == ENV["OMRL_MODEL"]
+            assert config.stream.redis_url == "redis://:pw@redis:6379/0"
+    assert "--advertise=rollout:50051" in compose["services"]["rollout"]["command"]
+
+
+def test_gpu_override_loads_as_a_bf16_cuda_run(tmp_path):
+    checker = check_compose()
+    merged = checker.merge(checker.interpolate(yaml.safe_load(COMPOSE.read_text()), ENV),
+                           checker.interpolate(yaml.safe_load((ROOT / "docker-compose.gpu.yml").read_text()), ENV))
+    for name in ("rollout", "learner"):
+        service = merged["services"][name]
+        config = command_config(service, tmp_path)
+        assert config.model.dtype == "bfloat16"
+        assert service["build"]["dockerfile"].endswith(".cuda.Dockerfile")
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def metrics_port(service: dict) -> int:
+    return int(next(a.split("=", 1)[1] if "=" in a else service["command"][i + 1]
+                    for i, a in enumerate(service["command"]) if a.startswith("--metrics-port")))
+
+
+def test_prometheus_scrapes_every_service_with_the_run_label(compose):
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    run = yaml.safe_load((ROOT / "deploy/compose/config.yaml").read_text())["run"]
+    jobs = {job["job_name"]: job["static_configs"][0] for job in prom["scrape_configs"]}
+    assert set(jobs) == OUR_SERVICES
+    for name in OUR_SERVICES:
+        assert jobs[name]["targets"] == [f"{name}:{metrics_port(compose['services'][name])}"]
+        assert jobs[name]["labels"] == {"run": run}
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def test_grafana_gets_the_datasource_and_the_dashboards(compose):
+    grafana = compose["services"]["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}
+    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/openmanus-rl.yml").read_text())
+    dashboards_path = provider["providers"][0]["options"]["path"]
+    assert mounts[dashboards_path] == "./deploy/grafana/dashboards"
+    assert mounts["/etc/grafana/provisioning/datasources"] == "./deploy/grafana/provisioning/datasources"
+    datasource = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == ENV["GRAFANA_ADMIN_PASSWORD"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "deploy/grafana/dashboards" / Path(home).name).exists()
+
+
+def test_published_ports_bind_to_loopback_only(compose):
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)

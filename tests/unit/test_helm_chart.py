@@ -1,0 +1,366 @@
+"""What the Helm chart (deploy/helm/openmanus-rl) renders: a run config the services accept, probes,
+hardened pods, NetworkPolicies that allow exactly the calls the system makes, Redis bundled or external,
+ServiceMonitor behind its flag, the dashboards as ConfigMaps, values checked by values.schema.json.
+Rendered with the real helm binary (scripts/get_helm.sh); scripts/ci_deploy_checks.sh validates the
+same renders against the Kubernetes schemas."""
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy/helm/openmanus-rl"
+GPU = ("-f", str(CHART / "values-gpu.yaml"))
+SERVICE_MODULES = {"envs": "services.envs", "reward": "services.reward", "rollout": "services.rollout",
+                   "learner": "services.learner", "jobs-api": "services.jobs"}
+
+
+@functools.lru_cache(maxsize=None)
+def helm() -> str:
+    proc = subprocess.run(["bash", "scripts/get_helm.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return str(ROOT / proc.stdout.strip().splitlines()[-1])
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([helm(), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@functools.lru_cache(maxsize=None)
+def render(*args: str) -> tuple[dict, ...]:
+    proc = run_helm("template", "omrl", str(CHART), "--namespace", "ml", *args)
+    assert proc.returncode == 0, proc.stderr
+    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+def objects(docs, kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def component_of(doc: dict) -> str:
+    return doc["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def workloads(docs) -> dict[str, dict]:
+    """component -> pod template of every Deployment, StatefulSet and Job."""
+    out = {}
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+            out[component_of(doc)] = doc["spec"]["template"]
+    return out
+
+
+def main_container(pod: dict) -> dict:
+    return pod["spec"]["containers"][0]
+
+
+def run_config_of(docs, component: str, tmp_path: Path):
+    """The config the component's process would load: the ConfigMap file plus its --set arguments."""
+    container = main_container(workloads(docs)[component])
+    args = [a for a in [*container["command"], *container["args"]]]
+    assert "--config=/etc/openmanus-rl/config.yaml" in args
+    configmap = next(d for d in objects(docs, "ConfigMap").values() if component_of(d) == "config")
+    path = tmp_path / f"{component}.yaml"
+    path.write_text(configmap["data"]["config.yaml"])
+    overrides = [a.split("=", 1)[1].replace("$(REDIS_PASSWORD)", "secret") for a in args if a.startswith("--set=")]
+    return load_config(str(path), overrides)
+
+
+@pytest.mark.parametrize("values", [(), GPU], ids=["default", "gpu"])
+def test_every_service_loads_the_rendered_run_config(values, tmp_path):
+    docs = render(*values)
+    for component in ("envs", "reward", "rollout", "learner"):
+        config = run_config_of(docs, component, tmp_path)
+        assert config.env.address == "omrl-openmanus-rl-envs:50052"
+        assert config.reward.address == "omrl-openmanus-rl-reward:50053"
+        assert config.learner.checkpoint_dir.startswith("/data/checkpoints/")
+        if component in ("rollout", "learner"):
+            assert config.stream.redis_url == "redis://:secret@omrl-openmanus-rl-redis:6379/0"
+
+
+def test_gpu_values_give_a_bf16_run_with_one_gpu_per_learner_process(tmp_path):
+    docs = render(*GPU)
+    config = run_config_of(docs, "learner", tmp_path)
+    assert config.model.dtype == "bfloat16" and config.learner.device == "cuda"
+    pods = workloads(docs)
+    learner, rollout = main_container(pods["learner"]), main_container(pods["rollout"])
+    assert learner["resources"]["limits"]["nvidia.com/gpu"] == config.learner.nproc == 8
+    assert f"--nproc_per_node={config.learner.nproc}" in learner["command"]
+    assert rollout["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert learner["image"].endswith("-cuda") and rollout["image"].endswith("-cuda")
+    tolerations = pods["rollout"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def test_learner_gpus_must_match_its_processes():
+    proc = run_helm("template", "omrl", str(CHART), "--set", "learner.gpus=4")
+    assert proc.returncode != 0
+    assert "learner.gpus (4) must equal config.learner.nproc (1)" in proc.stderr
+
+
+def test_multinode_learner_is_an_indexed_job_with_torchrun_rendezvous_on_pod_0():
+    docs = render(*GPU, "--set", "learner.nodes=2")
+    job = objects(docs, "Job")["omrl-openmanus-rl-learner"]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
+    pod = job["spec"]["template"]["spec"]
+    headless = objects(docs, "Service")[pod["subdomain"]]
+    assert headless["spec"]["clusterIP"] == "None"
+    command = main_container(job["spec"]["template"])["command"]
+    assert command[0] == "torchrun" and "--nnodes=2" in command
+    assert "--node_rank=$(JOB_COMPLETION_INDEX)" in command
+    assert f"--master_addr=omrl-openmanus-rl-learner-0.{pod['subdomain']}" in command
+
+
+@pytest.mark.parametrize("values", [(), GPU], ids=["default", "gpu"])
+def test_grpc_services_have_native_grpc_probes_and_rollout_a_long_startup(values):
+    pods = workloads(render(*values))
+    for component in ("envs", "reward", "rollout"):
+        container = main_container(pods[component])
+        port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": port}, (component, probe)
+    startup = main_container(pods["rollout"])["startupProbe"]
+    budget_s = startup["periodSeconds"] * startup["failureThreshold"]
+    assert budget_s >= (1200 if values else 900)  # model loading, and CUDA graph capture on GPU
+
+
+@pytest.mark.parametrize("values", [(), GPU], ids=["default", "gpu"])
+def test_pods_run_as_non_root_with_read_only_root_and_writable_scratch(values):
+    docs = render(*values)
+    pods = {**workloads(docs), **{component_of(d): d for d in docs if d["kind"] == "Pod"}}
+    assert set(pods) == {"envs", "reward", "rollout", "learner", "redis", "jobs-api", "health-test"}
+    for component, pod in pods.items():
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+        for container in spec["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True, component
+            assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"]["drop"] == ["ALL"]
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            if component != "health-test":
+                assert "/tmp" in mounts, component
+        if component in ("rollout", "learner"):
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
+            assert {"/cache", "/dev/shm"} <= {m["mountPath"] for m in main_container(pod)["volumeMounts"]}
+
+
+def test_services_start_their_own_module_with_their_ports():
+    docs = render()
+    for component, pod in workloads(docs).items():
+        if component == "redis":
+            continue
+        container = main_container(pod)
+        assert SERVICE_MODULES[component] in container["command"], component
+        ports = {p["name"] for p in container["ports"]}
+        assert ("metrics" in ports) or component == "jobs-api", component
+
+
+def test_secrets_stay_out_of_pod_specs():
+    docs = render("--set", "redis.auth.password=pa55word", "--set", "jobsApi.auth.token=t0ken")
+    secrets = objects(docs, "Secret")
+    assert secrets["omrl-openmanus-rl-redis"]["data"]["redis-password"] == "cGE1NXdvcmQ="
+    assert secrets["omrl-openmanus-rl-jobs-api"]["data"]["api-token"] == "dDBrZW4="
+    for doc in docs:
+        if doc["kind"] != "Secret":
+            text = json.dumps(doc)
+            assert "pa55word" not in text and "t0ken" not in text, doc["metadata"]["name"]
+
+
+def test_generated_redis_password_when_none_is_given():
+    password = objects(render(), "Secret")["omrl-openmanus-rl-redis"]["data"]["redis-password"]
+    import base64
+
+    assert len(base64.b64decode(password)) == 32
+
+
+def test_external_redis_replaces_the_bundled_one(tmp_path):
+    docs = render("--set", "redis.enabled=false", "--set", "externalRedis.host=cache.internal",
+                  "--set", "externalRedis.port=6380", "--set", "externalRedis.db=2",
+                  "--set", "externalRedis.existingSecret=shared-redis", "--set", "externalRedis.tls=true")
+    assert "redis" not in workloads(docs)
+    assert not any(component_of(d) == "redis" for d in docs)
+    config = run_config_of(docs, "rollout", tmp_path)
+    assert config.stream.redis_url == "rediss://:secret@cache.internal:6380/2"
+    env = {e["name"]: e for e in main_container(workloads(docs)["learner"])["env"]}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "shared-redis"
+
+
+def test_external_redis_needs_a_host():
+    proc = run_helm("template", "omrl", str(CHART), "--set", "redis.enabled=false")
+    assert proc.returncode != 0 and "externalRedis.host is required" in proc.stderr
+
+
+def test_service_monitor_only_behind_its_flag():
+    assert not objects(render(), "ServiceMonitor")
+    docs = render("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=kps")
+    monitor = objects(docs, "ServiceMonitor")["omrl-openmanus-rl"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    assert endpoints["http"]["authorization"]["credentials"]["name"] == "omrl-openmanus-rl-jobs-api"
+    assert all(e["relabelings"] == [{"targetLabel": "run", "replacement": "default"}] for e in endpoints.values())
+    selected = set(monitor["spec"]["selector"]["matchExpressions"][0]["values"])
+    assert monitor["spec"]["selector"]["matchExpressions"][1] == {"key": "openmanus-rl/peers",
+                                                                  "operator": "DoesNotExist"}
+    scraped = [s for s in objects(docs, "Service").values()
+               if component_of(s) in selected and "openmanus-rl/peers" not in s["metadata"]["labels"]]
+    assert {component_of(s) for s in scraped} == selected
+    for service in scraped:  # one scraped Service per component, each with a port an endpoint names
+        assert {p["name"] for p in service["spec"]["ports"]} & set(endpoints), service["metadata"]["name"]
+
+
+def test_dashboards_ship_as_configmaps_identical_to_the_json_files():
+    docs = render()
+    shipped = {}
+    for cm in objects(docs, "ConfigMap").values():
+        if component_of(cm) == "dashboards":
+            assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+            shipped.update(cm["data"])
+    files = {p.name: p.read_text() for p in (ROOT / "deploy/grafana/dashboards").glob("*.json")}
+    assert set(shipped) == set(files)
+    for name, text in files.items():
+        assert json.loads(shipped[name]) == json.loads(text)
+    assert not any(component_of(d) == "dashboards" for d in render("--set", "grafana.dashboards.enabled=false"))
+
+
+# -- NetworkPolicies ---------------------------------------------------------------------------------
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def _peer_matches(peer: dict, labels: dict) -> bool:
+    if "namespaceSelector" in peer and not peer.get("podSelector"):
+        return True  # any pod (of the selected namespaces)
+    return _selects(peer.get("podSelector", {}), labels)
+
+
+def _rule_allows(rules: list, peer_key: str, labels: dict, port: int | None) -> bool:
+    for rule in rules:
+        peers = rule.get(peer_key)
+        if peers is not None and not any(_peer_matches(p, labels) for p in peers):
+            continue
+        ports = rule.get("ports")
+        if ports and port is not None and not any(p.get("port") == port for p in ports):
+            continue
+        return True
+    return False
+
+
+def allowed(docs, src: str, dst: str, port: int) -> bool:
+    """Whether the NetworkPolicies let a pod of component `src` open `port` on a pod of `dst`."""
+    pods = {c: p["metadata"]["labels"] for c, p in workloads(docs).items()}
+    policies = list(objects(docs, "NetworkPolicy").values())
+    ingress = [p for p in policies if _selects(p["spec"]["podSelector"], pods[dst])]
+    egress = [p for p in policies if _selects(p["spec"]["podSelector"], pods[src])]
+    ok_in = not ingress or any(_rule_allows(p["spec"].get("ingress", []), "from", pods[src], port) for p in ingress)
+    ok_out = not egress or any(_rule_allows(p["spec"].get("egress", []), "to", pods[dst], port) for p in egress)
+    return ok_in and ok_out
+
+
+CALLS = {  # (caller, callee, port): what the system does
+    ("rollout", "envs", 50052), ("rollout", "reward", 50053), ("rollout", "redis", 6379),
+    ("learner", "rollout", 50051), ("learner", "redis", 6379), ("learner", "learner", 29500),
+    ("jobs-api", "redis", 6379), ("envs", "envs", 50052),
+}
+
+
+def test_network_policies_allow_exactly_the_calls_the_system_makes():
+    docs = render()
+    components = ["envs", "reward", "rollout", "learner", "redis", "jobs-api"]
+    ports = {"envs": 50052, "reward": 50053, "rollout": 50051, "learner": 29500, "redis": 6379, "jobs-api": 8080}
+    every_pod_isolated = {component_of(p) for p in objects(docs, "NetworkPolicy").values()
+                          if set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}}
+    assert every_pod_isolated == set(components)
+    for src in components:
+        for dst in components:
+            port = ports[dst]
+            if dst == "jobs-api":
+                continue  # users call the API from anywhere (jobsApi.ingressFrom), components never do
+            assert allowed(docs, src, dst, port) == ((src, dst, port) in CALLS), (src, dst, port)
+
+
+def test_metrics_ports_are_open_to_scrapers_and_nothing_else_is():
+    docs = render()
+    policies = {component_of(p): p for p in objects(docs, "NetworkPolicy").values()}
+    for component, port in {"envs": 9102, "reward": 9103, "rollout": 9101, "learner": 9104}.items():
+        rules = policies[component]["spec"]["ingress"]
+        assert any(r.get("ports") == [{"port": port}] and r["from"] == [{"namespaceSelector": {}}] for r in rules)
+    assert policies["redis"]["spec"]["egress"] == []
+
+
+# -- values and their schema -------------------------------------------------------------------------
+@pytest.mark.parametrize("setting, field", [
+    ("config.model.pth=x", "pth"),                    # not a TrainConfig field
+    ("config.rollout.group_size=0", "group_size"),    # TrainConfig range
+    ("config.algorithm.loss_agg_mode=mean", "loss_agg_mode"),
+    ("rollout.replica=2", "replica"),                 # not a chart value
+    ("rollout.flavor=rocm", "flavor"),
+])
+def test_schema_rejects_bad_values_naming_the_field(setting, field):
+    proc = run_helm("lint", "--strict", str(CHART), "--set", setting)
+    assert proc.returncode != 0, setting
+    assert field in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_schema_is_generated_from_the_run_config_schema():
+    proc = subprocess.run([sys.executable, "scripts/gen_helm_schema.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def undocumented_keys(path: Path) -> list[str]:
+    """Mapping keys of a values file without a comment line right above them (list items are data)."""
+    missing, list_indent = [], None
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(stripped)
+        if list_indent is not None and indent > list_indent:
+            continue
+        list_indent = None
+        if stripped.startswith("- "):
+            list_indent = indent
+            continue
+        if re.match(r"[A-Za-z_][\w.-]*:", stripped):
+            above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            if not above.startswith("#"):
+                missing.append(f"{path.name}:{i + 1}: {stripped}")
+    return missing
+
+
+@pytest.mark.parametrize("name", ["values.yaml", "values-gpu.yaml"])
+def test_every_values_key_has_a_comment_above_it(name):
+    assert undocumented_keys(CHART / name) == []
+
+
+def test_the_comment_check_finds_an_undocumented_key(tmp_path):
+    path = tmp_path / "values.yaml"
+    path.write_text("# documented\na: 1\nb:\n  # fine\n  c: 2\n  d: 3\nlist:\n  - name: x\n    value: y\n")
+    assert undocumented_keys(path) == ["values.yaml:3: b:", "values.yaml:6: d: 3", "values.yaml:7: list:"]
+
+
+def test_env_replicas_know_each_others_direct_addresses():
+    docs = render("--set", "envs.replicas=3")
+    envs = objects(docs, "StatefulSet")["omrl-openmanus-rl-envs"]
+    assert envs["spec"]["serviceName"] == "omrl-openmanus-rl-envs-peers"
+    assert objects(docs, "Service")["omrl-openmanus-rl-envs-peers"]["spec"]["clusterIP"] == "None"
+    args = main_container(envs["spec"]["template"])["args"]
+    assert "--replica-id=$(POD_NAME)" in args
+    assert "--advertise=$(POD_NAME).omrl-openmanus-rl-envs-peers:50052" in args
+    assert [a for a in args if a.startswith("--peer=")] == [
+        f"--peer=omrl-openmanus-rl-envs-{i}=omrl-openmanus-rl-envs-{i}.omrl-openmanus-rl-envs-peers:50052"
+        for i in range(3)]
+    single = main_container(workloads(render())["envs"])["args"]
+    assert not any(a.startswith(("--peer=", "--replica-id")) for a in single)

@@ -1,0 +1,301 @@
+"""The kubernetes launcher without a cluster: every object it renders passes Kubernetes' own schemas, and
+its logic runs through the real `kubernetes` client against an in-process fake API server."""
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from services.common.config import JobSpec, TrainConfig, load_config
+from services.jobs.manager import JobManager
+from services.jobs.store import JobStore
+from services.launcher import base
+from services.launcher.k8s_objects import JobObjects, K8sOptions, run_config
+from services.launcher.kubernetes import KubernetesLauncher
+from tests.fake_kubernetes import FakeCluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "job-examples"
+JOB = "qwen-corridor-1a2b3c4d"
+OPTIONS = K8sOptions(namespace="rl", image="omrl:cpu", gpu_image="omrl:cuda", redis_url="redis://omrl-redis:6379/0")
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def cpu_spec() -> JobSpec:
+    return load_config(str(EXAMPLES / "tiny-local.yaml"), ["model.path=/data/models/tiny"], schema=JobSpec)
+
+
+def gpu_spec() -> JobSpec:
+    return load_config(str(EXAMPLES / "gpu-cluster.yaml"), schema=JobSpec)
+
+
+def by_kind(objects, kind):
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def pod_specs(objects):
+    return [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Job", "Deployment")]
+
+
+# -- rendering -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["1.27.0", "1.37.0"])
+@pytest.mark.parametrize("make_spec", [cpu_spec, gpu_spec], ids=["cpu", "gpu"])
+def test_every_rendered_object_passes_the_kubernetes_schemas(make_spec, version):
+    objects = JobObjects(JOB, make_spec(), OPTIONS).all()
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Job",
+                                                  "Service", "Service", "Service"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_learner_is_a_torchrun_job_across_pods_meeting_through_a_headless_service():
+    objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
+    job = by_kind(objects, "Job")[f"{JOB}-learner"]
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    command = pod["containers"][0]["command"]
+    assert command[0] == "torchrun" and "--nnodes=2" in command and "--nproc_per_node=4" in command
+    assert "--node_rank=$(NODE_RANK)" in command
+    assert f"--master_addr={JOB}-learner-0.{JOB}-learner" in command
+    rank_env = {e["name"]: e for e in pod["containers"][0]["env"]}["NODE_RANK"]
+    assert "job-completion-index" in rank_env["valueFrom"]["fieldRef"]["fieldPath"]
+    headless = by_kind(objects, "Service")[pod["subdomain"]]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert job["spec"]["activeDeadlineSeconds"] == 86400 and job["spec"]["backoffLimit"] == 1
+
+
+def test_gpus_are_requested_where_the_spec_asks_and_images_follow():
+    objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
+    containers = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0] for o in objects
+                  if o["kind"] in ("Job", "Deployment")}
+    gpus = {name: c["resources"]["limits"].get("nvidia.com/gpu") for name, c in containers.items()}
+    assert gpus == {f"{JOB}-learner": "4", f"{JOB}-rollout": "1", f"{JOB}-envs": None, f"{JOB}-reward": None}
+    assert containers[f"{JOB}-rollout"]["image"] == "omrl:cuda" and containers[f"{JOB}-envs"]["image"] == "omrl:cpu"
+    assert by_kind(objects, "Deployment")[f"{JOB}-rollout"]["spec"]["replicas"] == 4
+    rollout = containers[f"{JOB}-rollout"]
+    assert "$(POD_IP):50051" in rollout["command"] and rollout["startupProbe"]["grpc"]["port"] == 50051
+    assert rollout["startupProbe"]["failureThreshold"] * rollout["startupProbe"]["periodSeconds"] >= 1800
+    for pod in pod_specs(objects):
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert {"name": "data", "persistentVolumeClaim": {"claimName": "omrl-data"}} in pod["volumes"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_cpu_spec_requests_no_gpus():
+    objects = JobObjects(JOB, cpu_spec(), OPTIONS).all()
+    for pod in pod_specs(objects):
+        assert all("nvidia.com/gpu" not in c["resources"]["limits"] for c in pod["containers"])
+        assert {"name": "data", "emptyDir": {}} in pod["volumes"] and "nodeSelector" not in pod
+
+
+def test_names_selectors_and_owner_references_fit_together():
+    objects = JobObjects(JOB, gpu_spec(), OPTIONS).all(uid="uid-of-the-job")
+    templates = [o["spec"]["template"]["metadata"]["labels"] for o in objects if o["kind"] in ("Job", "Deployment")]
+    for obj in objects:
+        assert len(obj["metadata"]["name"]) <= 63
+        assert obj["metadata"]["name"] == obj["metadata"]["name"].lower()
+        if obj["kind"] == "Service":
+            assert any(obj["spec"]["selector"].items() <= t.items() for t in templates), obj["metadata"]["name"]
+        if obj["kind"] == "Deployment":
+            assert obj["spec"]["selector"]["matchLabels"].items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+        if obj["kind"] != "Job":
+            assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job",
+                                                           "name": f"{JOB}-learner", "uid": "uid-of-the-job",
+                                                           "blockOwnerDeletion": True}]
+
+
+def test_config_map_holds_a_run_config_the_services_accept():
+    objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
+    data = yaml.safe_load(by_kind(objects, "ConfigMap")[f"{JOB}-config"]["data"]["config.yaml"])
+    config = TrainConfig.model_validate(data)  # no job-only sections: the services reject unknown keys
+    assert config.run == JOB and config.env.address == f"{JOB}-envs:50052" and config.reward.address == f"{JOB}-reward:50053"
+    assert config.stream.redis_url == "redis://omrl-redis:6379/0"
+    assert config.learner.checkpoint_dir.startswith("/data/runs/")
+    assert config.learner.nproc == 4 and config.model.path == "/data/models/Qwen2.5-1.5B-Instruct"
+
+
+def test_render_command_prints_valid_manifests(capsys):
+    from services.launcher.kubernetes import main
+
+    assert main(["render", str(EXAMPLES / "gpu-cluster.yaml"), "--namespace", "rl"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert len(docs) == 8 and all(d["metadata"]["namespace"] == "rl" for d in docs)
+
+
+# -- the launcher against the fake API server ---------------------------------------------------------
+@pytest.fixture
+def cluster():
+    return FakeCluster("1.30.0")
+
+
+@pytest.fixture
+def launcher(cluster):
+    return KubernetesLauncher(cluster.api_client(), K8sOptions(namespace="default", redis_url="redis://r:6379/0"))
+
+
+def mark_ready(cluster, spec):
+    cluster.set_status("Job", f"{JOB}-learner", {"active": spec.resources.learner.replicas,
+                                                   "ready": spec.resources.learner.replicas})
+    for component in ("envs", "reward", "rollout"):
+        replicas = getattr(spec.resources, component).replicas
+        cluster.set_status("Deployment", f"{JOB}-{component}", {"replicas": replicas, "availableReplicas": replicas})
+
+
+def test_start_creates_every_object_owned_by_the_learner_job(cluster, launcher):
+    handle = launcher.start(JOB, gpu_spec())
+    root = cluster.get("Job", f"{JOB}-learner")
+    assert handle["uid"] == root["metadata"]["uid"]
+    dependents = [o for o in cluster.objects.values() if o is not root]
+    assert len(dependents) == 7
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"] for o in dependents)
+    assert sorted(handle["deployments"]) == [f"{JOB}-envs", f"{JOB}-reward", f"{JOB}-rollout"]
+
+
+def test_state_is_read_back_from_the_cluster_and_a_finished_job_frees_its_servers(cluster, launcher):
+    spec = gpu_spec()
+    handle = launcher.start(JOB, spec)
+    assert launcher.poll(JOB, handle).state == base.STARTING
+    mark_ready(cluster, spec)
+    cluster.set_status("Deployment", f"{JOB}-rollout", {"replicas": 4, "availableReplicas": 3})
+    assert launcher.poll(JOB, handle).state == base.STARTING  # one rollout replica is still loading
+    mark_ready(cluster, spec)
+    assert launcher.poll(JOB, handle).state == base.RUNNING
+    cluster.set_status("Job", f"{JOB}-learner", {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]})
+    status = launcher.poll(JOB, handle)
+    assert status.state == base.SUCCEEDED and status.handle["released"]
+    assert {o["kind"] for o in cluster.objects.values()} == {"Job", "ConfigMap"}  # kept for logs until the TTL
+
+
+def test_a_failed_learner_job_reports_why(cluster, launcher):
+    handle = launcher.start(JOB, cpu_spec())
+    cluster.set_status("Job", f"{JOB}-learner", {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+         "message": "Job was active longer than specified deadline"}]})
+    status = launcher.poll(JOB, handle)
+    assert status.state == base.FAILED and status.error.startswith("DeadlineExceeded: Job was active longer")
+    assert not cluster.of_kind("Deployment")
+
+
+def test_cancel_deletes_everything_the_job_owns(cluster, launcher):
+    spec = cpu_spec()
+    handle = launcher.start(JOB, spec)
+    root = cluster.get("Job", f"{JOB}-learner")
+    cluster.add_pod(f"{JOB}-learner-0-abcde", {"app.kubernetes.io/instance": JOB}, {"phase": "Running"}, owner=root)
+    handle = launcher.cancel(JOB, handle)
+    assert cluster.objects == {}
+    assert launcher.poll(JOB, handle).state == base.CANCELLED
+
+
+def test_a_job_deleted_behind_the_apis_back_is_failed(cluster, launcher):
+    handle = launcher.start(JOB, cpu_spec())
+    cluster.objects.clear()
+    status = launcher.poll(JOB, handle)
+    assert status.state == base.FAILED and "deleted outside" in status.error
+
+
+def test_pod_problems_are_reported_once(cluster, launcher):
+    handle = launcher.start(JOB, gpu_spec())
+    cluster.add_pod(f"{JOB}-rollout-7d9-x1", {"app.kubernetes.io/instance": JOB}, {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
+    cluster.add_pod(f"{JOB}-envs-5c4-y2", {"app.kubernetes.io/instance": JOB}, {"phase": "Pending", "containerStatuses": [
+        {"name": "envs", "ready": False, "restartCount": 0, "image": "omrl:cpu", "imageID": "",
+         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]})
+    first = launcher.poll(JOB, handle)
+    assert first.state == base.STARTING
+    assert any("not scheduled (Unschedulable): 0/3 nodes" in m for m in first.messages)
+    assert any("envs: ImagePullBackOff" in m for m in first.messages)
+    assert launcher.poll(JOB, first.handle).messages == []
+
+
+def test_start_adopts_its_own_objects_after_a_restart_and_refuses_foreign_ones(cluster, launcher):
+    first = launcher.start(JOB, cpu_spec())
+    again = launcher.start(JOB, cpu_spec())  # the API died between creating and recording the job
+    assert again["uid"] == first["uid"] and len(cluster.objects) == 8
+    cluster.objects.clear()
+    cluster.handle("POST", "/api/v1/namespaces/default/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{JOB}-config", "labels": {"team": "other"}}})
+    with pytest.raises(RuntimeError, match="belongs to something else"):
+        launcher.start(JOB, cpu_spec())
+    assert [o["metadata"]["name"] for o in cluster.objects.values()] == [f"{JOB}-config"]  # theirs stays, ours went
+
+
+def test_a_rejected_object_rolls_the_whole_job_back(cluster, launcher, monkeypatch):
+    service = JobObjects.service
+
+    def broken(self, component, root):
+        rendered = service(self, component, root)
+        return {**rendered, "spec": {**rendered["spec"], "clusterIp": "None"}}  # misspelt: the schema refuses it
+
+    monkeypatch.setattr(JobObjects, "service", broken)
+    with pytest.raises(Exception, match="clusterIp"):  # refused by the client or the API server
+        launcher.start(JOB, cpu_spec())
+    assert cluster.objects == {}
+
+
+def test_logs_come_from_the_components_pods(cluster, launcher):
+    handle = launcher.start(JOB, cpu_spec())
+    cluster.add_pod(f"{JOB}-learner-0-aaaaa", {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "learner"},
+                    {"phase": "Running"}, log="step 1\nstep 2\nstep 3")
+    text = launcher.logs(JOB, handle, "learner", tail=2)
+    assert text == f"==> {JOB}-learner-0-aaaaa <==\nstep 2\nstep 3"
+
+
+def test_a_spec_without_a_model_path_is_rejected_naming_the_field(launcher):
+    with pytest.raises(base.SpecRejected) as info:
+        launcher.check(JobSpec())
+    assert info.value.loc == ("model", "path")
+
+
+def test_job_manager_drives_a_kubernetes_job_to_completion(cluster, launcher, tmp_path):
+    store = JobStore(tmp_path / "jobs.sqlite")
+    manager = JobManager(store, launcher)
+    spec = cpu_spec()
+    job = manager.submit(spec)
+    manager.tick()
+    assert manager.get(job.id).state == "starting"
+    assert cluster.get("Job", f"{job.id}-learner") is not None
+    cluster.set_status("Job", f"{job.id}-learner", {"active": 1, "ready": 1})
+    for component in ("envs", "reward", "rollout"):
+        cluster.set_status("Deployment", f"{job.id}-{component}", {"availableReplicas": 1})
+    manager.tick()
+    assert manager.get(job.id).state == "running"
+    cluster.set_status("Job", f"{job.id}-learner", {"conditions": [{"type": "Complete", "status": "True"}]})
+    manager.tick()
+    assert manager.get(job.id).state == "succeeded"
+    states = [e.data["state"] for e in store.events(job.id) if e.type == "state"]
+    assert states == ["queued", "starting", "running", "succeeded"]
+
+
+def test_a_redis_password_reaches_the_pods_from_its_secret_never_through_the_config_map():
+    options = K8sOptions(redis_url="redis://:s3cret@omrl-redis:6379/0", redis_password_secret="omrl-redis",
+                         image="reg.io/omrl/{component}:1.0", gpu_image="reg.io/omrl/{component}:1.0")
+    objects = JobObjects(JOB, gpu_spec(), options).all()
+    config_map = by_kind(objects, "ConfigMap")[f"{JOB}-config"]["data"]["config.yaml"]
+    assert "s3cret" not in config_map and "redis://omrl-redis:6379/0" in config_map
+    for name in (f"{JOB}-learner", f"{JOB}-rollout"):
+        obj = by_kind(objects, "Job").get(name) or by_kind(objects, "Deployment")[name]
+        container = obj["spec"]["template"]["spec"]["containers"][0]
+        assert "--set=stream.redis_url=redis://:$(REDIS_PASSWORD)@omrl-redis:6379/0" in container["command"]
+        password = {e["name"]: e for e in container["env"]}["REDIS_PASSWORD"]
+        assert password["valueFrom"]["secretKeyRef"] == {"name": "omrl-redis", "key": "redis-password"}
+        assert container["image"] == f"reg.io/omrl/{name.rsplit('-', 1)[1]}:1.0"
+    # the API itself reads progress with the real password
+    assert run_config(JOB, gpu_spec(), options).stream.redis_url == "redis://:s3cret@omrl-redis:6379/0"
+
+
+def test_env_replicas_find_each_other_through_redis():
+    spec = gpu_spec()  # two env-service replicas
+    envs = by_kind(JobObjects(JOB, spec, OPTIONS).all(), "Deployment")[f"{JOB}-envs"]
+    container = envs["spec"]["template"]["spec"]["containers"][0]
+    assert envs["spec"]["replicas"] == 2 and spec.train_config().env.replicas == 2
+    command = " ".join(container["command"])
+    assert "--replica-id $(POD_NAME) --advertise $(POD_IP):50052 --registry redis" in command
+    assert {"POD_NAME", "POD_IP"} <= {e["name"] for e in container["env"]}
+    single = by_kind(JobObjects(JOB, cpu_spec(), OPTIONS).all(), "Deployment")[f"{JOB}-envs"]
+    assert "--registry" not in single["spec"]["template"]["spec"]["containers"][0]["command"]
+    with_secret = KubernetesLauncher(FakeCluster().api_client(), K8sOptions(redis_password_secret="omrl-redis"))
+    with pytest.raises(base.SpecRejected) as info:
+        with_secret.check(spec)
+    assert info.value.loc == ("resources", "envs", "replicas")

@@ -1,0 +1,68 @@
+"""The job spec is the run config (TrainConfig) plus resources and schedule: same models, same errors."""
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from services.common.config import JobSpec, TrainConfig, dump_config, load_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "job-examples"
+
+
+def locs(exc: ValidationError) -> list[tuple]:
+    return [e["loc"] for e in exc.errors()]
+
+
+def test_every_run_config_file_is_a_job_spec(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(dump_config(load_config(None, ["learner.steps=7", "env.name=guess_number"])))
+    spec = load_config(str(path), schema=JobSpec)
+    assert isinstance(spec, JobSpec) and spec.learner.steps == 7 and spec.resources.learner.gpus == 0
+
+
+def test_the_services_get_a_run_config_without_the_job_sections():
+    spec = load_config(str(EXAMPLES / "gpu-cluster.yaml"), schema=JobSpec)
+    config = spec.train_config()
+    assert type(config) is TrainConfig and "resources" not in yaml.safe_load(dump_config(config))
+    assert config.learner.nproc == 4
+
+
+@pytest.mark.parametrize("data,loc", [
+    ({"resources": {"learner": {"gpus": -1}}}, ("resources", "learner", "gpus")),
+    ({"resources": {"rollout": {"memory": "lots"}}}, ("resources", "rollout", "memory")),
+    ({"resources": {"envs": {"replicas": 0}}}, ("resources", "envs", "replicas")),
+    ({"schedule": {"max_runtime_s": 5}}, ("schedule", "max_runtime_s")),
+    ({"schedule": {"tolerations": [{"effect": "Sometimes"}]}}, ("schedule", "tolerations", 0, "effect")),
+    ({"schedule": {"priority": 3}}, ("schedule", "priority")),
+    ({"learner": {"steps": -1}}, ("learner", "steps")),
+])
+def test_bad_fields_are_named(data, loc):
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate(data)
+    assert loc in locs(info.value)
+
+
+def test_learner_gpus_must_match_its_processes():
+    with pytest.raises(ValidationError, match=r"resources.learner.gpus \(4\) must equal learner.nproc \(1\)"):
+        JobSpec.model_validate({"resources": {"learner": {"gpus": 4}}})
+    assert JobSpec.model_validate({"resources": {"learner": {"gpus": 4}}, "learner": {"nproc": 4}})
+
+
+def test_a_rollout_server_takes_at_most_one_gpu():
+    with pytest.raises(ValidationError, match="tensor parallelism"):
+        JobSpec.model_validate({"resources": {"rollout": {"gpus": 2}}})
+
+
+def test_quantities_take_kubernetes_units():
+    spec = JobSpec.model_validate({"resources": {"reward": {"cpu": "500m", "memory": "1.5Gi"}}})
+    assert (spec.resources.reward.cpu, spec.resources.reward.memory) == ("500m", "1.5Gi")
+
+
+def test_env_service_replicas_are_one_number_set_in_either_place():
+    assert JobSpec.model_validate({"resources": {"envs": {"replicas": 3}}}).env.replicas == 3
+    assert JobSpec.model_validate({"env": {"replicas": 2}}).resources.envs.replicas == 2
+    with pytest.raises(ValidationError, match=r"resources.envs.replicas \(3\) and env.replicas \(2\) disagree"):
+        JobSpec.model_validate({"env": {"replicas": 2}, "resources": {"envs": {"replicas": 3}}})
+    with pytest.raises(ValidationError, match="resources.envs.replicas: Input should be less than or equal to 64"):
+        JobSpec.model_validate({"resources": {"envs": {"replicas": 300}}})

@@ -1,0 +1,182 @@
+"""The staleness bound on both sides: the producer starts a step's groups only once the served policy is
+at most `max_staleness` versions behind, and the learner drops (and counts) trajectories older than that."""
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from services.common.config import TrainConfig
+from services.common.stream import StreamEntry
+from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder
+from services.learner.service import LearnerService
+from services.rollout import producer as producer_module
+from services.rollout.producer import Producer
+
+
+def traj(group, versions):
+    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=[5])
+    for v in versions:
+        b.add_model_turn([7], [-0.5], policy_version=v, text="", action="", action_valid=True, finish_reason="stop")
+        b.add_observation([8], env_reward=0.0)
+    return b.finish(env_return=0.0, success=False, stop_reason="done")
+
+
+def entry(entry_id, *trajs):
+    batch = TrajectoryBatch(schema_version=1, batch_id=entry_id)
+    batch.trajectories.extend(trajs)
+    return StreamEntry(entry_id, batch)
+
+
+class FakeStream:
+    def __init__(self, entries):
+        self.entries, self.reads = list(entries), []
+
+    def read(self, consumer, count, block_ms, pending=False):
+        self.reads.append(count)
+        out, self.entries = self.entries[:count], self.entries[count:]
+        return out
+
+
+def learner(step, max_staleness, entries, groups_per_step=2):
+    config = TrainConfig.model_validate({"rollout": {"groups_per_step": groups_per_step, "group_size": 2},
+                                         "algorithm": {"max_staleness": max_staleness}})
+    service = LearnerService(config, trainer=None, pusher=None, state=None, stream=FakeStream(entries))
+    service.step = service.version = step
+    return service
+
+
+def test_learner_drops_and_counts_trajectories_older_than_the_bound():
+    # learner at step 5 (policy v5), bound 1: versions >= 4 are fresh enough; the oldest turn decides
+    entries = [entry("1-0", traj("a", [3, 4]), traj("a", [4, 5])),  # one stale member of group a
+               entry("2-0", traj("b", [3]), traj("b", [2])),        # group b entirely stale
+               entry("3-0", traj("c", [5]), traj("c", [4, 5]))]
+    service = learner(5, 1, entries)
+    out = service._collect()
+    assert out.groups == {"a", "c"} and len(out.trajectories) == 3
+    assert out.dropped_stale == 3 and out.entry_ids == ["1-0", "2-0", "3-0"]  # stale entries are acked too
+    assert service.stream.reads == [2, 1]  # a read never asks for more entries than groups are missing
+
+
+def test_max_staleness_zero_accepts_only_the_current_policy():
+    service = learner(2, 0, [entry("1-0", traj("a", [2]), traj("a", [1])), entry("2-0", traj("b", [2])),
+                             entry("3-0", traj("c", [2]))])
+    out = service._collect()
+    assert out.groups == {"a", "b"} and out.dropped_stale == 1 and len(out.trajectories) == 2
+
+
+def test_backlog_is_replayed_step_by_step():
+    """After a restart the pending entries of several uncheckpointed steps come back at once; each step
+    takes them as the stream delivered them, not all at once."""
+    service = learner(0, 0, [])
+    service._backlog = [entry(f"{i}-0", traj(f"g{i}", [0])) for i in range(5)]
+    assert service._collect().entry_ids == ["0-0", "1-0"]
+    assert service._collect().entry_ids == ["2-0", "3-0"]
+    service.stream.entries = [entry("9-0", traj("g9", [0]))]
+    assert service._collect().entry_ids == ["4-0", "9-0"]
+
+
+# -- the producer's gate -----------------------------------------------------------------------------
+
+class FakeCore:
+    policy_version = 0
+
+
+class FakeLoop:
+    def __init__(self, core, state):
+        self.core, self.state, self.stats, self.started = core, state, {}, {}
+
+    async def run_group(self, task_index, group_id, seed):
+        dropped = self.state.client.values.get("omrl:default:stale_groups", 0)
+        self.started[int(group_id[1:])] = (self.core.policy_version, dropped)
+        await asyncio.sleep(0.001)
+        return [traj(group_id, [self.core.policy_version]) for _ in range(2)]
+
+
+class FakeRewards:
+    async def score(self, group):
+        return [(1.0, {"goal": 1.0}) for _ in group]
+
+
+class FakeRedis:
+    def __init__(self):
+        self.values = {}
+
+    def get(self, key):
+        return self.values.get(key)
+
+    def incrby(self, key, n):
+        self.values[key] = self.values.get(key, 0) + n
+
+
+class FakeState:
+    def __init__(self):
+        self.claims, self.finished = 0, False
+        self.client = FakeRedis()
+
+    def claim_group(self):
+        self.claims += 1
+        return self.claims - 1
+
+    def done(self):
+        return "finished" if self.finished else None
+
+
+class ListStream:
+    def __init__(self):
+        self.published = []
+
+    def publish(self, group, batch_id):
+        self.published.append(batch_id)
+
+
+async def drive(max_staleness, steps=6, per_step=2, drop_every=0):
+    """A stand-in learner: takes per_step published groups per step (dropping every `drop_every`-th as
+    stale and counting it, as the learner does with late groups), then bumps the served version; done
+    after `steps`."""
+    config = TrainConfig.model_validate({"rollout": {"groups_per_step": per_step, "group_size": 2},
+                                         "learner": {"steps": steps}, "algorithm": {"max_staleness": max_staleness}})
+    core, state, stream = FakeCore(), FakeState(), ListStream()
+    loop = FakeLoop(core, state)
+    producer = Producer(config, loop, FakeRewards(), state, stream, core, poll_s=0.001)
+    producer._count = lambda **kw: asyncio.sleep(0)
+    task = asyncio.create_task(producer.run())
+    taken, seen = 0, 0
+    while core.policy_version < steps:
+        await asyncio.sleep(0.002)
+        while seen < len(stream.published):
+            seen += 1
+            if drop_every and seen % drop_every == 0:
+                state.client.incrby(config.key("stale_groups"), 1)
+            else:
+                taken += 1
+            if taken == per_step:
+                taken = 0
+                core.policy_version += 1
+    state.finished = True
+    await asyncio.wait_for(task, timeout=5)
+    return config, loop.started, stream.published
+
+
+@pytest.fixture(autouse=True)
+def no_task_files(monkeypatch):
+    monkeypatch.setattr(producer_module.TaskSplit, "load", staticmethod(
+        lambda env, split: SimpleNamespace(draw=lambda key: 0)))
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_producer_runs_ahead_by_at_most_max_staleness_and_replaces_dropped_groups(max_staleness):
+    config, started, published = asyncio.run(drive(max_staleness, drop_every=3))
+    per_step = config.rollout.groups_per_step
+    for claim, (version, dropped) in started.items():  # a claim's step counts the groups dropped before it
+        assert version >= (claim - dropped) // per_step - max_staleness
+    assert any(version < (claim - dropped) // per_step for claim, (version, dropped) in started.items())
+    # a third of the groups were dropped as stale, yet every step got its groups (the loop ended): claims
+    # went on past the nominal steps * groups_per_step to replace them
+    assert len(published) >= config.learner.steps * per_step * 3 // 2 - 1
+
+
+def test_synchronous_producer_serves_each_step_from_its_own_policy():
+    config, started, published = asyncio.run(drive(0))
+    per_step = config.rollout.groups_per_step
+    assert len(published) == config.learner.steps * per_step
+    assert all(version == claim // per_step and dropped == 0 for claim, (version, dropped) in started.items())
