@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
+    parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one extra step")
     parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 on CPU: checks the script, measures nothing")
     args = parser.parse_args()
 
@@ -129,7 +130,7 @@ def main() -> None:
                for s in range(args.warmup + args.steps)]
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times, metrics = [], {}
+    times, metrics, phases = [], {}, {}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     for i, batch in enumerate(batches):
@@ -139,6 +140,9 @@ def main() -> None:
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
+            for key, value in metrics.items():
+                if key.startswith("time/"):
+                    phases.setdefault(key, []).append(value)
     step_s = statistics.median(times)
     lengths = [len(t.token_ids) for t in batches[0]]
     tokens = sum(lengths)
@@ -165,7 +169,17 @@ def main() -> None:
         "peak_tflops_per_gpu": peak, "mfu": flops / step_s / world / (peak * 1e12),
         "max_memory_gib_per_rank": mem, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
         "torch": torch.__version__,
+        "phase_seconds_median": {k.removeprefix("time/"): statistics.median(v) for k, v in phases.items()},
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
     }
+    if args.profile and cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            trainer.train_step(batches[-1])
+            sync()
+        if fsdp.is_rank0():
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
     if fsdp.is_rank0():
         text = json.dumps(result, indent=1)
         print(text, flush=True)

@@ -19,7 +19,7 @@ class FakeLauncher(Launcher):
         self.recovered: list[str] = []
         self.polls: dict[str, int] = {}
         self.fail_start: str | None = None
-        self.fail_poll: set[str] = set()
+        self.unreachable: set[str] = set()
         self.messages: dict[str, list[str]] = {}
         self.errors: dict[str, str] = {}
 
@@ -42,7 +42,7 @@ class FakeLauncher(Launcher):
         return {"fake_id": job_id, "script": list(self.scripts.get(spec.run, self.script))}
 
     def poll(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
-        if job_id in self.fail_poll:
+        if job_id in self.unreachable:
             raise ConnectionError("launcher backend unreachable")
         if handle.get("cancelled"):
             return LaunchStatus(CANCELLED, handle=handle)
@@ -57,6 +57,8 @@ class FakeLauncher(Launcher):
         return self.poll(job_id, handle)
 
     def cancel(self, job_id: str, handle: dict[str, Any]) -> dict[str, Any]:
+        if job_id in self.unreachable:
+            raise ConnectionError("launcher backend unreachable")
         self.cancelled.append(job_id)
         return {**handle, "cancelled": True}
 

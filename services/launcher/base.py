@@ -75,4 +75,3 @@ class Launcher(ABC):
 LAUNCHERS: Registry[Launcher] = Registry("launcher")
 LAUNCHERS.register_lazy("local", "services.launcher.local")
 LAUNCHERS.register_lazy("kubernetes", "services.launcher.kubernetes")
-SERVICES = ("envs", "reward", "rollout", "learner")

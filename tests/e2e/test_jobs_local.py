@@ -126,14 +126,16 @@ def timeline(tmp_path_factory):
         out["listed"] = {j["id"]: j["state"] for j in http.get("/v1/jobs").json()["jobs"]}
         yield out
     finally:
-        for job in http.get("/v1/jobs", params={"state": ["queued", "starting", "running"]}).json().get("jobs", []):
-            http.post(f"/v1/jobs/{job['id']}/cancel")
-        for pid in [*out.get("pids", {}).values(), *out.get("second_pids", {}).values()]:
-            if alive(pid):  # a failed test must not leave training processes behind
-                os.killpg(pid, signal.SIGKILL)
-        http.close()
-        for running_api in apis:
-            running_api.stop()
+        try:
+            for job in http.get("/v1/jobs", params={"state": ["queued", "starting", "running"]}).json()["jobs"]:
+                http.post(f"/v1/jobs/{job['id']}/cancel")
+            for pid in [*out.get("pids", {}).values(), *out.get("second_pids", {}).values()]:
+                if alive(pid):  # a failed test must not leave training processes behind
+                    os.killpg(pid, signal.SIGKILL)
+        finally:
+            http.close()
+            for running_api in apis:
+                running_api.stop()
 
 
 def states(events):

@@ -7,7 +7,8 @@ Every game is the same small one so a scripted policy can win it: each observati
 `Next: <action>`, and task (data_idx / game / seed / session_id) k needs 2 + k % 2 right actions.
 Test hooks, as actions: `explode` (HTTP 200 with {"error": ...}), `sleep` (answers after 30 s),
 `crash` (an exception outside the try blocks: HTTP 500). WebShop adds POST /__restart (forgets every
-environment, as a restarted process would) and hands out ids again past FAKE_MAX_ENVS creations."""
+environment, as a restarted process would) and hands out ids again past FAKE_MAX_ENVS creations;
+TextCraft and BabyAI add GET /__live (environments not closed)."""
 from __future__ import annotations
 
 import itertools
@@ -105,6 +106,10 @@ def textcraft_style(family: str) -> FastAPI:
     @app.post("/close")
     def close(body: dict = Body(...)) -> bool:
         return envs.pop(body.get("id"), "missing") != "missing"
+
+    @app.get("/__live")
+    def live() -> int:
+        return len(envs)
 
     return app
 

@@ -99,6 +99,8 @@ def test_scripted_policy_wins_every_family(servers, tokenizer, family):
             assert len(traj.turns) == 2 + task % 2  # the task index reached the server's reset
     assert loop.stats["episodes_failed"] == 0
     assert service.active == 0
+    if family in ("textcraft", "babyai"):  # families with /close: nothing is left on the server
+        assert httpx.get(servers[family].url + "/__live").json() == 0
 
 
 def test_actions_are_cleaned_as_the_family_expects(servers, tokenizer):

@@ -105,6 +105,12 @@ def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
     assert {"loc": loc, "type": kind}.items() <= response.json()["detail"][0].items()
 
 
+def test_an_unknown_query_parameter_is_a_422_naming_it(api):
+    response = api.http.get("/v1/jobs", params={"stat": "running"})
+    assert response.status_code == 422
+    assert {"loc": ["query", "stat"], "type": "extra_forbidden"}.items() <= response.json()["detail"][0].items()
+
+
 def test_a_cross_field_error_names_both_fields(api):
     response = api.http.post("/v1/jobs", json={"resources": {"learner": {"gpus": 2}}})
     assert response.status_code == 422
@@ -136,6 +142,20 @@ def test_submit_read_list_and_cancel(api):
     assert api.http.post("/v1/jobs/no-such-job-1/cancel").status_code == 404
     assert api.http.get("/v1/jobs/Not_A_Valid_Id").status_code == 422
     assert api.http.get(f"/v1/jobs/{job['id']}/logs", params={"service": "rollout"}).text == f"rollout log of {job['id']}"
+
+
+def test_a_failing_launcher_backend_is_a_502_and_the_job_stays_as_it_was(api):
+    job = submit(api.http, run="forever")
+    wait_for(api.http, job["id"], {"running"})
+    launcher = api.app.state.manager.launcher
+    launcher.unreachable.add(job["id"])
+    try:
+        response = api.http.post(f"/v1/jobs/{job['id']}/cancel")
+        assert response.status_code == 502 and "launcher backend unreachable" in response.json()["detail"]
+        assert api.http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
+    finally:
+        launcher.unreachable.discard(job["id"])
+    assert api.http.post(f"/v1/jobs/{job['id']}/cancel").status_code == 202
 
 
 def test_events_as_a_page_and_as_a_server_sent_stream(api):

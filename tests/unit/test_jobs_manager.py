@@ -109,7 +109,7 @@ def test_a_launcher_hiccup_on_one_job_leaves_the_others_going(store):
     manager = JobManager(store, launcher)
     stuck, fine = manager.submit(JobSpec(run="stuck")), manager.submit(JobSpec(run="fine"))
     manager.tick()
-    launcher.fail_poll.add(stuck.id)
+    launcher.unreachable.add(stuck.id)
     manager.tick()
     manager.tick()
     assert manager.get(stuck.id).state == "starting" and manager.get(fine.id).state == "succeeded"

@@ -1,6 +1,7 @@
 """/v1/jobs: submit, list, inspect and cancel jobs."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
@@ -14,10 +15,22 @@ from services.launcher.base import SpecRejected
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Path(pattern=JOB_ID_PATTERN, description="Job id, as returned by the submit call")
 NOT_FOUND = {404: {"description": "No such job"}}
+LAUNCHER_DOWN = {502: {"description": "The launcher's backend (e.g. the Kubernetes API) failed; retry"}}
 
 
 def manager(request: Request) -> JobManager:
     return request.app.state.manager
+
+
+@contextmanager
+def launcher_errors():
+    """A failing launcher backend is a bad gateway, not a bug of this API."""
+    try:
+        yield
+    except (HTTPException, JobNotFound, JobConflict):
+        raise
+    except Exception as exc:
+        raise HTTPException(502, f"launcher failed: {type(exc).__name__}: {exc}"[:2000]) from exc
 
 
 def get_job(request: Request, job_id: str) -> Job:
@@ -53,10 +66,11 @@ def read_job(request: Request, job_id: str = JobId) -> Job:
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=Job,
              summary="Cancel a job: a queued one at once, a running one once its processes are gone",
-             responses={**NOT_FOUND, 409: {"description": "The job has already finished"}})
+             responses={**NOT_FOUND, **LAUNCHER_DOWN, 409: {"description": "The job has already finished"}})
 def cancel(request: Request, job_id: str = JobId) -> Job:
     try:
-        return manager(request).cancel(job_id)
+        with launcher_errors():
+            return manager(request).cancel(job_id)
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
     except JobConflict as exc:

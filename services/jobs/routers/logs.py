@@ -6,12 +6,12 @@ from typing import Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
 
-from services.jobs.routers.jobs import NOT_FOUND, JobId, get_job
+from services.jobs.routers.jobs import LAUNCHER_DOWN, NOT_FOUND, JobId, get_job, launcher_errors
 
 router = APIRouter(prefix="/v1/jobs", tags=["logs"])
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND,
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, responses={**NOT_FOUND, **LAUNCHER_DOWN},
             summary="Last lines of a service's log (local: files; kubernetes: the pods)")
 def logs(request: Request, job_id: str = JobId,
          service: Literal["supervisor", "envs", "reward", "rollout", "learner"] = "learner",
@@ -19,4 +19,5 @@ def logs(request: Request, job_id: str = JobId,
     job = get_job(request, job_id)
     if not job.launcher_info:
         return ""
-    return request.app.state.manager.launcher.logs(job.id, job.launcher_info, service, tail)
+    with launcher_errors():
+        return request.app.state.manager.launcher.logs(job.id, job.launcher_info, service, tail)
