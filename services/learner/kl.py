@@ -23,7 +23,7 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -
         return 0.5 * diff.square()
     if kind == "low_var_kl":
         log_r = (-diff).clamp(-20.0, 20.0)
-        return (torch.exp(log_r) - 1.0 - log_r).clamp(-10.0, 10.0)
+        return (torch.expm1(log_r) - log_r).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_ESTIMATORS)}")
 
 

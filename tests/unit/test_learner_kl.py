@@ -34,7 +34,7 @@ def test_estimators_match_reference(pairs, kind):
     got = kl_estimate(lp, ref, kind).tolist()
     assert got == pytest.approx(reference_kl(lp.tolist(), ref.tolist(), kind), rel=1e-9, abs=1e-12)
     if kind != "kl":
-        assert min(got) >= 0
+        assert min(got) >= -1e-15  # non-negative up to rounding
 
 
 def test_estimators_are_unbiased_for_the_true_kl():
