@@ -56,20 +56,22 @@ class ServiceProcess:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
 
-    def stop(self, grace_s: float = 15.0) -> int | None:
-        """SIGTERM to the service's process group, SIGKILL after the grace period."""
-        if self.popen is None or self.popen.poll() is not None:
-            return None if self.popen is None else self.popen.returncode
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+    def stop(self, grace_s: float = 30.0) -> int | None:
+        """SIGTERM to the service itself (it shuts its own workers down in order), SIGKILL to its whole
+        process group if it is still running after the grace period, and to any worker it left."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
             try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                return self.popen.wait(timeout=wait)
+                self.popen.send_signal(signal.SIGTERM)
+                self.popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                continue
-        return self.popen.returncode
+                pass
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.popen.wait(timeout=10.0)
 
 
 def python_module(module: str, *args: str) -> list[str]:
