@@ -10,7 +10,7 @@ from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
 from services.learner.service import LearnerService
-from services.learner.weight_push import PushResult
+from services.learner.weight_push import PushResult, WeightPusher
 
 
 class RecordingTrainer:
@@ -42,7 +42,7 @@ class RecordingTrainer:
         return []
 
 
-class OkPusher:
+class OkPusher(WeightPusher):
     def push(self, version, weights, addresses):
         return [PushResult(a, True, version, weights.checksum) for a in addresses]
 
