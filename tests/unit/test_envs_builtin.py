@@ -89,6 +89,13 @@ def test_maze_walls_invalid_actions_and_limits():
         Maze().reset(0, {"size": 2})
 
 
+def test_maze_observation_knobs():
+    env = Maze()
+    first = env.reset(9, {"show_open": False, "hint": False})
+    assert "Open:" not in first and "The goal is" not in first and "#" not in first
+    assert "Open:" in Maze().reset(9, {}) and "The goal is" in Maze().reset(9, {})
+
+
 def test_maze_difficulty_knob_lengthens_paths():
     def mean_path(options):
         lengths = []

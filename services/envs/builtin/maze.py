@@ -3,8 +3,8 @@
 Each task is a `size` x `size` grid whose cells are walls with probability `wall_density`, resampled
 from the task's seed until the goal is reachable; start and goal are at least two moves apart. The
 turn limit is the shortest path plus `slack`, so the task is always solvable and wandering fails.
-Every observation lists the open directions; with `hint` it also says how far the goal is along each
-axis, and with `show_map` the first observation draws the grid.
+Every observation lists the open directions (`show_open`); with `hint` it also says how far the goal
+is along each axis, and with `show_map` the first observation draws the grid.
 
 Difficulty: `size` and `wall_density` (longer, more winding paths), `slack` (fewer spare moves),
 `hint` off. Reward 1 and success when the agent steps onto the goal, else 0.
@@ -35,6 +35,8 @@ class MazeOptions(EnvOptions):
     """Say how far the goal is along each axis in every observation."""
     show_map: bool = False
     """Draw the grid in the first observation."""
+    show_open: bool = True
+    """List the open directions in every observation (off: walls are found by bumping into them)."""
 
 
 def shortest_path(walls: set[Cell], size: int, start: Cell, goal: Cell) -> Optional[list[str]]:
@@ -98,7 +100,9 @@ class Maze(TextEnv):
                 if 0 <= r + dr < size and 0 <= c + dc < size and (r + dr, c + dc) not in self.walls]
 
     def _where(self) -> str:
-        text = f"You are at row {self.position[0]}, column {self.position[1]}. Open: {', '.join(self.open_moves())}."
+        text = f"You are at row {self.position[0]}, column {self.position[1]}."
+        if self.opts.show_open:
+            text += f" Open: {', '.join(self.open_moves())}."
         if self.opts.hint:
             dr, dc = self.goal[0] - self.position[0], self.goal[1] - self.position[1]
             parts = [f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []
