@@ -6,7 +6,7 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def redis_url() -> str:
     import redis
 

@@ -22,6 +22,10 @@ class ModelConfig(Section):
     """Longest token context (prompt plus every turn) an episode may reach."""
     warmstart_steps: int = Field(150, ge=0, le=100000)
     """Supervised steps on the task format before RL, for the tiny model only (0 disables)."""
+    warmstart_reads_observations: bool = True
+    """Warm-start also trains next-token prediction on prompts and observations (the reading a pretrained
+    model brings), while the actions it sees stay random: the starting success rate stays that of the
+    random policy, and RL has words to key on (a hint) instead of spurious features."""
 
 
 class EnvConfig(Section):

@@ -22,8 +22,10 @@ def main() -> int:
     config = load_config(args.config, overrides + args.set)
     from services.launcher.local import LocalRun
 
-    # SIGTERM unwinds like Ctrl-C, so the run stops every service it started
+    # SIGTERM unwinds like Ctrl-C, so the run stops every service it started; SIGINT is set explicitly
+    # because a shell starting us in the background leaves it ignored
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     result = LocalRun(config).run()
     return 0 if result.history else 1
 

@@ -41,6 +41,7 @@ class LocalRun:
         """Prometheus /metrics port of each service on 127.0.0.1, known once started."""
         self.validations: list[dict] = []
         """Validation results (`kind: validation` entries of the metrics stream), in order."""
+        self.lost_replicas: list[ServiceProcess] = []
 
     def prepare_model(self) -> None:
         if self.config.model.path:
@@ -141,9 +142,21 @@ class LocalRun:
                 self._await_final_validation(state, last_id)
                 self._say_infra_counters(state)
                 return history
-            for proc in self.processes[:-1]:
-                if not proc.running():
-                    raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+            self._check_services()
+
+    def _check_services(self) -> None:
+        """A lost env replica is survivable while another runs (the rollout retries its episodes there),
+        as a lost pod is under Kubernetes; any other lost service ends the run."""
+        for proc in self.processes[:-1]:
+            if proc.running() or proc in self.lost_replicas:
+                continue
+            env_replicas = [p for p in self.processes if p.name in self._env_names()]
+            if proc in env_replicas and any(p.running() for p in env_replicas):
+                self.lost_replicas.append(proc)
+                live = sum(p.running() for p in env_replicas)
+                self.say(f"{proc.name} exited with {proc.popen.returncode}; going on with {live} env replica(s)")
+                continue
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
 
     def _await_final_validation(self, state: RunState, last_id: str, timeout_s: float = 120.0) -> None:
         """The rollout validates the final policy after the learner has finished: wait for it."""

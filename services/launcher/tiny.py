@@ -35,4 +35,5 @@ def prepare_tiny_model(config: TrainConfig, root: Path, say: Callable[[str], Non
     if not config.model.warmstart_steps:
         return base
     say(f"warm-starting the tiny model on the {config.env.name} action format ({config.model.warmstart_steps} steps)")
-    return warmstart(base, root / "warm", config.env, config.model.warmstart_steps, seed=config.seed, say=say)
+    return warmstart(base, root / "warm", config.env, config.model.warmstart_steps, seed=config.seed, say=say,
+                     read_observations=config.model.warmstart_reads_observations)

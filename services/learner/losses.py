@@ -48,7 +48,8 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg_mode: str, *,
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                clip_low: float, clip_high: float, agg_mode: str = "token-mean", *, clip_ratio_c: Optional[float] = None,
+                clip_low: float, clip_high: float, agg_mode: str = "token-mean", *,
+                clip_ratio_c: Optional[float] = None,
                 is_weights: Optional[torch.Tensor] = None, num_tokens: Optional[float] = None,
                 num_seqs: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with the ratio clipped to [1 - clip_low, 1 + clip_high].

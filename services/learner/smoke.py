@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 ALL_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+PPO_CASE = "ppo"
+"""A case beside the aggregation modes: GAE with a critic, KL in the reward and as a loss, entropy bonus."""
+PPO_SETTINGS = {"advantage": "gae", "lam": 0.9, "critic_lr": 1e-2, "use_kl_in_reward": True, "kl_ctrl": "adaptive",
+                "use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coeff": 0.01, "lr_warmup_steps": 1}
 
 
 def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, tie: bool = False) -> Path:
@@ -62,10 +66,11 @@ def run(model_path: str, *, agg_modes: list[str], steps: int = 2, num: int = 7, 
 
     results: dict[str, Any] = {}
     for mode in agg_modes:
+        extra = PPO_SETTINGS if mode == PPO_CASE else {"loss_agg_mode": mode}
         config = TrainConfig.model_validate({
             "rollout": {"group_size": group_size}, "learner": {"device": device}, "model": {"dtype": dtype},
-            "algorithm": {"loss_agg_mode": mode, "micro_batch_size": micro_batch_size, "ppo_epochs": ppo_epochs,
-                          "lr": 1e-2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.15}})
+            "algorithm": {"micro_batch_size": micro_batch_size, "ppo_epochs": ppo_epochs,
+                          "lr": 1e-2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.15, **extra}})
         trainer = PolicyTrainer(config, model_path)
         metrics = [trainer.train_step(synthetic_trajectories(num, group_size, seed=s)) for s in range(steps)]
         results[mode] = {"metrics": metrics, "checksum": param_checksum(trainer)}
@@ -87,7 +92,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: build a tiny random Llama)")
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
-    parser.add_argument("--agg-modes", default=",".join(ALL_AGG_MODES))
+    parser.add_argument("--agg-modes", default=",".join(ALL_AGG_MODES),
+                        help=f"comma-separated aggregation modes, and/or `{PPO_CASE}` (critic + KL terms)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--checkpoint-dir", help="also check a save/load round trip under this folder")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])

@@ -67,7 +67,9 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
-        self.critic = Critic(config, model_path, self.device, load_dtype, mixed) if self.estimator.needs_values else None
+        self.critic = None
+        if self.estimator.needs_values:
+            self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
         self.reference = None
         if algo.use_kl_in_reward or algo.use_kl_loss:
             self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed)

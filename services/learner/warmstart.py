@@ -37,8 +37,21 @@ def demo_episodes(env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: in
     return out
 
 
+def training_labels(input_ids: torch.Tensor, attention: torch.Tensor, batch: list[tuple[list[int], list[int]]],
+                    read_observations: bool) -> torch.Tensor:
+    """Next-token targets: the agent's replies only, or (`read_observations`) every real token."""
+    width = input_ids.shape[1]
+    mask = attention.bool() if read_observations else torch.tensor(
+        [m + [0] * (width - len(m)) for _, m in batch], dtype=torch.bool)
+    return input_ids.masked_fill(~mask, -100)
+
+
 def warmstart(base_dir: Path, out_dir: Path, env_cfg: EnvConfig, steps: int, seed: int = 0, batch_size: int = 16,
-              lr: float = 2e-3, say: Callable[[str], None] = print) -> Path:
+              lr: float = 2e-3, say: Callable[[str], None] = print, read_observations: bool = False) -> Path:
+    """`read_observations` also trains next-token prediction on the prompts and observations, the way
+    pretraining gives a real model its reading: the tiny model then picks up the environment's text (that
+    a hint repeats from one observation to the next, say) while its actions stay those of the random
+    policy, so the starting success rate is unchanged."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from services.rollout.prompting import ChatFormatter
@@ -55,9 +68,8 @@ def warmstart(base_dir: Path, out_dir: Path, env_cfg: EnvConfig, steps: int, see
         batch = rng.sample(episodes, batch_size)
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
-        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch], dtype=torch.bool)
         attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
-        labels = input_ids.masked_fill(~mask, -100)
+        labels = training_labels(input_ids, attention, batch, read_observations)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optim.zero_grad()
         loss.backward()

@@ -96,6 +96,19 @@ def test_maze_observation_knobs():
     assert "Open:" in Maze().reset(9, {}) and "The goal is" in Maze().reset(9, {})
 
 
+def test_maze_guide_names_a_first_move_of_a_shortest_path():
+    for seed in range(50):
+        env = Maze()
+        text = env.reset(seed, {"guide": True})
+        result = None
+        while result is None or not result.done:
+            move = text.rsplit("Next move: ", 1)[1].rstrip(".")
+            result = env.step(move)
+            text = result.observation
+        assert result.success and env.turn == env.optimal, seed  # every guided move shortened the path
+    assert "Next move" not in Maze().reset(0, {})
+
+
 def test_maze_difficulty_knob_lengthens_paths():
     def mean_path(options):
         lengths = []
@@ -235,6 +248,22 @@ def test_reasoning_any_dataset_and_difficulty():
     for bad in ({"dataset": "no_such_dataset"}, {"config": {"min_terms": 0}}, {"size": 3}):
         with pytest.raises(InvalidTask):
             Reasoning().reset(0, bad)
+
+
+def test_reasoning_random_actions_do_not_lean_to_the_answer():
+    """The tiny model's warm-start trains on random actions: they must not be the right answer."""
+    rng, right, yes = random.Random(0), 0, 0
+    for seed in range(200):
+        env = Reasoning()
+        env.reset(seed, {"dataset": "syllogism"})
+        action = env.random_action(rng)
+        assert action in ("Yes", "No")
+        right += action == env.answer
+        yes += action == "Yes"
+    assert 70 < right < 130 and 70 < yes < 130, (right, yes)
+    env = Reasoning()
+    env.reset(0, {"dataset": "spell_backward"})
+    assert sorted(env.random_action(rng)) == sorted(env.answer)
 
 
 def test_reasoning_without_the_package_says_how_to_install_it(monkeypatch):

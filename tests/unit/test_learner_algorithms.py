@@ -28,7 +28,8 @@ def model_dir(tmp_path_factory):
 
 
 def make_config(**algorithm):
-    return TrainConfig.model_validate({"seed": 1, "rollout": {"group_size": 4}, "learner": {"device": "cpu", "steps": 10},
+    return TrainConfig.model_validate({"seed": 1, "rollout": {"group_size": 4},
+                                       "learner": {"device": "cpu", "steps": 10},
                                        "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm}})
 
 

@@ -97,3 +97,35 @@ def test_seed_and_tying_change_weights_only(tmp_path, model_dir):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     assert not torch.equal(base.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_warmstart_labels_replies_only_or_every_real_token():
+    import torch
+
+    from services.learner.warmstart import training_labels
+
+    batch = [([5, 6, 7, 8], [0, 0, 1, 1]), ([9, 10], [0, 1])]
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert training_labels(ids, attention, batch, False).tolist() == [[-100, -100, 7, 8], [-100, 10, -100, -100]]
+    assert training_labels(ids, attention, batch, True).tolist() == [[5, 6, 7, 8], [9, 10, -100, -100]]
+
+
+def test_warmstart_episodes_ignore_the_hint(model_dir):
+    """Reading observations must not teach which action is right: the warm-start's episodes come from a
+    random policy, so its first moves agree with corridor's hint about half the time."""
+    from transformers import AutoTokenizer
+
+    from services.common.config import EnvConfig
+    from services.learner.warmstart import demo_episodes
+    from services.rollout.prompting import ChatFormatter
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    episodes = demo_episodes(EnvConfig(name="corridor"), ChatFormatter(tokenizer), tokenizer, count=200, seed=0)
+    agree = 0
+    for ids, _ in episodes:
+        text = tokenizer.decode(ids)
+        hint = text.split("The exit is to the ", 1)[1].split(".", 1)[0]
+        first = text.split("<action>", 2)[2].split("</action>", 1)[0]  # [1] is the prompt's example
+        agree += hint == first
+    assert 0.35 < agree / len(episodes) < 0.65, agree

@@ -7,7 +7,7 @@ Every observation lists the open directions (`show_open`); with `hint` it also s
 is along each axis, and with `show_map` the first observation draws the grid.
 
 Difficulty: `size` and `wall_density` (longer, more winding paths), `slack` (fewer spare moves),
-`hint` off. Reward 1 and success when the agent steps onto the goal, else 0.
+`hint` off; easiest: `guide` names the next move of a shortest path. Reward 1 and success when the agent steps onto the goal, else 0.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ class MazeOptions(EnvOptions):
     """Draw the grid in the first observation."""
     show_open: bool = True
     """List the open directions in every observation (off: walls are found by bumping into them)."""
+    guide: bool = False
+    """Easiest level: every observation names the first move of a shortest path from here (a route
+    guidance voice), so the task is following changing instructions, turn after turn."""
 
 
 def shortest_path(walls: set[Cell], size: int, start: Cell, goal: Cell) -> Optional[list[str]]:
@@ -108,6 +111,8 @@ class Maze(TextEnv):
             parts = [f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []
             parts += [f"{abs(dc)} {'right' if dc > 0 else 'left'}"] if dc else []
             text += f" The goal is {' and '.join(parts)}."
+        if self.opts.guide:
+            text += f" Next move: {shortest_path(self.walls, self.opts.size, self.position, self.goal)[0]}."
         return text
 
     def task_info(self) -> dict:

@@ -22,6 +22,8 @@ from services.envs.registry import register_env
 MISSING = ("the reasoning env needs the `reasoning-gym` package: pip install -e \".[envs]\" "
            "(scripts/setup.sh installs it)")
 
+CHOICE_PAIRS = [("Yes", "No"), ("yes", "no"), ("True", "False"), ("true", "false")]
+
 
 class ReasoningOptions(EnvOptions):
     dataset: str = "basic_arithmetic"
@@ -75,8 +77,14 @@ class Reasoning(TextEnv):
         return {"answer": self.answer, "dataset": self.data.__class__.__name__}
 
     def random_action(self, rng: random.Random) -> str:
-        """A wrong-or-right answer of the right shape: the true answer's digits redrawn."""
-        return "".join(str(rng.randint(0, 9)) if ch.isdigit() else ch for ch in self.answer)
+        """A wrong-or-right answer of the right shape, never biased towards the true one: either word of a
+        yes/no or true/false pair, the true answer's digits redrawn, or its letters shuffled."""
+        for pair in CHOICE_PAIRS:
+            if self.answer in pair:
+                return rng.choice(pair)
+        if any(ch.isdigit() for ch in self.answer):
+            return "".join(str(rng.randint(0, 9)) if ch.isdigit() else ch for ch in self.answer)
+        return "".join(rng.sample(self.answer, len(self.answer)))
 
     def step(self, action: str) -> StepResult:
         score = float(self.data.score_answer(action.strip(), self.entry) or 0.0)

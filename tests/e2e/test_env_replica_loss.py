@@ -1,0 +1,76 @@
+"""Two env-service replicas behind one address in a whole local run (vLLM, reward, learner, Redis, all real
+processes); one replica is SIGKILLed mid-run. Training goes on to its last step, the episodes the replica
+held are retried on the other one, every trajectory the learner gets is from a complete, real episode,
+and the run-wide counters say what was lost."""
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from services.common.config import load_config
+from services.common.run_state import RunState
+from services.common.stream import TrajectoryStream
+from services.common.trajectory import decode_batch
+from services.launcher.local import LocalRun
+
+pytestmark = [pytest.mark.e2e]
+STEPS, GROUPS, GROUP_SIZE = 8, 4, 4
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory, redis_url):
+    tmp = tmp_path_factory.mktemp("replica-loss")
+    config = load_config(None, [
+        "env.name=corridor", "env.replicas=2", f"env.data_dir={tmp / 'data'}", "env.train_tasks=500",
+        f"learner.steps={STEPS}", f"rollout.group_size={GROUP_SIZE}", f"rollout.groups_per_step={GROUPS}",
+        "model.warmstart_steps=20", f"stream.redis_url={redis_url}", f"output_dir={tmp}",
+        f"run=replica-loss-{uuid.uuid4().hex[:6]}"])
+    lines: list[str] = []
+    run = LocalRun(config, say=lines.append)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(run=run.run()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not any(line.startswith("step   2/") for line in lines):
+            assert thread.is_alive() and time.monotonic() < deadline, "\n".join(lines[-30:])
+            time.sleep(0.2)
+        victim = next(p for p in run.processes if p.name == "envs-1")
+        os.killpg(victim.pid, signal.SIGKILL)  # its own session: the replica and nothing else
+        thread.join(600)
+        assert not thread.is_alive() and "run" in result, "\n".join(lines[-30:])
+        state = RunState.connect(config)
+        counters = {k.decode(): int(v) for k, v in state.client.hgetall(config.key("rollout_counters")).items()}
+        stream = TrajectoryStream(state.client, state.trajectories_key)
+        published = [decode_batch(fields[b"batch"]).trajectories
+                     for _, fields in state.client.xrange(stream.key)]
+        yield result["run"], lines, counters, published
+    finally:
+        if thread.is_alive():
+            run.stop()
+        RunState.connect(config).reset()
+
+
+def test_training_goes_on_to_the_last_step(outcome):
+    result, lines, _, _ = outcome
+    assert [m["step"] for m in result.history] == list(range(1, STEPS + 1))
+    assert any(line.startswith("envs-1 exited with -9; going on with 1 env replica(s)") for line in lines), lines
+
+
+def test_the_lost_episodes_were_retried_and_counted(outcome):
+    _, lines, counters, _ = outcome
+    print("rollout counters:", counters)
+    assert counters["episodes_failed"] >= 1 and counters["episode_retries"] >= 1, counters
+    assert any(line.startswith("infrastructure failures (never scored):") for line in lines)
+
+
+def test_the_learner_got_only_complete_real_episodes(outcome):
+    result, _, _, published = outcome
+    assert all(m["num_trajectories"] == GROUPS * GROUP_SIZE for m in result.history)
+    assert all(len(group) == GROUP_SIZE for group in published)
+    trajectories = [t for group in published for t in group]
+    assert {t.stop_reason for t in trajectories} <= {"done", "max_turns", "max_length"}
+    assert all(len(t.turns) >= 1 and t.reward_components for t in trajectories)
