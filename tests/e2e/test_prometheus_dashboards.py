@@ -111,6 +111,12 @@ def stack(tmp_path_factory):
             for proc in run.processes:
                 assert proc.running(), f"{proc.name} exited:\n{proc.log_tail()}"
             assert time.monotonic() < deadline, f"only {steps} learner steps in time:\n" + "\n".join(lines[-20:])
+
+        def all_scraped() -> bool:  # target discovery runs every 5 s: a fast run can beat the first scrape
+            active = http_json(f"{url}/api/v1/targets")["data"]["activeTargets"]
+            return len(active) == len(targets) and all(t["health"] == "up" for t in active)
+
+        wait_for(all_scraped, 60, "Prometheus has not scraped every target")
         yield {"url": url, "config": config, "targets": targets, "api": api}
     finally:
         if prometheus is not None:
