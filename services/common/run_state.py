@@ -26,6 +26,10 @@ class RunState:
     def trajectories_key(self) -> str:
         return self.k("trajectories")
 
+    def rollout_counters(self) -> dict[str, int]:
+        """Run-wide infrastructure counters the rollout producers keep (hash `rollout_counters`)."""
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.k("rollout_counters")).items()}
+
     def reset(self) -> int:
         """Deletes every key of the run (a fresh start)."""
         keys = list(self.client.scan_iter(match=self.k("*"), count=1000))

@@ -174,7 +174,7 @@ class LocalRun:
                         return
 
     def _say_infra_counters(self, state: RunState) -> None:
-        counters = {k.decode(): int(v) for k, v in state.client.hgetall(self.config.key("rollout_counters")).items()}
+        counters = state.rollout_counters()
         lost = {k: v for k, v in counters.items() if k != "groups_published" and v}
         if lost:
             self.say("infrastructure failures (never scored): " + ", ".join(f"{k} {v}" for k, v in sorted(lost.items())))

@@ -12,7 +12,6 @@ import pytest
 
 from services.common.config import load_config
 from services.common.run_state import RunState
-from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
 from services.launcher.local import LocalRun
 
@@ -43,10 +42,9 @@ def outcome(tmp_path_factory, redis_url):
         thread.join(600)
         assert not thread.is_alive() and "run" in result, "\n".join(lines[-30:])
         state = RunState.connect(config)
-        counters = {k.decode(): int(v) for k, v in state.client.hgetall(config.key("rollout_counters")).items()}
-        stream = TrajectoryStream(state.client, state.trajectories_key)
+        counters = state.rollout_counters()
         published = [decode_batch(fields[b"batch"]).trajectories
-                     for _, fields in state.client.xrange(stream.key)]
+                     for _, fields in state.client.xrange(state.trajectories_key)]
         yield result["run"], lines, counters, published
     finally:
         if thread.is_alive():

@@ -146,7 +146,7 @@ def test_a_replica_killed_mid_run_costs_retries_not_trajectories(cluster, tokeni
     # the scripted policy always wins: a lost episode that leaked would show as a failure
     assert all(t.success and t.stop_reason == "done" and len(t.turns) == 3 for t in trajectories)
     assert all(t.reward_components["goal"] == 1.0 for t in trajectories)
-    counters = {k.decode(): int(v) for k, v in state.client.hgetall(config.key("rollout_counters")).items()}
+    counters = state.rollout_counters()
     print("rollout counters:", counters)
     assert counters["groups_published"] == groups
     assert counters["episodes_failed"] >= 1 and counters["episode_retries"] >= 1, counters
@@ -193,7 +193,7 @@ def test_a_group_out_of_retries_is_dropped_whole_and_replaced(tmp_path, redis_ur
         assert len(batches) == 1 and len(batches[0].trajectories) == 3
         assert {t.task_index for t in batches[0].trajectories} == {probe.task_of(0, attempt=2)}
         assert all(t.success for t in batches[0].trajectories)
-        counters = {k.decode(): int(v) for k, v in state.client.hgetall(config.key("rollout_counters")).items()}
+        counters = state.rollout_counters()
         assert counters["groups_dropped"] == 1 and counters["groups_retried"] == 1
         assert counters["groups_published"] == 1 and counters["episodes_failed"] >= 2
     finally:

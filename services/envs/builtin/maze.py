@@ -7,7 +7,8 @@ Every observation lists the open directions (`show_open`); with `hint` it also s
 is along each axis, and with `show_map` the first observation draws the grid.
 
 Difficulty: `size` and `wall_density` (longer, more winding paths), `slack` (fewer spare moves),
-`hint` off; easiest: `guide` names the next move of a shortest path. Reward 1 and success when the agent steps onto the goal, else 0.
+`hint` off; easiest: `guide` names the next move of a shortest path. Reward 1 and success when the
+agent steps onto the goal, else 0.
 """
 from __future__ import annotations
 
