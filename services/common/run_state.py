@@ -7,8 +7,21 @@ import time
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from services.common.config import TrainConfig
+
+RECONNECT_TRIES = 12
+"""Retries of a Redis command after a connection error, with back-off capped at 5 s: about 45 s in all,
+enough for Redis to restart (a pod rescheduled) without failing the caller."""
+
+
+def redis_client(url: str, timeout_s: float = 10.0) -> redis.Redis:
+    """A client that reconnects with back-off when Redis goes away (every service uses this one)."""
+    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), RECONNECT_TRIES),
+                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 class RunState:
@@ -18,9 +31,7 @@ class RunState:
 
     @classmethod
     def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> "RunState":
-        client = redis.Redis.from_url(config.stream.redis_url, socket_timeout=timeout_s,
-                                      socket_connect_timeout=timeout_s)
-        return cls(client, config)
+        return cls(redis_client(config.stream.redis_url, timeout_s), config)
 
     @property
     def trajectories_key(self) -> str:
@@ -58,6 +69,12 @@ class RunState:
     def claim_group(self) -> int:
         """A run-wide, 0-based group number; group c belongs to learner step c // groups_per_step."""
         return int(self.client.incr(self.k("group_claims"))) - 1
+
+    def raise_claims_to(self, floor: int) -> None:
+        """Makes the next claim at least `floor` (after Redis lost the counter), never lowering it."""
+        self.client.eval("local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
+                         "if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
+                         1, self.k("group_claims"), floor)
 
     def publish_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         self.client.xadd(self.k("metrics"), {"step": step, "metrics": json.dumps(metrics)}, maxlen=100000)

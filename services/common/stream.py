@@ -27,8 +27,9 @@ class TrajectoryStream:
     @classmethod
     def from_url(cls, url: str, key: str, group: str = "learner", max_len: int = 10000,
                  timeout_s: float = 10.0) -> "TrajectoryStream":
-        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        return cls(client, key, group, max_len)
+        from services.common.run_state import redis_client
+
+        return cls(redis_client(url, timeout_s), key, group, max_len)
 
     def publish(self, trajectories: Iterable[Trajectory], batch_id: str | None = None) -> str:
         trajectories = list(trajectories)

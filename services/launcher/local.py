@@ -33,8 +33,14 @@ class RunResult:
 
 
 class LocalRun:
-    def __init__(self, config: TrainConfig, say: Callable[[str], None] = print, health_timeout_s: float = 300.0):
+    def __init__(self, config: TrainConfig, say: Callable[[str], None] = print, health_timeout_s: float = 300.0,
+                 restart_delay_s: float | None = None):
+        """`restart_delay_s`: restart a service that exits (the learner: that fails) after this long, as
+        Kubernetes restarts a pod; None ends the run instead (a lost env replica excepted while another runs)."""
         self.config, self.say, self.health_timeout_s = config, say, health_timeout_s
+        self.restart_delay_s = restart_delay_s
+        self._restart_at: dict[str, float] = {}
+        self.restarts: dict[str, int] = {}
         self.run_dir = config.run_dir
         self.processes: list[ServiceProcess] = []
         self.metrics_ports: dict[str, int] = {}
@@ -112,8 +118,7 @@ class LocalRun:
         self.processes.append(ServiceProcess("learner", learner_cmd, logs / "learner.log"))
         for proc in self.processes:
             proc.start()
-        # whoever outlives this process (the job API) can still stop the services by PID
-        (self.run_dir / "pids.json").write_text(json.dumps({p.name: p.pid for p in self.processes}))
+        self._write_pids()
         self.say(f"started {', '.join(f'{p.name} (pid {p.pid})' for p in self.processes)}; logs in {logs}")
         for proc in self.processes:
             proc.wait_healthy(self.health_timeout_s)
@@ -134,7 +139,7 @@ class LocalRun:
         while True:
             for last_id, metrics in state.read_metrics(last_id, block_ms=1000):
                 self._record(metrics, history)
-            if not learner.running():
+            if not learner.running() and (learner.popen.returncode == 0 or self.restart_delay_s is None):
                 for last_id, metrics in state.read_metrics(last_id):
                     self._record(metrics, history)
                 if learner.popen.returncode != 0:
@@ -145,8 +150,12 @@ class LocalRun:
             self._check_services()
 
     def _check_services(self) -> None:
-        """A lost env replica is survivable while another runs (the rollout retries its episodes there),
-        as a lost pod is under Kubernetes; any other lost service ends the run."""
+        """With restarts on, a service that exits is started again after `restart_delay_s`. Without, a lost
+        env replica is survivable while another runs (the rollout retries its episodes there), as a lost
+        pod is under Kubernetes; any other lost service ends the run."""
+        if self.restart_delay_s is not None:
+            self._restart_exited()
+            return
         for proc in self.processes[:-1]:
             if proc.running() or proc in self.lost_replicas:
                 continue
@@ -157,6 +166,26 @@ class LocalRun:
                 self.say(f"{proc.name} exited with {proc.popen.returncode}; going on with {live} env replica(s)")
                 continue
             raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+
+    def _restart_exited(self) -> None:
+        now = time.monotonic()
+        for proc in self.processes:
+            if proc.running():
+                continue
+            due = self._restart_at.get(proc.name)
+            if due is None:
+                self._restart_at[proc.name] = now + self.restart_delay_s
+                self.say(f"{proc.name} exited with {proc.popen.returncode}; restarting it in {self.restart_delay_s:.0f}s")
+            elif now >= due:
+                del self._restart_at[proc.name]
+                self.restarts[proc.name] = self.restarts.get(proc.name, 0) + 1
+                proc.start()
+                self._write_pids()
+                self.say(f"{proc.name} restarted (pid {proc.pid}, restart {self.restarts[proc.name]})")
+
+    def _write_pids(self) -> None:
+        # whoever outlives this process (the job API) can still stop the services by PID
+        (self.run_dir / "pids.json").write_text(json.dumps({p.name: p.pid for p in self.processes}))
 
     def _await_final_validation(self, state: RunState, last_id: str, timeout_s: float = 120.0) -> None:
         """The rollout validates the final policy after the learner has finished: wait for it."""

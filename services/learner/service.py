@@ -4,7 +4,12 @@ weights to every registered rollout server, checkpoint, and only then acknowledg
 Rank 0 talks to Redis and the rollout servers; every rank trains on the same batch (FSDP splits it).
 A restart resumes from the last committed checkpoint: entries it recorded as consumed are
 acknowledged and skipped, every other pending entry is trained on again, so each batch is applied
-exactly once."""
+exactly once.
+
+While it waits for a step's groups, rank 0 keeps the run whole: a rollout server that (re)started and serves an
+older policy is pushed the current one (it takes no work until it has it), and if Redis comes back without
+the run's state (restarted without persistence) the learner rebuilds it from its own step and version; the
+groups of the step that were lost with it are counted and replaced, never trained around."""
 from __future__ import annotations
 
 import logging
@@ -12,12 +17,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.weights import pack
 from services.learner import fsdp
 from services.learner.exporter import DROPPED, export_summary
+
+CATCH_UP_EVERY_S = 10.0
+"""Least time between two pushes to the same lagging rollout server (its registry entry lags a push by
+up to one heartbeat)."""
+WAIT_REPORT_EVERY_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,10 @@ class LearnerService:
         self._backlog: list[StreamEntry] = []
         self.history: list[dict[str, Any]] = []
         self.dropped_stale_total = 0
+        self.groups_lost_to_redis = 0
+        self._pushed = None
+        """The weights of the last push, kept for servers that come back (rank 0)."""
+        self._catch_up_after: dict[str, float] = {}
 
     # -- start-up ----------------------------------------------------------------------------
     def resume(self) -> None:
@@ -57,9 +73,12 @@ class LearnerService:
             self.step, self.version = extra["step"], extra["policy_version"]
             consumed = set(extra.get("unacked_entry_ids", []))
             self.dropped_stale_total = extra.get("dropped_stale_total", 0)
+            self.groups_lost_to_redis = extra.get("groups_lost_to_redis", 0)
             log.info("resumed from %s at step %d (policy v%d)", ckpt, self.step, self.version)
         if self.stream is not None:
             self.stream.ensure_group()
+            # Redis may have lost the claim counter while the learner was away: claims restart at its step
+            self.state.raise_claims_to(self.step * self.config.rollout.groups_per_step)
             pending = self.stream.read(CONSUMER, count=100000, block_ms=0, pending=True)
             self.stream.ack([e.entry_id for e in pending if e.entry_id in consumed])
             self._backlog = [e for e in pending if e.entry_id not in consumed]
@@ -78,13 +97,24 @@ class LearnerService:
         cfg, out = self.config, CollectedStep()
         want = cfg.rollout.groups_per_step
         deadline = time.monotonic() + cfg.learner.step_timeout_s
+        next_report = time.monotonic() + WAIT_REPORT_EVERY_S
         oldest_ok, stale = self.step - cfg.algorithm.max_staleness, 0
         while len(out.groups) < want:
             if self._backlog:  # replayed as the stream delivered it: at most as many entries as groups missing
                 take = want - len(out.groups)
                 entries, self._backlog = self._backlog[:take], self._backlog[take:]
             else:
-                entries = self.stream.read(CONSUMER, count=want - len(out.groups), block_ms=cfg.stream.read_block_ms)
+                try:
+                    entries = self.stream.read(CONSUMER, count=want - len(out.groups),
+                                               block_ms=cfg.stream.read_block_ms)
+                except redis.ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    out = self._rebuild_run_state(out)
+                    continue
+                except (redis.ConnectionError, redis.TimeoutError) as exc:  # the client retried with back-off
+                    log.warning("Redis unreachable while collecting step %d: %s", self.step + 1, exc)
+                    entries = []
             lost = set()
             for entry in entries:
                 out.entry_ids.append(entry.entry_id)
@@ -98,10 +128,65 @@ class LearnerService:
                     out.trajectories.append(traj)
                     out.groups.add(traj.group_id)
             self._report_stale_groups(len(lost - out.groups))
-            if not entries and time.monotonic() > deadline:
+            if entries:
+                continue
+            self._catch_up_servers()
+            now = time.monotonic()
+            if now > deadline:
                 raise StepTimeout(f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
-                                  f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped)")
+                                  f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped; "
+                                  f"{self._servers_line()}); raise learner.step_timeout_s to wait longer")
+            if now > next_report:
+                next_report = now + WAIT_REPORT_EVERY_S
+                log.info("step %d: %d/%d groups so far, waiting (%s; gives up in %.0fs)", self.step + 1,
+                         len(out.groups), want, self._servers_line(), deadline - now)
         return out
+
+    def _servers_line(self) -> str:
+        try:
+            servers = self.state.rollout_servers()
+        except redis.RedisError as exc:
+            return f"Redis unreachable: {exc}"
+        versions = ", ".join(f"{a} v{info.get('policy_version')}" for a, info in sorted(servers.items()))
+        return f"{len(servers)} rollout server(s) registered{': ' + versions if versions else ''}"
+
+    def _catch_up_servers(self) -> None:
+        """Pushes the current weights to registered rollout servers that serve an older version (restarted,
+        or missed a push while they were away); they take no work until they have it."""
+        if self._pushed is None:
+            return
+        now = time.monotonic()
+        try:
+            servers = self.state.rollout_servers()
+        except redis.RedisError:
+            return
+        behind = [a for a, info in servers.items()
+                  if int(info.get("policy_version", -1)) < self.version and now >= self._catch_up_after.get(a, 0.0)]
+        if not behind:
+            return
+        for address in behind:
+            self._catch_up_after[address] = now + CATCH_UP_EVERY_S
+        for result in self.pusher.push(self.version, self._pushed, sorted(behind)):
+            if result.ok:
+                log.info("rollout %s was behind: pushed v%d (%.1fs)", result.address, self.version, result.seconds)
+            else:
+                log.warning("rollout %s is behind and the push of v%d failed: %s", result.address, self.version,
+                            result.error)
+
+    def _rebuild_run_state(self, partial: CollectedStep) -> CollectedStep:
+        """Redis lost the run's state (its consumer group is gone). The learner's own step and version are
+        the truth: publish them again, restart group claims at this step, and collect the step anew; the
+        groups already read for it went with Redis and are counted as lost."""
+        self.groups_lost_to_redis += len(partial.groups)
+        DROPPED.labels(reason="redis_lost").inc(len(partial.trajectories))
+        log.error("Redis lost the run's state (restarted without persistence?): rebuilding it at step %d, policy "
+                  "v%d; %d group(s) read for this step were lost with it and will be replaced",
+                  self.step + 1, self.version, len(partial.groups))
+        self.stream.ensure_group()
+        self.state.publish_version(self.version)
+        self.state.raise_claims_to(self.step * self.config.rollout.groups_per_step)
+        self._backlog = []
+        return CollectedStep()
 
     def _report_stale_groups(self, count: int) -> None:
         """Run-wide count of groups lost to staleness: the producers shift later claims by it (see
@@ -120,6 +205,7 @@ class LearnerService:
         start, packed = time.perf_counter(), pack(weights)
         addresses = sorted(self.state.rollout_servers())
         results = self.pusher.push(self.version, packed, addresses)
+        self._pushed = packed
         for result in results:
             if not result.ok:
                 log.error("weight push v%d to %s failed: %s", self.version, result.address, result.error)
@@ -135,7 +221,7 @@ class LearnerService:
         start = time.perf_counter()
         self.trainer.save_checkpoint(self.config.learner.checkpoint_dir, {
             "step": self.step, "policy_version": self.version, "unacked_entry_ids": self._unacked,
-            "dropped_stale_total": self.dropped_stale_total})
+            "dropped_stale_total": self.dropped_stale_total, "groups_lost_to_redis": self.groups_lost_to_redis})
         if self.stream is not None:
             self.stream.ack(self._unacked)
         self._unacked = []
@@ -158,7 +244,8 @@ class LearnerService:
                    "staleness": self.step - 1 - sum(versions) / max(len(versions), 1),
                    "step_seconds": time.perf_counter() - start, "trajectories": len(batch.trajectories),
                    "groups": len(batch.groups), "entry_ids": batch.entry_ids, "dropped_stale": batch.dropped_stale,
-                   "dropped_stale_total": self.dropped_stale_total}
+                   "dropped_stale_total": self.dropped_stale_total,
+                   "groups_lost_to_redis": self.groups_lost_to_redis}
         for traj in batch.trajectories:
             for name, value in traj.reward_components.items():
                 summary.setdefault(f"reward/{name}", 0.0)

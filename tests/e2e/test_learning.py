@@ -27,7 +27,11 @@ tokens around the action). At constant lr, one PPO run fell from ~100% to ~45% w
 step 38 (likely because whitened GAE advantages of near-constant returns are mostly noise); hence the
 cosine decay. With it and this entropy bonus another PPO run stalled at ~50%; 0.02 made PPO learn."""
 RUNS = {
-    "ppo": ["algorithm.advantage=gae", "algorithm.critic_lr=3e-3", "algorithm.entropy_coeff=0.02"],
+    # the entropy bonus that PPO needs lengthened replies in some runs (13 -> 17.5 tokens, around the action):
+    # a length penalty from 15 tokens (3 terse turns) keeps them terse
+    "ppo": ["algorithm.advantage=gae", "algorithm.critic_lr=3e-3", "algorithm.entropy_coeff=0.02",
+            'reward.components={"goal": {"weight": 1.0}, "format": {"weight": 0.1}, '
+            '"length_penalty": {"weight": 0.5, "params": {"max_tokens": 15}}}'],
     "grpo": ["algorithm.advantage=grpo"],
     # trained on one-step-old samples half the time, it learns more slowly (tuning run: 85% over steps 46-50)
     "grpo_async": ["algorithm.advantage=grpo", "algorithm.max_staleness=1", "learner.steps=60"],

@@ -138,6 +138,70 @@ def test_trajectories_older_than_the_staleness_bound_are_dropped(setup):
     config.learner.steps = 4
     config.learner.step_timeout_s = 0.5
     trainer = RecordingTrainer()
-    with pytest.raises(Exception, match=r"step 4: 1/2 groups .*\(2 stale trajectories dropped\)"):
+    with pytest.raises(Exception, match=r"step 4: 1/2 groups .*\(2 stale trajectories dropped;"):
         service(config, state, stream, trainer).run()
     assert trainer.applied[-1] == ["g4", "g5"]
+
+
+class RegistryPusher(WeightPusher):
+    """Servers that apply every push (their registry entries follow); the first push of v1 also finds a
+    server that has just (re)started at v0, which produces the next step's groups once it has v1."""
+
+    def __init__(self, state, stream):
+        self.state, self.stream, self.pushes = state, stream, []
+
+    def push(self, version, weights, addresses):
+        self.pushes.append((version, list(addresses)))
+        for address in addresses:
+            self.state.register_rollout(address, {"policy_version": version})
+        if version == 1 and len(self.pushes) == 2:
+            self.state.register_rollout("127.0.0.1:2", {"policy_version": 0})
+        if "127.0.0.1:2" in addresses and version == 1:
+            for gid in ("h2", "h3"):
+                self.stream.publish(group(gid, version=1))
+        return [PushResult(a, True, version, weights.checksum) for a in addresses]
+
+
+def test_a_server_that_comes_back_behind_is_pushed_the_current_policy(redis_url, run_name, tmp_path):
+    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=2",
+                                "rollout.groups_per_step=2", "stream.read_block_ms=50",
+                                "learner.step_timeout_s=20", f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    state = RunState.connect(config)
+    try:
+        state.register_rollout("127.0.0.1:1", {"policy_version": 0})
+        stream = TrajectoryStream(state.client, state.trajectories_key)
+        for gid in ("g0", "g1"):
+            stream.publish(group(gid, version=0))
+        pusher, trainer = RegistryPusher(state, stream), RecordingTrainer()
+        LearnerService(config, trainer, pusher, state, stream).run()
+        # start-up push (v0), the step's push (v1), then v1 to the server that came back, and step 2's push
+        assert pusher.pushes[:3] == [(0, ["127.0.0.1:1"]), (1, ["127.0.0.1:1"]), (1, ["127.0.0.1:2"])]
+        assert trainer.applied == [["g0", "g1"], ["h2", "h3"]]
+    finally:
+        state.reset()
+
+
+class WipingPusher(OkPusher):
+    """Redis restarts empty right after the push of v1; the producers then publish step 2's groups anew."""
+
+    def __init__(self, state, stream):
+        self.state, self.stream, self.wiped = state, stream, False
+
+    def push(self, version, weights, addresses):
+        if version == 1 and not self.wiped:
+            self.wiped = True
+            self.state.reset()
+            for gid in ("h2", "h3"):
+                self.stream.publish(group(gid, version=1))
+        return super().push(version, weights, addresses)
+
+
+def test_the_learner_rebuilds_the_run_when_redis_comes_back_empty(setup):
+    config, state, stream = setup
+    config.learner.steps = 2
+    trainer = RecordingTrainer()
+    history = LearnerService(config, trainer, WipingPusher(state, stream), state, stream).run()
+    assert trainer.applied == [["g0", "g1"], ["h2", "h3"]]
+    assert state.policy_version() == 2 and state.done() == "finished"
+    assert int(state.client.get(config.key("group_claims"))) == 2  # claims restart at step 2's slots
+    assert history[-1]["groups_lost_to_redis"] == 0 and stream.pending_count() == 0
