@@ -68,6 +68,7 @@ class JobManager:
 
     # -- reconcile ---------------------------------------------------------------------------------
     def recover(self) -> None:
+        self.fail_unreadable(unfinished_only=False)
         for record in self.store.unfinished():
             if record.state == "queued":
                 continue
@@ -83,6 +84,7 @@ class JobManager:
                 self._apply(record, status, [("message", note)])
 
     def tick(self) -> None:
+        self.fail_unreadable()
         for record in self.store.unfinished():
             if record.state in ACTIVE:
                 with self._lock:
@@ -96,6 +98,18 @@ class JobManager:
                         continue
                     self._apply(record, status, [])
         self._start_queued()
+
+    def fail_unreadable(self, unfinished_only: bool = True) -> None:
+        """A record that no longer loads fails alone, saying why; whatever it had running is cancelled."""
+        for problem in self.store.unreadable(unfinished_only):
+            with self._lock:
+                log.error("%s; marking the job failed", problem)
+                record = self.store.quarantine(problem)
+                if record.launcher_info:
+                    try:
+                        self.launcher.cancel(record.id, record.launcher_info)
+                    except Exception:  # best effort: the record no longer says reliably what runs
+                        log.exception("cancelling what unreadable job %s left running", record.id)
 
     def _start_queued(self) -> None:
         capacity, unfinished = self.launcher.capacity(), self.store.unfinished()

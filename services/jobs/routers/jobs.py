@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from services.common.config import JobSpec
 from services.jobs.manager import JobConflict, JobManager, JobNotFound
 from services.jobs.models import JOB_ID_PATTERN, Job, JobPage, JobState
+from services.jobs.store import UnreadableRecord
 from services.launcher.base import SpecRejected
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -27,7 +28,7 @@ def launcher_errors():
     """A failing launcher backend is a bad gateway, not a bug of this API."""
     try:
         yield
-    except (HTTPException, JobNotFound, JobConflict):
+    except (HTTPException, JobNotFound, JobConflict, UnreadableRecord):
         raise
     except Exception as exc:
         raise HTTPException(502, f"launcher failed: {type(exc).__name__}: {exc}"[:2000]) from exc
@@ -38,6 +39,13 @@ def get_job(request: Request, job_id: str) -> Job:
         return manager(request).get(job_id)
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
+    except UnreadableRecord as exc:
+        raise unreadable(exc) from None
+
+
+def unreadable(exc: UnreadableRecord) -> HTTPException:
+    """Transient: the next reconcile pass replaces the record with a failed one that says why."""
+    return HTTPException(503, f"{exc}; the job is being marked failed, retry", headers={"Retry-After": "2"})
 
 
 @router.post("", status_code=201, response_model=Job, summary="Submit a job",
@@ -45,16 +53,20 @@ def get_job(request: Request, job_id: str) -> Job:
                         422: {"description": "Invalid spec; `detail[].loc` names the field"}})
 def submit(request: Request, spec: JobSpec) -> Job:
     try:
-        return manager(request).submit(spec)
+        return manager(request).submit(request.app.state.spec_policy.apply(spec))
     except SpecRejected as exc:
-        raise RequestValidationError([{"type": "launcher_rejected", "loc": ("body", *exc.loc), "msg": exc.message,
+        kind = getattr(exc, "kind", "launcher_rejected")
+        raise RequestValidationError([{"type": kind, "loc": ("body", *exc.loc), "msg": exc.message,
                                        "input": None}]) from None
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def list_jobs(request: Request, state: Optional[list[JobState]] = Query(None, description="Only jobs in these states"),
               limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=1_000_000)) -> JobPage:
-    jobs, total = manager(request).store.list(state, limit, offset)
+    try:
+        jobs, total = manager(request).store.list(state, limit, offset)
+    except UnreadableRecord as exc:
+        raise unreadable(exc) from None
     return JobPage(jobs=jobs, total=total)
 
 
@@ -73,5 +85,7 @@ def cancel(request: Request, job_id: str = JobId) -> Job:
             return manager(request).cancel(job_id)
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
+    except UnreadableRecord as exc:
+        raise unreadable(exc) from None
     except JobConflict as exc:
         raise HTTPException(409, str(exc)) from None
