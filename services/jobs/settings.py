@@ -60,6 +60,10 @@ class JobsSettings(BaseSettings):
     """Kubernetes launcher: service account of the jobs' pods."""
     k8s_run_as_user: int = 10001
     """Kubernetes launcher: uid (and gid, fsGroup) of the jobs' pods; the images' user."""
+    k8s_monitoring_namespace: Optional[str] = "monitoring"
+    """Kubernetes launcher: namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
+    k8s_network_policies: bool = True
+    """Kubernetes launcher: give every job NetworkPolicies (its components reachable only by their callers)."""
 
     def jobs_redis_url(self) -> Optional[str]:
         return self.k8s_redis_url if self.launcher == "kubernetes" and self.k8s_redis_url else self.redis_url
