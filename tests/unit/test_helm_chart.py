@@ -8,18 +8,16 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from services.common.config import load_config
+from tests import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/openmanus-rl"
@@ -472,25 +470,11 @@ def test_redis_keeps_an_append_only_file_on_a_claim_by_default():
     assert "volumeClaimTemplates" not in objects(off, "StatefulSet")["omrl-openmanus-rl-redis"]["spec"]
 
 
-@pytest.mark.skipif(not shutil.which("redis-server") or not shutil.which("redis-cli"), reason="needs redis-server")
-def test_the_redis_start_script_takes_a_password_with_quotes_and_keeps_it_off_argv(tmp_path):
-    from services.common.grpc_server import free_port
-
-    port, password = free_port(), 'p a"s\\s$w`o'
-    script = redis_container(render())["args"][0].replace("dir /data", f"dir {tmp_path}\nport {port}\nbind 127.0.0.1")
-    env = {**os.environ, "REDISCLI_AUTH": password}
-    server = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL)
-    try:
-        cli = ["redis-cli", "-p", str(port)]
-        deadline = time.monotonic() + 20
-        while subprocess.run([*cli, "ping"], env=env, capture_output=True, text=True).stdout.strip() != "PONG":
-            assert time.monotonic() < deadline and server.poll() is None, "redis did not start"
-            time.sleep(0.05)
-        assert "NOAUTH" in subprocess.run([*cli, "ping"], capture_output=True, text=True).stdout
-        assert password not in Path(f"/proc/{server.pid}/cmdline").read_text()
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
+@pytest.mark.skipif(not redis_start_script.AVAILABLE, reason="needs redis-server and redis-cli")
+def test_the_redis_start_script_takes_any_password_and_keeps_it_off_argv(tmp_path):
+    started = redis_start_script.start(redis_container(render())["args"][0], tmp_path)
+    assert started.authed_ping == "PONG" and "NOAUTH" in started.unauthed_ping
+    assert redis_start_script.PASSWORD not in started.argv and started.appendonly == "yes"
 
 
 def test_rollout_and_learner_get_the_weight_push_token_from_a_generated_secret():
