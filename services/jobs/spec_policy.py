@@ -1,7 +1,8 @@
 """What a caller may point a job at. A job runs with the API's rights, so a spec's paths must stay inside
 the folders the operator allowed (symlinks and `..` resolved), and the Redis a job writes to is the
-server's: a caller's `stream.redis_url` is rejected unless the operator allows it. Only fields the caller
-set are checked: defaults are the server's own choice (and launchers override output and checkpoint dirs)."""
+server's: a caller's `stream.redis_url` is rejected unless the operator allows it. Only values the caller
+set away from their defaults are checked (a dumped run config repeats every default): defaults are the
+server's own choice, and launchers override output and checkpoint dirs."""
 from __future__ import annotations
 
 import re
@@ -34,12 +35,12 @@ class SpecPolicy:
             if not self._inside_roots(value):
                 raise SpecNotAllowed(loc, f"{value!r} is outside the folders this server allows: "
                                           f"{', '.join(map(str, self.roots))}")
-        if "redis_url" in spec.stream.model_fields_set and not self.allow_spec_redis_url:
+        callers_redis = _set_away_from_default(spec.stream, "redis_url") and spec.stream.redis_url != self.redis_url
+        if callers_redis and not self.allow_spec_redis_url:
             raise SpecNotAllowed(("stream", "redis_url"), "the server chooses the jobs' Redis; leave stream.redis_url "
                                                           "out of the spec")
-        if self.redis_url and "redis_url" not in spec.stream.model_fields_set:
+        if self.redis_url and not callers_redis:
             spec.stream.redis_url = self.redis_url
-            spec.stream.model_fields_set.discard("redis_url")
         return spec
 
     @staticmethod
@@ -48,10 +49,10 @@ class SpecPolicy:
                   (("output_dir",), spec, "output_dir"), (("learner", "checkpoint_dir"), spec.learner, "checkpoint_dir")]
         for loc, section, name in fields:
             value = getattr(section, name)
-            if name in section.model_fields_set and value:
+            if value and _set_away_from_default(section, name):
                 yield loc, value
         path = spec.model.path
-        if path and "path" in spec.model.model_fields_set and not _is_hub_id(path):
+        if path and not _is_hub_id(path):
             yield ("model", "path"), path
 
     def _inside_roots(self, value: str) -> bool:
@@ -60,6 +61,10 @@ class SpecPolicy:
         except (OSError, RuntimeError, ValueError):  # symlink loops, NUL bytes
             return False
         return any(resolved == root or root in resolved.parents for root in self.roots)
+
+
+def _set_away_from_default(section, name: str) -> bool:
+    return name in section.model_fields_set and getattr(section, name) != type(section).model_fields[name].default
 
 
 def _is_hub_id(value: str) -> bool:

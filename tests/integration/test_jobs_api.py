@@ -3,6 +3,7 @@ auth, validation errors naming the field, body limit, the job resource, events (
 records across an app restart, and the `omrl` CLI against it."""
 import json
 import sqlite3
+from datetime import datetime, timezone
 import threading
 import time
 
@@ -11,9 +12,10 @@ import pytest
 from fastapi.routing import APIRoute
 
 from services.cli.main import main as omrl
-from services.common.config import load_config
+from services.common.config import JobSpec, load_config
 from services.common.run_state import RunState
 from services.jobs.app import create_app
+from services.jobs.models import JobRecord
 from services.jobs.settings import JobsSettings
 from tests.fake_launcher import FakeLauncher
 from tests.live_api import LiveApi
@@ -163,11 +165,16 @@ def test_paths_inside_the_allowed_roots_and_hub_ids_are_accepted(api):
 
 
 def test_an_unreadable_stored_record_fails_alone_and_the_api_keeps_answering(api):
-    broken = submit(api.http, run="forever")
+    # a new row, so that no reconcile pass holds a good copy of it to save over the damage
+    stamp = datetime.now(timezone.utc)
+    record = JobRecord(id="broken-0000abcd", name="broken", state="queued", launcher="fake", created_at=stamp,
+                       updated_at=stamp, total_steps=1, spec=JobSpec())
+    doc = json.loads(record.model_dump_json())
+    doc["spec"]["algorithm"]["kl_coef"] = None  # what an earlier version stored for Infinity
     with sqlite3.connect(api.root / "jobs.sqlite") as db:
-        doc = json.loads(db.execute("SELECT doc FROM jobs WHERE id = ?", (broken["id"],)).fetchone()[0])
-        doc["spec"]["algorithm"]["kl_coef"] = None  # what an earlier version stored for Infinity
-        db.execute("UPDATE jobs SET doc = ? WHERE id = ?", (json.dumps(doc), broken["id"]))
+        db.execute("INSERT INTO jobs (id, state, created_at, doc) VALUES (?, ?, ?, ?)",
+                   (record.id, "queued", stamp.timestamp(), json.dumps(doc)))
+    broken = {"id": record.id}
     fine = submit(api.http, run="quick")
     wait_for(api.http, fine["id"], {"succeeded"})
     failed = wait_for(api.http, broken["id"], {"failed"})
@@ -357,3 +364,10 @@ def test_cli_cancel_waits_until_the_job_is_gone(api, capsys):
     wait_for(api.http, job["id"], {"running"})
     assert omrl(["--api", api.url, "--token", TOKEN, "cancel", job["id"], "--wait"]) == 0
     assert api.http.get(f"/v1/jobs/{job['id']}").json()["state"] == "cancelled"
+
+
+def test_a_dumped_run_config_repeating_every_default_is_accepted(api, redis_url):
+    spec = json.loads(JobSpec(run="quick").model_dump_json())  # output_dir, checkpoint_dir, redis_url: defaults
+    job = submit(api.http, **spec)
+    assert job["spec"]["stream"]["redis_url"] == redis_url  # still the server's
+    wait_for(api.http, job["id"], {"succeeded"})
