@@ -12,7 +12,7 @@ from typing import Any
 from services.common.config import JobSpec
 from services.jobs.models import ACTIVE, JobRecord, now
 from services.jobs.progress import ProgressReader
-from services.jobs.store import JobStore
+from services.jobs.store import JobStore, UnreadableRecord
 from services.launcher.base import STARTING, TERMINAL, Launcher, LaunchStatus
 
 log = logging.getLogger(__name__)
@@ -102,14 +102,18 @@ class JobManager:
     def fail_unreadable(self, unfinished_only: bool = True) -> None:
         """A record that no longer loads fails alone, saying why; whatever it had running is cancelled."""
         for problem in self.store.unreadable(unfinished_only):
-            with self._lock:
-                log.error("%s; marking the job failed", problem)
-                record = self.store.quarantine(problem)
-                if record.launcher_info:
-                    try:
-                        self.launcher.cancel(record.id, record.launcher_info)
-                    except Exception:  # best effort: the record no longer says reliably what runs
-                        log.exception("cancelling what unreadable job %s left running", record.id)
+            self.repair(problem)
+
+    def repair(self, problem: UnreadableRecord) -> JobRecord:
+        with self._lock:
+            log.error("%s; replacing it with a record that says so", problem)
+            record = self.store.quarantine(problem)
+            if record.launcher_info and record.state == "failed":
+                try:
+                    self.launcher.cancel(record.id, record.launcher_info)
+                except Exception:  # best effort: the record no longer says reliably what runs
+                    log.exception("cancelling what unreadable job %s left running", record.id)
+            return record
 
     def _start_queued(self) -> None:
         capacity, unfinished = self.launcher.capacity(), self.store.unfinished()

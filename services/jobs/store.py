@@ -113,6 +113,10 @@ class JobStore:
             row = self._db.execute("SELECT doc, created_at, state FROM jobs WHERE id = ?",
                                    (problem.job_id,)).fetchone()
         doc, created, state = row
+        try:
+            return load_record(problem.job_id, doc)  # repaired meanwhile (by a request or the reconcile pass)
+        except UnreadableRecord:
+            pass
         state = state if state in TERMINAL else FAILED
         try:
             old = json.loads(doc)

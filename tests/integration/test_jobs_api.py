@@ -165,22 +165,35 @@ def test_paths_inside_the_allowed_roots_and_hub_ids_are_accepted(api):
 
 
 def test_an_unreadable_stored_record_fails_alone_and_the_api_keeps_answering(api):
-    # a new row, so that no reconcile pass holds a good copy of it to save over the damage
-    stamp = datetime.now(timezone.utc)
-    record = JobRecord(id="broken-0000abcd", name="broken", state="queued", launcher="fake", created_at=stamp,
-                       updated_at=stamp, total_steps=1, spec=JobSpec())
-    doc = json.loads(record.model_dump_json())
-    doc["spec"]["algorithm"]["kl_coef"] = None  # what an earlier version stored for Infinity
-    with sqlite3.connect(api.root / "jobs.sqlite") as db:
-        db.execute("INSERT INTO jobs (id, state, created_at, doc) VALUES (?, ?, ?, ?)",
-                   (record.id, "queued", stamp.timestamp(), json.dumps(doc)))
-    broken = {"id": record.id}
+    broken = {"id": insert_unreadable(api.root / "jobs.sqlite", "broken-0000abcd", "queued")}
     fine = submit(api.http, run="quick")
     wait_for(api.http, fine["id"], {"succeeded"})
     failed = wait_for(api.http, broken["id"], {"failed"})
     assert "unreadable" in failed["error"] and "algorithm.kl_coef" in failed["error"]
     assert api.http.get("/v1/jobs").status_code == 200
     assert httpx.get(api.url + "/readyz").status_code == 200
+
+
+def test_reading_an_unreadable_finished_record_repairs_it_at_once(api):
+    job_id = insert_unreadable(api.root / "jobs.sqlite", "done-0000abcd", "succeeded")
+    assert job_id in {j["id"] for j in api.http.get("/v1/jobs", params={"limit": 500}).json()["jobs"]}
+    job = api.http.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "succeeded" and "algorithm.kl_coef" in job["error"]
+    kept = [e["data"] for e in api.http.get(f"/v1/jobs/{job_id}/events").json()["events"] if "stored_record" in e["data"]]
+    assert len(kept) == 1
+
+
+def insert_unreadable(db_path, job_id: str, state: str) -> str:
+    """A new row, so that no reconcile pass holds a good copy of it to save over the damage."""
+    stamp = datetime.now(timezone.utc)
+    record = JobRecord(id=job_id, name="broken", state=state, launcher="fake", created_at=stamp, updated_at=stamp,
+                       total_steps=1, spec=JobSpec())
+    doc = json.loads(record.model_dump_json())
+    doc["spec"]["algorithm"]["kl_coef"] = None  # what an earlier version stored for Infinity
+    with sqlite3.connect(db_path) as db:
+        db.execute("INSERT INTO jobs (id, state, created_at, doc) VALUES (?, ?, ?, ?)",
+                   (job_id, state, stamp.timestamp(), json.dumps(doc)))
+    return job_id
 
 
 class FlakyLauncher(FakeLauncher):

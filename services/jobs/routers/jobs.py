@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +17,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Path(pattern=JOB_ID_PATTERN, description="Job id, as returned by the submit call")
 NOT_FOUND = {404: {"description": "No such job"}}
 LAUNCHER_DOWN = {502: {"description": "The launcher's backend (e.g. the Kubernetes API) failed; retry"}}
+MAX_REPAIRS = 20
+T = TypeVar("T")
 
 
 def manager(request: Request) -> JobManager:
@@ -36,16 +38,19 @@ def launcher_errors():
 
 def get_job(request: Request, job_id: str) -> Job:
     try:
-        return manager(request).get(job_id)
+        return repairing(request, lambda: manager(request).get(job_id))
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
-    except UnreadableRecord as exc:
-        raise unreadable(exc) from None
 
 
-def unreadable(exc: UnreadableRecord) -> HTTPException:
-    """Transient: the next reconcile pass replaces the record with a failed one that says why."""
-    return HTTPException(503, f"{exc}; the job is being marked failed, retry", headers={"Retry-After": "2"})
+def repairing(request: Request, read: Callable[[], T]) -> T:
+    """`read()`, after replacing any unreadable record it meets with one that says why."""
+    for _ in range(MAX_REPAIRS):
+        try:
+            return read()
+        except UnreadableRecord as exc:
+            manager(request).repair(exc)
+    return read()
 
 
 @router.post("", status_code=201, response_model=Job, summary="Submit a job",
@@ -63,10 +68,7 @@ def submit(request: Request, spec: JobSpec) -> Job:
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def list_jobs(request: Request, state: Optional[list[JobState]] = Query(None, description="Only jobs in these states"),
               limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=1_000_000)) -> JobPage:
-    try:
-        jobs, total = manager(request).store.list(state, limit, offset)
-    except UnreadableRecord as exc:
-        raise unreadable(exc) from None
+    jobs, total = repairing(request, lambda: manager(request).store.list(state, limit, offset))
     return JobPage(jobs=jobs, total=total)
 
 
@@ -82,10 +84,8 @@ def read_job(request: Request, job_id: str = JobId) -> Job:
 def cancel(request: Request, job_id: str = JobId) -> Job:
     try:
         with launcher_errors():
-            return manager(request).cancel(job_id)
+            return repairing(request, lambda: manager(request).cancel(job_id))
     except JobNotFound:
         raise HTTPException(404, f"no job {job_id}") from None
-    except UnreadableRecord as exc:
-        raise unreadable(exc) from None
     except JobConflict as exc:
         raise HTTPException(409, str(exc)) from None
