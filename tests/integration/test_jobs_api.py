@@ -212,18 +212,19 @@ class FlakyLauncher(FakeLauncher):
 def test_readiness_fails_while_no_reconcile_pass_completes(tmp_path):
     launcher = FlakyLauncher()
     with LiveApi(make_app(tmp_path, launcher=launcher, reconcile_max_age_s=0.3)) as live:
+        deadline = time.monotonic() + 20
+
         def readyz():
             return httpx.get(live.url + "/readyz")
 
-        deadline = time.monotonic() + 10
         while readyz().status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.02)
         launcher.down.set()
-        while (answer := readyz()).status_code != 503:
-            assert time.monotonic() < deadline
+        # (a loaded machine may stall a pass past the age limit on its own: wait for the failing one's reason)
+        while not ((answer := readyz()).status_code == 503 and "launcher backend unreachable" in answer.text):
+            assert time.monotonic() < deadline, answer.text
             time.sleep(0.02)
-        assert "launcher backend unreachable" in answer.json()["detail"]
         launcher.down.clear()
         while readyz().status_code != 200:
             assert time.monotonic() < deadline
