@@ -123,7 +123,9 @@ def build() -> dict:
             "grafana": obj({"dashboards": obj({
                 "enabled": BOOL, "labels": {"type": "object", "additionalProperties": STRING},
                 "annotations": {"type": "object", "additionalProperties": STRING}})}),
-            "networkPolicy": obj({"enabled": BOOL, "metricsFrom": {"type": "array", "items": OBJECT},
+            "weightPush": obj({"existingSecret": STRING, "existingSecretKey": STRING}),
+            "networkPolicy": obj({"enabled": BOOL, "monitoringNamespace": STRING,
+                                  "metricsFrom": {"type": "array", "items": OBJECT},
                                   "modelDownloadEgress": {"type": "array", "items": OBJECT},
                                   "envsExtraEgress": {"type": "array", "items": OBJECT},
                                   "rewardExtraEgress": {"type": "array", "items": OBJECT},

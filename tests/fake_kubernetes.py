@@ -19,9 +19,10 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes_validate
 from kubernetes import client
 
-ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z.]+)/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
+ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
                    r"(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
-KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "deployments": "Deployment", "jobs": "Job"}
+KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "deployments": "Deployment", "jobs": "Job",
+         "secrets": "Secret", "networkpolicies": "NetworkPolicy"}
 DEFAULT_PROPAGATION = {"Job": "Orphan"}
 
 

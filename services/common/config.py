@@ -2,15 +2,34 @@
 all map onto these models. Every field's docstring doubles as its help text."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # NaN/Infinity pass Python's json and compare false with every bound; a stored one reads back as null
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
+                              allow_inf_nan=False)
+
+
+def _reject_non_finite(value: Any, path: str = "") -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path or 'value'} is {value}; numbers must be finite")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _reject_non_finite(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _reject_non_finite(item, f"{path}[{i}]")
+    return value
+
+
+FreeForm = Annotated[dict[str, Any], AfterValidator(_reject_non_finite)]
+"""Free-form options of a plugin: any JSON but non-finite numbers."""
 
 
 class ModelConfig(Section):
@@ -31,7 +50,7 @@ class ModelConfig(Section):
 class EnvConfig(Section):
     name: str = "corridor"
     """Registered environment to train on (see `services.envs.registry`)."""
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: FreeForm = Field(default_factory=dict)
     """Environment knobs, e.g. {"length": 6} for corridor difficulty."""
     address: str = "127.0.0.1:50052"
     """host:port of the environment service; several replicas as `ipv4:h1:p1,h2:p2` or one DNS name."""
@@ -47,11 +66,11 @@ class EnvConfig(Section):
     """Folder with train.parquet and validation.parquet; empty: `<data_dir>/<name>`, generated on first use."""
     data_dir: str = "data"
     """Where generated task datasets are written."""
-    train_tasks: int = Field(10000, ge=1)
+    train_tasks: int = Field(10000, ge=1, le=100_000_000)
     """Rows of a generated train split (task indices 0..train_tasks-1); tasks are drawn from the train split."""
     validation_tasks: int = Field(32, ge=1, le=100000)
     """Rows of a generated validation split (the task indices right after the train ones)."""
-    validation_every: int = Field(0, ge=0)
+    validation_every: int = Field(0, ge=0, le=100_000_000)
     """Run the whole validation split whenever the policy version is a multiple of this (0: never)."""
     validation_temperature: float = Field(0.0, ge=0, le=5)
     """Sampling temperature of validation episodes (0: greedy)."""
@@ -64,7 +83,7 @@ class RolloutConfig(Section):
     """Rollout servers; the learner pushes weights to every one that is registered and alive."""
     gpu_memory_utilization: float = Field(0.05, gt=0, le=1)
     """vLLM KV-cache share (of RAM on CPU, of GPU memory on GPU)."""
-    max_num_seqs: int = Field(256, ge=1)
+    max_num_seqs: int = Field(256, ge=1, le=65536)
     """Most sequences the engine batches at once."""
     enforce_eager: bool = True
     """Skip CUDA-graph/compile warm-up (faster start, slower steady state)."""
@@ -72,23 +91,23 @@ class RolloutConfig(Section):
     """Token budget of one model turn."""
     temperature: float = Field(1.0, ge=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=0, le=10_000_000)
     """0 disables top-k."""
     action_parser: str = "xml_action"
     """Registered action template; `xml_action` takes the text inside <action>...</action>."""
     group_size: int = Field(8, ge=1, le=1024)
     """Episodes sampled per task (GRPO group)."""
-    groups_per_step: int = Field(8, ge=1)
+    groups_per_step: int = Field(8, ge=1, le=100_000)
     """Task groups per learner step."""
-    trajectories_per_message: int = Field(0, ge=0)
+    trajectories_per_message: int = Field(0, ge=0, le=100_000)
     """Trajectories per stream entry; 0 writes one entry per group."""
-    generate_timeout_s: float = Field(120.0, gt=0)
+    generate_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Deadline of one generation call."""
 
 
 class RewardComponentConfig(Section):
-    weight: float = 1.0
-    params: dict[str, Any] = Field(default_factory=dict)
+    weight: float = Field(1.0, ge=-1000, le=1000)
+    params: FreeForm = Field(default_factory=dict)
 
 
 class RewardConfig(Section):
@@ -104,7 +123,7 @@ class RewardConfig(Section):
     """How a trajectory's reward is placed on its model tokens."""
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per token for `discounted` allocation."""
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(30.0, gt=0, le=86400)
 
 
 class AlgorithmConfig(Section):
@@ -117,33 +136,33 @@ class AlgorithmConfig(Section):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     lr: float = Field(1e-3, gt=0, le=1)
     """AdamW learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0, le=100)
+    grad_clip: float = Field(1.0, gt=0, le=1e6)
     ppo_epochs: int = Field(1, ge=1, le=100)
     """Passes over each batch."""
-    micro_batch_size: int = Field(16, ge=1)
+    micro_batch_size: int = Field(16, ge=1, le=65536)
     """Sequences per forward/backward; gradients accumulate across micro-batches."""
     max_staleness: int = Field(0, ge=0, le=1000)
     """Rollout may run this many policy versions ahead of the learner; 0 is synchronous on-policy."""
-    clip_ratio_c: float = Field(3.0, gt=1)
+    clip_ratio_c: float = Field(3.0, gt=1, le=1e6)
     """Dual-clip: for negative advantages the per-token loss is capped at -A * clip_ratio_c."""
-    entropy_coeff: float = Field(0.0, ge=0)
+    entropy_coeff: float = Field(0.0, ge=0, le=1000)
     """Entropy bonus: the loss subtracts this times the aggregated token entropy."""
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per model token for GAE and REINFORCE++ returns."""
     lam: float = Field(1.0, ge=0, le=1)
     """GAE lambda (0: one-step TD errors, 1: Monte-Carlo returns minus values)."""
-    tis_cap: float = Field(2.0, ge=0)
+    tis_cap: float = Field(2.0, ge=0, le=1e6)
     """Truncated importance sampling: token losses are weighted by min(pi_learner / pi_rollout, tis_cap); 0 disables."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate shape after warm-up, for policy and critic (cosine decays over learner.steps)."""
-    lr_warmup_steps: int = Field(0, ge=0)
+    lr_warmup_steps: int = Field(0, ge=0, le=100_000_000)
     """Steps of linear warm-up: step k (0-based) runs at lr * (k + 1) / lr_warmup_steps."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Cosine schedule: the final learning rate as a fraction of lr."""
     critic_lr: float = Field(1e-3, gt=0, le=1)
     """AdamW learning rate of the critic (advantage `gae`)."""
-    value_clip: float = Field(0.5, gt=0)
+    value_clip: float = Field(0.5, gt=0, le=1e6)
     """Clipped value loss: new values are clipped to within this of the step's initial values."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(policy || reference) from each token's reward before the advantages."""
@@ -151,15 +170,15 @@ class AlgorithmConfig(Section):
     """KL estimator in the reward: k1 `kl`, `abs`, k2 `mse`, k3 `low_var_kl`."""
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     """In-reward KL coefficient: fixed, or adapted towards kl_target (Ziegler et al.)."""
-    kl_coef: float = Field(0.001, ge=0)
+    kl_coef: float = Field(0.001, ge=0, le=1e6)
     """In-reward KL coefficient (the adaptive controller's starting value)."""
-    kl_target: float = Field(0.1, gt=0)
+    kl_target: float = Field(0.1, gt=0, le=1e6)
     """Adaptive controller: the KL per token it steers towards."""
-    kl_horizon: int = Field(10000, ge=1)
+    kl_horizon: int = Field(10000, ge=1, le=1_000_000_000)
     """Adaptive controller: trajectories over which the coefficient may change by about 20%."""
     use_kl_loss: bool = False
     """Add kl_loss_coef * KL(policy || reference) to the policy loss."""
-    kl_loss_coef: float = Field(0.001, ge=0)
+    kl_loss_coef: float = Field(0.001, ge=0, le=1e6)
     """Weight of the KL loss term."""
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
     """KL estimator of the loss term."""
@@ -170,34 +189,35 @@ class StreamConfig(Section):
     """Redis holding the trajectory stream, the rollout registry and run state."""
     prefix: str = "omrl"
     """Key prefix; every key of a run lives under `<prefix>:<run>:`."""
-    read_block_ms: int = Field(1000, ge=1)
+    read_block_ms: int = Field(1000, ge=1, le=600_000)
     """How long one stream read blocks before the learner re-checks for shutdown."""
-    max_len: int = Field(10000, ge=100)
+    max_len: int = Field(10000, ge=100, le=1_000_000_000)
     """Approximate cap on stream entries (XADD MAXLEN ~); acked entries are trimmed first."""
 
 
 class LearnerConfig(Section):
-    steps: int = Field(40, ge=0)
+    steps: int = Field(40, ge=0, le=100_000_000)
     """Policy updates to run."""
     checkpoint_dir: str = "runs/default/checkpoints"
-    checkpoint_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(1, ge=1, le=100_000_000)
     """Checkpoint (and acknowledge consumed batches) every this many steps."""
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, le=10_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    nproc: int = Field(1, ge=1)
+    nproc: int = Field(1, ge=1, le=1024)
     """Learner processes (torchrun); FSDP shards over them."""
-    push_timeout_s: float = Field(120.0, gt=0)
+    push_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Deadline of one weight push to a rollout server."""
     weight_push: str = "grpc"
     """Registered weight transport; `none` trains on the stream without rollout servers (recorded batches)."""
-    step_timeout_s: float = Field(900.0, gt=0)
+    step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
 
 
 class TrainConfig(Section):
     run: str = "default"
     """Run name; scopes Redis keys, output and checkpoint folders."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Random seed (numpy takes 0..2**32-1)."""
     output_dir: str = "runs"
     """Where runs write checkpoints, logs and plots."""
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -2,25 +2,27 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Gauge, Histogram, PlatformCollector, ProcessCollector
 
 from services.common import metrics
 from services.jobs.auth import forbid_unknown_query, require_token
+from services.jobs.errors import validation_error
 from services.jobs.manager import JobManager
 from services.jobs.middleware import BodySizeLimit, RequestMetrics
 from services.jobs.progress import ProgressReader
+from services.jobs.reconcile import Reconciler
 from services.jobs.routers import events, health, jobs, logs
 from services.jobs.routers import metrics as metrics_router
 from services.jobs.settings import JobsSettings
+from services.jobs.spec_policy import SpecPolicy
 from services.jobs.store import JobStore
 from services.launcher.base import LAUNCHERS, Launcher
 
-log = logging.getLogger(__name__)
 AUTH_RESPONSES = {401: {"description": "Missing or wrong bearer token"},
                   413: {"description": "Request body over the size limit"}}
 
@@ -50,19 +52,6 @@ def build_launcher(settings: JobsSettings) -> Launcher:
     return KubernetesLauncher.from_settings(settings)
 
 
-async def reconcile_forever(manager: JobManager, interval_s: float, stop: asyncio.Event) -> None:
-    await asyncio.to_thread(manager.recover)
-    while not stop.is_set():
-        try:
-            await asyncio.to_thread(manager.tick)
-        except Exception:
-            log.exception("reconcile pass failed")
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-        except TimeoutError:
-            pass
-
-
 def create_app(settings: JobsSettings | None = None, launcher: Launcher | None = None,
                progress: ProgressReader | None = None) -> FastAPI:
     settings = settings or JobsSettings()
@@ -73,8 +62,10 @@ def create_app(settings: JobsSettings | None = None, launcher: Launcher | None =
         chosen = launcher or build_launcher(settings)
         reader = progress or ProgressReader(settings.redis_timeout_s)
         app.state.store, app.state.manager = store, JobManager(store, chosen, reader)
+        app.state.reconciler = Reconciler(app.state.manager, settings.poll_interval_s, settings.reconcile_max_age_s,
+                                          backoff_s=settings.reconcile_backoff_s)
         stop = asyncio.Event()
-        task = asyncio.create_task(reconcile_forever(app.state.manager, settings.poll_interval_s, stop))
+        task = asyncio.create_task(app.state.reconciler.supervise(stop))
         try:
             yield
         finally:
@@ -91,7 +82,9 @@ def create_app(settings: JobsSettings | None = None, launcher: Launcher | None =
                   openapi_url="/openapi.json" if public_docs else None, docs_url="/docs" if public_docs else None,
                   redoc_url=None)
     app.state.settings, app.state.token = settings, settings.resolve_token()
+    app.state.spec_policy = SpecPolicy.from_settings(settings)
     app.state.api_metrics = ApiMetrics.create()
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, histogram=app.state.api_metrics.request_seconds)  # outermost: sees 413s too
     authed = [Depends(require_token), Depends(forbid_unknown_query)]

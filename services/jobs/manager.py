@@ -12,7 +12,7 @@ from typing import Any
 from services.common.config import JobSpec
 from services.jobs.models import ACTIVE, JobRecord, now
 from services.jobs.progress import ProgressReader
-from services.jobs.store import JobStore
+from services.jobs.store import JobStore, UnreadableRecord
 from services.launcher.base import STARTING, TERMINAL, Launcher, LaunchStatus
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class JobManager:
 
     # -- reconcile ---------------------------------------------------------------------------------
     def recover(self) -> None:
+        self.fail_unreadable(unfinished_only=False)
         for record in self.store.unfinished():
             if record.state == "queued":
                 continue
@@ -83,6 +84,7 @@ class JobManager:
                 self._apply(record, status, [("message", note)])
 
     def tick(self) -> None:
+        self.fail_unreadable()
         for record in self.store.unfinished():
             if record.state in ACTIVE:
                 with self._lock:
@@ -96,6 +98,22 @@ class JobManager:
                         continue
                     self._apply(record, status, [])
         self._start_queued()
+
+    def fail_unreadable(self, unfinished_only: bool = True) -> None:
+        """A record that no longer loads fails alone, saying why; whatever it had running is cancelled."""
+        for problem in self.store.unreadable(unfinished_only):
+            self.repair(problem)
+
+    def repair(self, problem: UnreadableRecord) -> JobRecord:
+        with self._lock:
+            log.error("%s; replacing it with a record that says so", problem)
+            record = self.store.quarantine(problem)
+            if record.launcher_info and record.state == "failed":
+                try:
+                    self.launcher.cancel(record.id, record.launcher_info)
+                except Exception:  # best effort: the record no longer says reliably what runs
+                    log.exception("cancelling what unreadable job %s left running", record.id)
+            return record
 
     def _start_queued(self) -> None:
         capacity, unfinished = self.launcher.capacity(), self.store.unfinished()

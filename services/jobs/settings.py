@@ -33,6 +33,17 @@ class JobsSettings(BaseSettings):
     """Serve the OpenAPI document and /docs without the token (they hold no job data)."""
     redis_timeout_s: float = Field(2.0, gt=0)
     """Deadline of one Redis read of a job's progress."""
+    reconcile_max_age_s: float = Field(60.0, gt=0, le=3600)
+    """/readyz answers 503 when no reconcile pass has finished for this long."""
+    reconcile_backoff_s: float = Field(1.0, gt=0, le=600)
+    """First wait before a crashed reconcile loop is restarted; doubles per crash, up to 60 s."""
+    allowed_data_roots: list[Path] = Field(default_factory=lambda: [Path("data")])
+    """Folders a spec's paths (env.data_dir, env.dataset, model.path, output_dir, learner.checkpoint_dir) must
+    lie in, besides output_dir; JSON list in the environment, e.g. OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
+    redis_url: Optional[str] = None
+    """Redis of the jobs (local launcher; the kubernetes launcher uses k8s_redis_url); empty: the config default."""
+    allow_spec_redis_url: bool = False
+    """Accept a caller's stream.redis_url (off: a spec that sets one is rejected, the server's is used)."""
     k8s_namespace: str = "default"
     """Kubernetes launcher: namespace the jobs' objects are created in."""
     k8s_image: str = "openmanus-rl/{component}:cpu"
@@ -49,6 +60,13 @@ class JobsSettings(BaseSettings):
     """Kubernetes launcher: service account of the jobs' pods."""
     k8s_run_as_user: int = 10001
     """Kubernetes launcher: uid (and gid, fsGroup) of the jobs' pods; the images' user."""
+    k8s_monitoring_namespace: Optional[str] = "monitoring"
+    """Kubernetes launcher: namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
+    k8s_network_policies: bool = True
+    """Kubernetes launcher: give every job NetworkPolicies (its components reachable only by their callers)."""
+
+    def jobs_redis_url(self) -> Optional[str]:
+        return self.k8s_redis_url if self.launcher == "kubernetes" and self.k8s_redis_url else self.redis_url
 
     def resolve_token(self) -> str:
         token = self.token.get_secret_value() if self.token else ""

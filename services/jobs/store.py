@@ -8,11 +8,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from pydantic import ValidationError
+
+from services.common.config import JobSpec
 from services.jobs.models import Event, JobRecord, now
-from services.launcher.base import TERMINAL
+from services.launcher.base import FAILED, TERMINAL
+
+KEPT_DOC_CHARS = 64 * 1024
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -22,6 +28,22 @@ CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL, seq INTEGER NOT NULL, time TEXT NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
   PRIMARY KEY (job_id, seq));
 """
+
+
+class UnreadableRecord(RuntimeError):
+    """A stored job document that no longer loads (written by an older version, or damaged)."""
+
+    def __init__(self, job_id: str, reason: str):
+        super().__init__(f"stored record of job {job_id} is unreadable: {reason}")
+        self.job_id, self.reason = job_id, reason
+
+
+def load_record(job_id: str, doc: str) -> JobRecord:
+    try:
+        return JobRecord.model_validate_json(doc)
+    except ValidationError as exc:
+        raise UnreadableRecord(job_id, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                                 for e in exc.errors()[:5])) from None
 
 
 class JobStore:
@@ -56,7 +78,7 @@ class JobStore:
     def get(self, job_id: str) -> JobRecord | None:
         with self._lock:
             row = self._db.execute("SELECT doc FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return JobRecord.model_validate_json(row[0]) if row else None
+        return load_record(job_id, row[0]) if row else None
 
     def list(self, states: Iterable[str] | None = None, limit: int = 100,
              offset: int = 0) -> tuple[list[JobRecord], int]:
@@ -66,18 +88,69 @@ class JobStore:
             states = list(states)
             where, args = f"WHERE state IN ({','.join('?' * len(states))})", states
         with self._lock:
-            rows = self._db.execute(f"SELECT doc FROM jobs {where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
+            rows = self._db.execute(f"SELECT id, doc FROM jobs {where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
                                     (*args, limit, offset)).fetchall()
             total = self._db.execute(f"SELECT COUNT(*) FROM jobs {where}", args).fetchone()[0]
-        return [JobRecord.model_validate_json(r[0]) for r in rows], total
+        return [load_record(*row) for row in rows], total
 
     def unfinished(self) -> list[JobRecord]:
-        """Oldest first (the queue order)."""
-        marks = ",".join("?" * len(TERMINAL))
+        """Oldest first (the queue order); unreadable records are left out (see `unreadable`)."""
+        return self._readable(self._rows(finished=False))
+
+    def unreadable(self, unfinished_only: bool = True) -> list[UnreadableRecord]:
+        out = []
+        for job_id, doc in self._rows(finished=None if not unfinished_only else False):
+            try:
+                load_record(job_id, doc)
+            except UnreadableRecord as exc:
+                out.append(exc)
+        return out
+
+    def quarantine(self, problem: UnreadableRecord) -> JobRecord:
+        """Replaces an unreadable record with a readable one that says why: failed unless it had finished, its
+        spec the defaults; the original document is kept (truncated) in the job's events."""
         with self._lock:
-            rows = self._db.execute(f"SELECT doc FROM jobs WHERE state NOT IN ({marks}) ORDER BY created_at, id",
-                                    tuple(TERMINAL)).fetchall()
-        return [JobRecord.model_validate_json(r[0]) for r in rows]
+            row = self._db.execute("SELECT doc, created_at, state FROM jobs WHERE id = ?",
+                                   (problem.job_id,)).fetchone()
+        doc, created, state = row
+        try:
+            return load_record(problem.job_id, doc)  # repaired meanwhile (by a request or the reconcile pass)
+        except UnreadableRecord:
+            pass
+        state = state if state in TERMINAL else FAILED
+        try:
+            old = json.loads(doc)
+        except ValueError:
+            old = {}
+        old = old if isinstance(old, dict) else {}
+        info = old.get("launcher_info")
+        stamp = now()
+        record = JobRecord(id=problem.job_id, name=str(old.get("name") or problem.job_id)[:200], state=state,
+                           launcher=str(old.get("launcher") or "unknown")[:200],
+                           created_at=datetime.fromtimestamp(created, timezone.utc), updated_at=stamp,
+                           finished_at=stamp, total_steps=0, error=str(problem),
+                           launcher_info=info if isinstance(info, dict) else {}, spec=JobSpec(run="unreadable"))
+        self.add_events(record.id, [("message", {"message": "stored record unreadable; its document is kept here",
+                                                 "stored_record": doc[:KEPT_DOC_CHARS]}),
+                                    *([("state", {"state": FAILED, "error": str(problem)})] if state == FAILED else [])])
+        self.save(record)
+        return record
+
+    def _rows(self, finished: bool | None) -> list[tuple[str, str]]:
+        marks = ",".join("?" * len(TERMINAL))
+        where, args = (f"WHERE state NOT IN ({marks})", tuple(TERMINAL)) if finished is False else ("", ())
+        with self._lock:
+            return self._db.execute(f"SELECT id, doc FROM jobs {where} ORDER BY created_at, id", args).fetchall()
+
+    @staticmethod
+    def _readable(rows: list[tuple[str, str]]) -> list[JobRecord]:
+        out = []
+        for row in rows:
+            try:
+                out.append(load_record(*row))
+            except UnreadableRecord:
+                pass
+        return out
 
     def count_by_state(self) -> dict[str, int]:
         with self._lock:

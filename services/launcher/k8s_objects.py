@@ -4,9 +4,13 @@ The learner is an Indexed Job whose pods run torchrun, one node each; they meet 
 headless Service. The Job is the root: every other object names it as owner, so deleting it (cancel)
 lets the garbage collector delete the rest. Rollout servers are a Deployment (GPUs requested, pod IP
 advertised so the learner can push weights to each replica); envs and reward are Deployments with
-Services; the run config is a ConfigMap mounted at /etc/omrl."""
+Services; the run config is a ConfigMap mounted at /etc/omrl. A Secret holds the job's own weight-push
+token (rollout and learner get it as OMRL_WEIGHT_TOKEN), and NetworkPolicies let each component be
+reached only by the components of the same job that call it (metrics: from the monitoring namespace)."""
 from __future__ import annotations
 
+import base64
+import secrets
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -34,11 +38,15 @@ class K8sOptions:
     redis_password_key: str = "redis-password"
     service_account: Optional[str] = None
     run_as_user: int = 10001
+    monitoring_namespace: Optional[str] = "monitoring"
+    """Namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
+    network_policies: bool = True
+    """Create the jobs' NetworkPolicies."""
 
 
 def names(job_id: str) -> dict[str, str]:
     return {"learner": f"{job_id}-learner", "config": f"{job_id}-config", "envs": f"{job_id}-envs",
-            "reward": f"{job_id}-reward", "rollout": f"{job_id}-rollout"}
+            "reward": f"{job_id}-reward", "rollout": f"{job_id}-rollout", "token": f"{job_id}-weight-token"}
 
 
 def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
@@ -116,7 +124,9 @@ class JobObjects:
             "name": component, "image": image.replace("{component}", component),
             "command": command, "ports": [*ports, {"name": "metrics", "containerPort": METRICS_PORT}],
             "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/data/hf"},
-                    {"name": "PYTHONUNBUFFERED", "value": "1"}, *env],
+                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    # the services bind 127.0.0.1 unless told otherwise; in a pod, peers come over the pod IP
+                    {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"}, *env],
             "resources": self._resources(res),
             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                              {"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
@@ -169,7 +179,8 @@ class JobObjects:
                    "-m", "services.learner", "--config", f"{CONFIG_DIR}/config.yaml",
                    "--metrics-port", str(METRICS_PORT), *self.redis_args]
         env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env]
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env,
+            self._token_env()]
         container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env)
         spec: dict[str, Any] = {
             "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
@@ -183,10 +194,46 @@ class JobObjects:
 
     # -- owned by the root -----------------------------------------------------------------------
     def dependents(self, root: dict[str, Any]) -> list[dict[str, Any]]:
-        return [self.config_map(root), self.learner_service(root),
+        # policies and the token first: no pod of the job runs unprotected or without its token
+        policies = self.network_policies(root) if self.options.network_policies else []
+        return [*policies, self.weight_token(root), self.config_map(root), self.learner_service(root),
                 self.service("envs", root), self.deployment("envs", root),
                 self.service("reward", root), self.deployment("reward", root),
                 self.deployment("rollout", root)]
+
+    def _token_env(self) -> dict[str, Any]:
+        return {"name": "OMRL_WEIGHT_TOKEN", "valueFrom": {"secretKeyRef": {"name": self.names["token"],
+                                                                            "key": "weight-token"}}}
+
+    def weight_token(self, root: dict[str, Any]) -> dict[str, Any]:
+        """A random token per job: only this job's learner may push weights to its rollout servers."""
+        token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": self._meta(self.names["token"], "weight-token", root),
+                "type": "Opaque", "data": {"weight-token": token}}
+
+    def network_policies(self, root: dict[str, Any]) -> list[dict[str, Any]]:
+        """Ingress of each component: the job's own callers on its port, scrapers on the metrics port.
+        Peers are pods of this namespace carrying this job's labels (see docs/operations.md: residual trust)."""
+        def peer(component: str) -> dict[str, Any]:
+            return {"podSelector": {"matchLabels": selector(self.job_id, component)}}
+
+        callers = {"envs": (["rollout", "envs"], PORTS["envs"]), "reward": (["rollout"], PORTS["reward"]),
+                   "rollout": (["learner"], PORTS["rollout"]), "learner": (["learner"], None)}
+        policies = []
+        for component, (sources, port) in callers.items():
+            rule: dict[str, Any] = {"from": [peer(s) for s in sources]}
+            if port is not None:
+                rule["ports"] = [{"port": port, "protocol": "TCP"}]
+            ingress = [rule]
+            if self.options.monitoring_namespace:
+                ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": self.options.monitoring_namespace}}}],
+                    "ports": [{"port": METRICS_PORT, "protocol": "TCP"}]})
+            policies.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                             "metadata": self._meta(f"{self.names[component]}-ingress", component, root),
+                             "spec": {"podSelector": {"matchLabels": selector(self.job_id, component)},
+                                      "policyTypes": ["Ingress"], "ingress": ingress}})
+        return policies
 
     def config_map(self, root: dict[str, Any]) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names["config"], "config", root),
@@ -214,7 +261,7 @@ class JobObjects:
         pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
         if component == "rollout":
             command += ["--advertise", f"$(POD_IP):{port}", *self.redis_args]
-            env += [pod_ip, *self.redis_env]
+            env += [pod_ip, *self.redis_env, self._token_env()]
             startup_s = 1800  # model download and load, engine warm-up
         if component == "envs" and res.replicas > 1:
             # an episode lives in one replica: replicas find each other through Redis and forward its calls

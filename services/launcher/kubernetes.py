@@ -20,7 +20,8 @@ from services.launcher.k8s_objects import MANAGED_BY, JobObjects, K8sOptions, ru
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds, on every API call
 APIS = {"Job": ("batch", "namespaced_job"), "ConfigMap": ("core", "namespaced_config_map"),
         "Service": ("core", "namespaced_service"), "Deployment": ("apps", "namespaced_deployment"),
-        "Pod": ("core", "namespaced_pod")}
+        "Pod": ("core", "namespaced_pod"), "Secret": ("core", "namespaced_secret"),
+        "NetworkPolicy": ("networking", "namespaced_network_policy")}
 POD_PROBLEMS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff",
                 "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 INSTANCE = "app.kubernetes.io/instance"
@@ -36,6 +37,7 @@ class KubernetesLauncher(Launcher):
         self.api, self.options = api_client, options
         self.core, self.apps, self.batch = (client.CoreV1Api(api_client), client.AppsV1Api(api_client),
                                             client.BatchV1Api(api_client))
+        self.networking = client.NetworkingV1Api(api_client)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "KubernetesLauncher":
@@ -49,7 +51,8 @@ class KubernetesLauncher(Launcher):
             namespace=settings.k8s_namespace, image=settings.k8s_image, gpu_image=settings.k8s_gpu_image,
             redis_url=settings.k8s_redis_url, redis_password_secret=settings.k8s_redis_password_secret,
             redis_password_key=settings.k8s_redis_password_key, service_account=settings.k8s_service_account,
-            run_as_user=settings.k8s_run_as_user))
+            run_as_user=settings.k8s_run_as_user, monitoring_namespace=settings.k8s_monitoring_namespace or None,
+            network_policies=settings.k8s_network_policies))
 
     def close(self) -> None:
         self.api.close()

@@ -2,6 +2,9 @@
 auth, validation errors naming the field, body limit, the job resource, events (page and SSE), metrics,
 records across an app restart, and the `omrl` CLI against it."""
 import json
+import sqlite3
+from datetime import datetime, timezone
+import threading
 import time
 
 import httpx
@@ -9,9 +12,10 @@ import pytest
 from fastapi.routing import APIRoute
 
 from services.cli.main import main as omrl
-from services.common.config import load_config
+from services.common.config import JobSpec, load_config
 from services.common.run_state import RunState
 from services.jobs.app import create_app
+from services.jobs.models import JobRecord
 from services.jobs.settings import JobsSettings
 from tests.fake_launcher import FakeLauncher
 from tests.live_api import LiveApi
@@ -21,17 +25,18 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SCRIPTS = {"quick": ("running", "running", "succeeded"), "forever": ("running",)}
 
 
-def make_app(tmp_path, **settings):
+def make_app(tmp_path, launcher=None, **settings):
     settings = JobsSettings(token=TOKEN, db=tmp_path / "jobs.sqlite", poll_interval_s=0.05, max_body_bytes=64 * 1024,
-                            **settings)
-    return create_app(settings, launcher=FakeLauncher(scripts=SCRIPTS))
+                            allowed_data_roots=[tmp_path / "data"], output_dir=tmp_path / "out", **settings)
+    return create_app(settings, launcher=launcher or FakeLauncher(scripts=SCRIPTS))
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    with LiveApi(make_app(tmp_path_factory.mktemp("api"))) as live:
+def api(tmp_path_factory, redis_url):
+    root = tmp_path_factory.mktemp("api")
+    with LiveApi(make_app(root, redis_url=redis_url)) as live:
         with httpx.Client(base_url=live.url, headers=AUTH, timeout=10) as http:
-            live.http = http
+            live.http, live.root = http, root
             yield live
 
 
@@ -103,6 +108,127 @@ def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
     response = api.http.post("/v1/jobs", json=spec)
     assert response.status_code == 422
     assert {"loc": loc, "type": kind}.items() <= response.json()["detail"][0].items()
+
+
+@pytest.mark.parametrize("body,loc", [
+    ('{"algorithm": {"kl_coef": Infinity}}', ["body", "algorithm", "kl_coef"]),
+    ('{"rollout": {"temperature": NaN}}', ["body", "rollout", "temperature"]),
+    ('{"learner": {"push_timeout_s": -Infinity}}', ["body", "learner", "push_timeout_s"]),
+    ('{"env": {"options": {"length": Infinity}}}', ["body", "env", "options"]),
+])
+def test_non_finite_numbers_are_a_422_naming_the_field(api, body, loc):
+    response = api.http.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == loc
+
+
+@pytest.mark.parametrize("spec,loc", [
+    ({"algorithm": {"kl_coef": 1e300}}, ["body", "algorithm", "kl_coef"]),
+    ({"learner": {"steps": 10**12}}, ["body", "learner", "steps"]),
+    ({"seed": -1}, ["body", "seed"]),
+])
+def test_out_of_bounds_numbers_are_a_422_naming_the_field(api, spec, loc):
+    response = api.http.post("/v1/jobs", json=spec)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == loc
+
+
+def path_escapes(root):
+    (root / "data").mkdir(exist_ok=True)
+    link = root / "data" / "link"
+    if not link.exists():
+        link.symlink_to(root.parent)
+    return [
+        ({"env": {"data_dir": str(root / "data" / ".." / "elsewhere")}}, ["body", "env", "data_dir"]),
+        ({"env": {"dataset": str(link / "corridor")}}, ["body", "env", "dataset"]),
+        ({"model": {"path": "/etc"}}, ["body", "model", "path"]),
+        ({"model": {"path": "../model"}}, ["body", "model", "path"]),
+        ({"output_dir": "/tmp"}, ["body", "output_dir"]),
+        ({"learner": {"checkpoint_dir": "runs/../../x"}}, ["body", "learner", "checkpoint_dir"]),
+        ({"stream": {"redis_url": "redis://attacker:6379/0"}}, ["body", "stream", "redis_url"]),
+    ]
+
+
+def test_paths_outside_the_allowed_roots_and_a_callers_redis_are_refused(api):
+    for spec, loc in path_escapes(api.root):
+        response = api.http.post("/v1/jobs", json=spec)
+        assert response.status_code == 422, (spec, response.text)
+        detail = response.json()["detail"][0]
+        assert detail["loc"] == loc and detail["type"] == "not_allowed", spec
+
+
+def test_paths_inside_the_allowed_roots_and_hub_ids_are_accepted(api):
+    inside = {"env": {"data_dir": str(api.root / "data" / "sets"), "dataset": str(api.root / "out" / "d")},
+              "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "run": "quick"}
+    job = submit(api.http, **inside)
+    assert job["spec"]["env"]["data_dir"] == inside["env"]["data_dir"]
+    wait_for(api.http, job["id"], {"succeeded"})
+
+
+def test_an_unreadable_stored_record_fails_alone_and_the_api_keeps_answering(api):
+    broken = {"id": insert_unreadable(api.root / "jobs.sqlite", "broken-0000abcd", "queued")}
+    fine = submit(api.http, run="quick")
+    wait_for(api.http, fine["id"], {"succeeded"})
+    failed = wait_for(api.http, broken["id"], {"failed"})
+    assert "unreadable" in failed["error"] and "algorithm.kl_coef" in failed["error"]
+    assert api.http.get("/v1/jobs").status_code == 200
+    assert httpx.get(api.url + "/readyz").status_code == 200
+
+
+def test_reading_an_unreadable_finished_record_repairs_it_at_once(api):
+    job_id = insert_unreadable(api.root / "jobs.sqlite", "done-0000abcd", "succeeded")
+    assert job_id in {j["id"] for j in api.http.get("/v1/jobs", params={"limit": 500}).json()["jobs"]}
+    job = api.http.get(f"/v1/jobs/{job_id}").json()
+    assert job["state"] == "succeeded" and "algorithm.kl_coef" in job["error"]
+    kept = [e["data"] for e in api.http.get(f"/v1/jobs/{job_id}/events").json()["events"] if "stored_record" in e["data"]]
+    assert len(kept) == 1
+
+
+def insert_unreadable(db_path, job_id: str, state: str) -> str:
+    """A new row, so that no reconcile pass holds a good copy of it to save over the damage."""
+    stamp = datetime.now(timezone.utc)
+    record = JobRecord(id=job_id, name="broken", state=state, launcher="fake", created_at=stamp, updated_at=stamp,
+                       total_steps=1, spec=JobSpec())
+    doc = json.loads(record.model_dump_json())
+    doc["spec"]["algorithm"]["kl_coef"] = None  # what an earlier version stored for Infinity
+    with sqlite3.connect(db_path) as db:
+        db.execute("INSERT INTO jobs (id, state, created_at, doc) VALUES (?, ?, ?, ?)",
+                   (job_id, state, stamp.timestamp(), json.dumps(doc)))
+    return job_id
+
+
+class FlakyLauncher(FakeLauncher):
+    """Every reconcile pass fails while `down` is set (capacity is asked once per pass)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = threading.Event()
+
+    def capacity(self):
+        if self.down.is_set():
+            raise ConnectionError("launcher backend unreachable")
+        return None
+
+
+def test_readiness_fails_while_no_reconcile_pass_completes(tmp_path):
+    launcher = FlakyLauncher()
+    with LiveApi(make_app(tmp_path, launcher=launcher, reconcile_max_age_s=0.3)) as live:
+        deadline = time.monotonic() + 20
+
+        def readyz():
+            return httpx.get(live.url + "/readyz")
+
+        while readyz().status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        launcher.down.set()
+        # (a loaded machine may stall a pass past the age limit on its own: wait for the failing one's reason)
+        while not ((answer := readyz()).status_code == 503 and "launcher backend unreachable" in answer.text):
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.02)
+        launcher.down.clear()
+        while readyz().status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
 
 
 def test_an_unknown_query_parameter_is_a_422_naming_it(api):
@@ -183,7 +309,8 @@ def test_events_as_a_page_and_as_a_server_sent_stream(api):
 
 
 def test_step_metrics_from_the_runs_redis_become_events_and_job_fields(api, redis_url):
-    job = submit(api.http, run="forever", stream={"redis_url": redis_url})
+    job = submit(api.http, run="forever")
+    assert job["spec"]["stream"]["redis_url"] == redis_url  # the server's, set on every spec
     wait_for(api.http, job["id"], {"running"})
     state = RunState.connect(load_config(None, [f"run={job['id']}", f"stream.redis_url={redis_url}"]))
     try:
@@ -251,3 +378,10 @@ def test_cli_cancel_waits_until_the_job_is_gone(api, capsys):
     wait_for(api.http, job["id"], {"running"})
     assert omrl(["--api", api.url, "--token", TOKEN, "cancel", job["id"], "--wait"]) == 0
     assert api.http.get(f"/v1/jobs/{job['id']}").json()["state"] == "cancelled"
+
+
+def test_a_dumped_run_config_repeating_every_default_is_accepted(api, redis_url):
+    spec = json.loads(JobSpec(run="quick").model_dump_json())  # output_dir, checkpoint_dir, redis_url: defaults
+    job = submit(api.http, **spec)
+    assert job["spec"]["stream"]["redis_url"] == redis_url  # still the server's
+    wait_for(api.http, job["id"], {"succeeded"})

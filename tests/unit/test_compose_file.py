@@ -14,10 +14,12 @@ import pytest
 import yaml
 
 from services.common.config import load_config
+from tests import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-ENV = {"OMRL_MODEL": "/models/tiny", "REDIS_PASSWORD": "pw", "GRAFANA_ADMIN_PASSWORD": "admin-pw"}
+ENV = {"OMRL_MODEL": "/models/tiny", "REDIS_PASSWORD": "pw", "GRAFANA_ADMIN_PASSWORD": "admin-pw",
+       "OMRL_WEIGHT_TOKEN": "weight-token-1"}
 OUR_SERVICES = {"envs", "reward", "rollout", "learner"}
 
 
@@ -154,3 +156,28 @@ def test_published_ports_bind_to_loopback_only(compose):
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), (name, port)
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume_and_its_password_off_command_lines(compose):
+    redis = compose["services"]["redis"]
+    script = redis["command"][-1]
+    assert redis["command"][:2] == ["sh", "-c"] and "exec redis-server - <<EOF" in script
+    assert "appendonly yes" in script and "dir /data" in script and "redis-data:/data" in redis["volumes"]
+    assert "redis-data" in compose["volumes"]
+    assert redis["environment"] == {"REDISCLI_AUTH": "pw"}  # redis-cli (the healthcheck) reads it from there
+    for line in (" ".join(redis["command"]), " ".join(redis["healthcheck"]["test"])):
+        assert "pw" not in line.replace("pwd", "") and "--requirepass" not in line and " -a " not in line
+
+
+@pytest.mark.skipif(not redis_start_script.AVAILABLE, reason="needs redis-server and redis-cli")
+def test_the_redis_start_script_takes_any_password_and_keeps_it_off_argv(compose, tmp_path):
+    started = redis_start_script.start(compose["services"]["redis"]["command"][-1], tmp_path)
+    assert started.authed_ping == "PONG" and "NOAUTH" in started.unauthed_ping
+    assert redis_start_script.PASSWORD not in started.argv and started.appendonly == "yes"
+
+
+def test_services_bind_all_addresses_and_rollout_and_learner_share_the_weight_token(compose):
+    for name in OUR_SERVICES:
+        env = compose["services"][name]["environment"]
+        assert env["OMRL_BIND_HOST"] == "0.0.0.0", name
+        assert env.get("OMRL_WEIGHT_TOKEN") == ("weight-token-1" if name in ("rollout", "learner") else None), name

@@ -5,6 +5,7 @@ Rendered with the real helm binary (scripts/get_helm.sh); scripts/ci_deploy_chec
 same renders against the Kubernetes schemas."""
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from services.common.config import load_config
+from tests import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/openmanus-rl"
@@ -238,16 +240,18 @@ def _selects(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
 
 
-def _peer_matches(peer: dict, labels: dict) -> bool:
-    if "namespaceSelector" in peer and not peer.get("podSelector"):
-        return True  # any pod (of the selected namespaces)
-    return _selects(peer.get("podSelector", {}), labels)
+def _peer_matches(peer: dict, labels: dict, namespace: str) -> bool:
+    if "namespaceSelector" in peer:
+        namespace_ok = _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
+    else:
+        namespace_ok = namespace == "ml"  # the policy's own namespace
+    return namespace_ok and _selects(peer.get("podSelector", {}), labels)
 
 
-def _rule_allows(rules: list, peer_key: str, labels: dict, port: int | None) -> bool:
+def _rule_allows(rules: list, peer_key: str, labels: dict, port: int | None, namespace: str = "ml") -> bool:
     for rule in rules:
         peers = rule.get(peer_key)
-        if peers is not None and not any(_peer_matches(p, labels) for p in peers):
+        if peers is not None and not any(_peer_matches(p, labels, namespace) for p in peers):
             continue
         ports = rule.get("ports")
         if ports and port is not None and not any(p.get("port") == port for p in ports):
@@ -256,13 +260,15 @@ def _rule_allows(rules: list, peer_key: str, labels: dict, port: int | None) -> 
     return False
 
 
-def allowed(docs, src: str, dst: str, port: int) -> bool:
-    """Whether the NetworkPolicies let a pod of component `src` open `port` on a pod of `dst`."""
+def allowed(docs, src: str, dst: str, port: int, src_namespace: str = "ml") -> bool:
+    """Whether the NetworkPolicies let a pod of component `src` (in `src_namespace`, with the labels of the
+    release's pods) open `port` on a pod of `dst`."""
     pods = {c: p["metadata"]["labels"] for c, p in workloads(docs).items()}
     policies = list(objects(docs, "NetworkPolicy").values())
     ingress = [p for p in policies if _selects(p["spec"]["podSelector"], pods[dst])]
     egress = [p for p in policies if _selects(p["spec"]["podSelector"], pods[src])]
-    ok_in = not ingress or any(_rule_allows(p["spec"].get("ingress", []), "from", pods[src], port) for p in ingress)
+    ok_in = not ingress or any(_rule_allows(p["spec"].get("ingress", []), "from", pods[src], port, src_namespace)
+                               for p in ingress)
     ok_out = not egress or any(_rule_allows(p["spec"].get("egress", []), "to", pods[dst], port) for p in egress)
     return ok_in and ok_out
 
@@ -287,15 +293,46 @@ def test_network_policies_allow_exactly_the_calls_the_system_makes():
             if dst == "jobs-api":
                 continue  # users call the API from anywhere (jobsApi.ingressFrom), components never do
             assert allowed(docs, src, dst, port) == ((src, dst, port) in CALLS), (src, dst, port)
+            # a pod elsewhere that copies the labels gets nowhere: every peer names the release's namespace
+            assert not allowed(docs, src, dst, port, src_namespace="elsewhere"), (src, dst, port)
 
 
-def test_metrics_ports_are_open_to_scrapers_and_nothing_else_is():
-    docs = render()
+def test_every_pod_peer_is_pinned_to_the_release_namespace():
+    for policy in objects(render(), "NetworkPolicy").values():
+        for rule in policy["spec"].get("ingress", []):
+            for peer in rule.get("from", []):
+                if "podSelector" in peer:
+                    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ml"}}
+
+
+METRICS_PORTS = {"envs": 9102, "reward": 9103, "rollout": 9101, "learner": 9104}
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def metrics_rules(docs) -> dict[str, list]:
     policies = {component_of(p): p for p in objects(docs, "NetworkPolicy").values()}
-    for component, port in {"envs": 9102, "reward": 9103, "rollout": 9101, "learner": 9104}.items():
-        rules = policies[component]["spec"]["ingress"]
-        assert any(r.get("ports") == [{"port": port}] and r["from"] == [{"namespaceSelector": {}}] for r in rules)
-    assert policies["redis"]["spec"]["egress"] == []
+    return {component: [r for r in policies[component]["spec"]["ingress"] if r.get("ports") == [{"port": port}]]
+            for component, port in METRICS_PORTS.items()}
+
+
+def test_metrics_ports_are_open_to_the_monitoring_namespace_only():
+    docs = render()
+    assert all(rules == [{"from": [MONITORING], "ports": [{"port": METRICS_PORTS[c]}]}]
+               for c, rules in metrics_rules(docs).items())
+    assert objects(docs, "NetworkPolicy")["omrl-openmanus-rl-redis"]["spec"]["egress"] == []
+    api = objects(docs, "NetworkPolicy")["omrl-openmanus-rl-jobs-api"]["spec"]["ingress"]
+    assert api == [{"from": [{"namespaceSelector": {}}, MONITORING], "ports": [{"port": 8080}]}]
+    extra = {"podSelector": {"matchLabels": {"app": "vmagent"}}}
+    docs = render("--set", "networkPolicy.monitoringNamespace=obs", "--set-json", f"networkPolicy.metricsFrom=[{json.dumps(extra)}]")
+    obs = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}}}
+    assert all(rules[0]["from"] == [obs, extra] for rules in metrics_rules(docs).values())
+
+
+def test_no_scrapers_means_no_metrics_rule_rather_than_an_open_one():
+    docs = render("--set", "networkPolicy.monitoringNamespace=", "--set", "jobsApi.ingressFrom=null")
+    assert all(rules == [] for rules in metrics_rules(docs).values())
+    for policy in objects(docs, "NetworkPolicy").values():
+        assert all(rule.get("from") for rule in policy["spec"].get("ingress", [])), policy["metadata"]["name"]
 
 
 # -- values and their schema -------------------------------------------------------------------------
@@ -364,3 +401,109 @@ def test_env_replicas_know_each_others_direct_addresses():
         for i in range(3)]
     single = main_container(workloads(render())["envs"])["args"]
     assert not any(a.startswith(("--peer=", "--replica-id")) for a in single)
+
+
+# -- the job API's rights, Redis, the weight-push token, bind addresses ---------------------------------
+def launcher_calls() -> set[tuple[str, str, str]]:
+    """(api group, resource, verb) of every call the kubernetes launcher makes through a job's life."""
+    from services.common.config import JobSpec
+    from services.launcher.k8s_objects import K8sOptions
+    from services.launcher.kubernetes import KubernetesLauncher
+    from tests.fake_kubernetes import FakeCluster
+
+    cluster = FakeCluster()
+    launcher = KubernetesLauncher(cluster.api_client(), K8sOptions(redis_password_secret="omrl-redis"))
+    spec = JobSpec.model_validate({"model": {"path": "Qwen/Qwen2.5-0.5B"}})
+    handle = launcher.start("job-a", spec)
+    launcher.start("job-a", spec)  # adopts its own objects (a restart between creating and recording)
+    for name in handle["deployments"]:
+        cluster.set_status("Deployment", name, {"availableReplicas": 1})
+    cluster.set_status("Job", handle["job"], {"active": 1, "ready": 1})
+    launcher.poll("job-a", handle)
+    cluster.add_pod("job-a-learner-0", {"app.kubernetes.io/instance": "job-a",
+                                        "app.kubernetes.io/component": "learner"}, {"phase": "Running"})
+    launcher.logs("job-a", handle, "learner", 10)
+    cluster.set_status("Job", handle["job"], {"conditions": [{"type": "Complete", "status": "True"}]})
+    launcher.poll("job-a", handle)  # releases the servers
+    launcher.cancel("job-b", launcher.start("job-b", spec))
+    verbs = {"POST": "create", "DELETE": "delete"}
+    calls = set()
+    for method, path in cluster.calls:
+        parts = path.strip("/").split("/")
+        group = "" if parts[0] == "api" else parts[1]
+        rest = parts[parts.index("namespaces") + 2:]
+        resource = rest[0] + ("/log" if rest[-1] == "log" else "")
+        verb = verbs.get(method) or ("get" if len(rest) > 1 else "list")
+        calls.add((group, resource, verb))
+    return calls
+
+
+def test_the_job_apis_role_grants_exactly_the_calls_its_launcher_makes():
+    role = objects(render(), "Role")["omrl-openmanus-rl-jobs-api"]
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == launcher_calls()
+    assert not {verb for _, _, verb in granted} & {"update", "patch", "watch", "deletecollection", "*"}
+
+
+def redis_container(docs) -> dict:
+    return main_container(objects(docs, "StatefulSet")["omrl-openmanus-rl-redis"]["spec"]["template"])
+
+
+def test_no_container_has_the_redis_password_on_its_command_line():
+    docs = render("--set", "redis.auth.password=pa55word")
+    for pod in workloads(docs).values():
+        for container in pod["spec"]["containers"]:
+            line = " ".join([*container.get("command", []), *container.get("args", [])])
+            assert "pa55word" not in line and "--requirepass" not in line
+    assert "exec redis-server - <<EOF" in redis_container(docs)["args"][0]  # config from stdin, not argv
+
+
+def test_redis_keeps_an_append_only_file_on_a_claim_by_default():
+    docs = render()
+    script = redis_container(docs)["args"][0]
+    assert "appendonly yes" in script and "appendfsync everysec" in script and "dir /data" in script
+    claim = objects(docs, "StatefulSet")["omrl-openmanus-rl-redis"]["spec"]["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    off = render("--set", "redis.persistence.enabled=false")
+    assert "appendonly no" in redis_container(off)["args"][0]
+    assert "volumeClaimTemplates" not in objects(off, "StatefulSet")["omrl-openmanus-rl-redis"]["spec"]
+
+
+@pytest.mark.skipif(not redis_start_script.AVAILABLE, reason="needs redis-server and redis-cli")
+def test_the_redis_start_script_takes_any_password_and_keeps_it_off_argv(tmp_path):
+    started = redis_start_script.start(redis_container(render())["args"][0], tmp_path)
+    assert started.authed_ping == "PONG" and "NOAUTH" in started.unauthed_ping
+    assert redis_start_script.PASSWORD not in started.argv and started.appendonly == "yes"
+
+
+def test_rollout_and_learner_get_the_weight_push_token_from_a_generated_secret():
+    docs = render()
+    secret = objects(docs, "Secret")["omrl-openmanus-rl-weight-token"]
+    assert len(base64.b64decode(secret["data"]["weight-token"])) == 48
+    pods = workloads(docs)
+    for component in ("rollout", "learner"):
+        env = {e["name"]: e for e in main_container(pods[component])["env"]}
+        assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "omrl-openmanus-rl-weight-token",
+                                                                        "key": "weight-token"}
+    for component in ("envs", "reward", "jobs-api", "redis"):
+        assert "OMRL_WEIGHT_TOKEN" not in {e["name"] for e in main_container(pods[component]).get("env", [])}
+    own = render("--set", "weightPush.existingSecret=mine", "--set", "weightPush.existingSecretKey=t")
+    assert "omrl-openmanus-rl-weight-token" not in objects(own, "Secret")
+    env = {e["name"]: e for e in main_container(workloads(own)["rollout"])["env"]}
+    assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "t"}
+
+
+@pytest.mark.parametrize("values", [(), GPU], ids=["default", "gpu"])
+def test_every_service_container_binds_all_addresses(values):
+    for component, pod in workloads(render(*values)).items():
+        if component != "redis":
+            env = {e["name"]: e.get("value") for e in main_container(pod)["env"]}
+            assert env["OMRL_BIND_HOST"] == "0.0.0.0", component
+
+
+def test_the_job_api_gives_its_jobs_policies_like_the_charts_and_confines_their_paths():
+    env = {e["name"]: e.get("value") for e in main_container(workloads(render())["jobs-api"])["env"]}
+    assert env["OMRL_API_K8S_NETWORK_POLICIES"] == "true"
+    assert env["OMRL_API_K8S_MONITORING_NAMESPACE"] == "monitoring"
+    assert json.loads(env["OMRL_API_ALLOWED_DATA_ROOTS"]) == ["/data"]

@@ -1,5 +1,6 @@
 """The kubernetes launcher without a cluster: every object it renders passes Kubernetes' own schemas, and
 its logic runs through the real `kubernetes` client against an in-process fake API server."""
+import base64
 from pathlib import Path
 
 import kubernetes_validate
@@ -42,7 +43,7 @@ def pod_specs(objects):
 def test_every_rendered_object_passes_the_kubernetes_schemas(make_spec, version):
     objects = JobObjects(JOB, make_spec(), OPTIONS).all()
     assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Job",
-                                                  "Service", "Service", "Service"]
+                                                  *["NetworkPolicy"] * 4, "Secret", "Service", "Service", "Service"]
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
 
@@ -120,7 +121,7 @@ def test_render_command_prints_valid_manifests(capsys):
 
     assert main(["render", str(EXAMPLES / "gpu-cluster.yaml"), "--namespace", "rl"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert len(docs) == 8 and all(d["metadata"]["namespace"] == "rl" for d in docs)
+    assert len(docs) == 13 and all(d["metadata"]["namespace"] == "rl" for d in docs)
 
 
 # -- the launcher against the fake API server ---------------------------------------------------------
@@ -147,7 +148,7 @@ def test_start_creates_every_object_owned_by_the_learner_job(cluster, launcher):
     root = cluster.get("Job", f"{JOB}-learner")
     assert handle["uid"] == root["metadata"]["uid"]
     dependents = [o for o in cluster.objects.values() if o is not root]
-    assert len(dependents) == 7
+    assert len(dependents) == 12
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"] for o in dependents)
     assert sorted(handle["deployments"]) == [f"{JOB}-envs", f"{JOB}-reward", f"{JOB}-rollout"]
 
@@ -164,7 +165,8 @@ def test_state_is_read_back_from_the_cluster_and_a_finished_job_frees_its_server
     cluster.set_status("Job", f"{JOB}-learner", {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]})
     status = launcher.poll(JOB, handle)
     assert status.state == base.SUCCEEDED and status.handle["released"]
-    assert {o["kind"] for o in cluster.objects.values()} == {"Job", "ConfigMap"}  # kept for logs until the TTL
+    # kept until the TTL: the Job (logs), its config, token and policies (they guard pods still shutting down)
+    assert {o["kind"] for o in cluster.objects.values()} == {"Job", "ConfigMap", "Secret", "NetworkPolicy"}
 
 
 def test_a_failed_learner_job_reports_why(cluster, launcher):
@@ -212,7 +214,7 @@ def test_pod_problems_are_reported_once(cluster, launcher):
 def test_start_adopts_its_own_objects_after_a_restart_and_refuses_foreign_ones(cluster, launcher):
     first = launcher.start(JOB, cpu_spec())
     again = launcher.start(JOB, cpu_spec())  # the API died between creating and recording the job
-    assert again["uid"] == first["uid"] and len(cluster.objects) == 8
+    assert again["uid"] == first["uid"] and len(cluster.objects) == 13
     cluster.objects.clear()
     cluster.handle("POST", "/api/v1/namespaces/default/configmaps", {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{JOB}-config", "labels": {"team": "other"}}})
@@ -299,3 +301,42 @@ def test_env_replicas_find_each_other_through_redis():
     with pytest.raises(base.SpecRejected) as info:
         with_secret.check(spec)
     assert info.value.loc == ("resources", "envs", "replicas")
+
+
+def test_each_component_is_reached_only_by_its_callers_of_the_same_job_and_scrapers():
+    objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
+    policies = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
+                for p in by_kind(objects, "NetworkPolicy").values()}
+    assert set(policies) == {"envs", "reward", "rollout", "learner"}
+    expected = {"envs": ({"rollout", "envs"}, 50052), "reward": ({"rollout"}, 50053),
+                "rollout": ({"learner"}, 50051), "learner": ({"learner"}, None)}
+    for component, (callers, port) in expected.items():
+        spec = policies[component]["spec"]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == JOB
+        calls, metrics = spec["ingress"]
+        assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in calls["from"]} == callers
+        assert all(p["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == JOB for p in calls["from"])
+        assert calls.get("ports") == ([{"port": port, "protocol": "TCP"}] if port else None)
+        assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}], "ports": [{"port": 9100, "protocol": "TCP"}]}
+    unscraped = JobObjects(JOB, gpu_spec(), K8sOptions(monitoring_namespace=None)).all()
+    assert all(len(p["spec"]["ingress"]) == 1 for p in by_kind(unscraped, "NetworkPolicy").values())
+    assert not by_kind(JobObjects(JOB, gpu_spec(), K8sOptions(network_policies=False)).all(), "NetworkPolicy")
+
+
+def test_rollout_and_learner_share_a_weight_token_of_their_own_job_and_every_service_binds_all_addresses():
+    objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
+    secret = by_kind(objects, "Secret")[f"{JOB}-weight-token"]
+    assert len(base64.b64decode(secret["data"]["weight-token"])) >= 32
+    other = by_kind(JobObjects(JOB, gpu_spec(), OPTIONS).all(), "Secret")[f"{JOB}-weight-token"]
+    assert other["data"] != secret["data"]  # random per rendering, kept by the cluster once created
+    for obj in [*by_kind(objects, "Job").values(), *by_kind(objects, "Deployment").values()]:
+        container = obj["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["OMRL_BIND_HOST"]["value"] == "0.0.0.0"
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component in ("rollout", "learner"):
+            assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{JOB}-weight-token",
+                                                                            "key": "weight-token"}
+        else:
+            assert "OMRL_WEIGHT_TOKEN" not in env

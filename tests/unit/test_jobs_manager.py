@@ -1,5 +1,7 @@
 """The job lifecycle (JobManager) with a scripted launcher and a scripted progress source."""
+import json
 import re
+import sqlite3
 
 import pytest
 
@@ -170,3 +172,42 @@ def test_job_ids_are_dns_labels(name):
     job_id = new_job_id(name)
     assert re.fullmatch(r"[a-z][a-z0-9-]*[a-z0-9]", job_id) and len(job_id) <= 40
     assert new_job_id(name) != job_id
+
+
+def corrupt(db_path, job_id: str) -> None:
+    """What the API stored before it rejected Infinity: a spec field that reads back as null."""
+    with sqlite3.connect(db_path) as db:
+        doc = json.loads(db.execute("SELECT doc FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
+        doc["spec"]["algorithm"]["kl_coef"] = None
+        db.execute("UPDATE jobs SET doc = ? WHERE id = ?", (json.dumps(doc), job_id))
+
+
+@pytest.mark.parametrize("state", ["queued", "running"])
+def test_an_unreadable_record_fails_alone_and_says_why(store, tmp_path, state):
+    launcher = FakeLauncher(("running", "succeeded"))
+    manager = JobManager(store, launcher)
+    broken = manager.submit(JobSpec(run="broken"))
+    if state == "running":
+        manager.tick()
+    fine = manager.submit(JobSpec(run="fine"))
+    corrupt(tmp_path / "jobs.sqlite", broken.id)
+    manager.tick()
+    manager.tick()
+    assert manager.get(fine.id).state in {"running", "succeeded"}
+    record = manager.get(broken.id)
+    assert record.state == "failed" and "unreadable" in record.error and "algorithm.kl_coef" in record.error
+    kept = [e.data for e in store.events(broken.id) if "stored_record" in e.data]
+    assert kept and '"kl_coef": null' in kept[0]["stored_record"]
+    assert launcher.cancelled == ([broken.id] if state == "running" else [])
+
+
+def test_recover_repairs_unreadable_finished_records_keeping_their_state(store, tmp_path):
+    manager = JobManager(store, FakeLauncher(("succeeded",)))
+    done = manager.submit(JobSpec(run="done"))
+    manager.tick()
+    manager.tick()
+    assert manager.get(done.id).state == "succeeded"
+    corrupt(tmp_path / "jobs.sqlite", done.id)
+    manager.recover()
+    record = store.list()[0][0]
+    assert record.state == "succeeded" and "unreadable" in record.error

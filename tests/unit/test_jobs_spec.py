@@ -1,9 +1,11 @@
 """The job spec is the run config (TrainConfig) plus resources and schedule: same models, same errors."""
+import json
 from pathlib import Path
+from typing import Optional, get_args
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from services.common.config import JobSpec, TrainConfig, dump_config, load_config
 
@@ -36,6 +38,9 @@ def test_the_services_get_a_run_config_without_the_job_sections():
     ({"schedule": {"tolerations": [{"effect": "Sometimes"}]}}, ("schedule", "tolerations", 0, "effect")),
     ({"schedule": {"priority": 3}}, ("schedule", "priority")),
     ({"learner": {"steps": -1}}, ("learner", "steps")),
+    ({"learner": {"nproc": 5000}}, ("learner", "nproc")),
+    ({"algorithm": {"kl_coef": 1e300}}, ("algorithm", "kl_coef")),
+    ({"seed": -1}, ("seed",)),
 ])
 def test_bad_fields_are_named(data, loc):
     with pytest.raises(ValidationError) as info:
@@ -66,3 +71,39 @@ def test_env_service_replicas_are_one_number_set_in_either_place():
         JobSpec.model_validate({"env": {"replicas": 2}, "resources": {"envs": {"replicas": 3}}})
     with pytest.raises(ValidationError, match="resources.envs.replicas: Input should be less than or equal to 64"):
         JobSpec.model_validate({"resources": {"envs": {"replicas": 300}}})
+
+
+def numeric_fields(model, prefix=()):
+    """(loc, field) of every int/float field, through nested sections, dicts and lists of sections."""
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        inner = [a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if inner:
+            yield from numeric_fields(inner[0], (*prefix, name))
+        elif annotation in (int, float, Optional[int], Optional[float]):
+            yield (*prefix, name), field
+
+
+def test_every_numeric_field_has_both_bounds():
+    unbounded, fields = [], list(numeric_fields(JobSpec))
+    assert {("algorithm", "kl_coef"), ("reward", "components", "weight"), ("seed",)} <= {loc for loc, _ in fields}
+    for loc, field in fields:
+        kinds = {type(m).__name__ for m in field.metadata}
+        if not ({"Ge", "Gt"} & kinds and {"Le", "Lt"} & kinds):
+            unbounded.append(".".join(loc))
+    assert unbounded == []
+
+
+@pytest.mark.parametrize("json_body,loc", [
+    ('{"algorithm": {"kl_coef": Infinity}}', ("algorithm", "kl_coef")),
+    ('{"rollout": {"temperature": NaN}}', ("rollout", "temperature")),
+    ('{"reward": {"components": {"goal": {"weight": -Infinity}}}}', ("reward", "components", "goal", "weight")),
+    ('{"env": {"options": {"length": [1, NaN]}}}', ("env", "options")),
+    ('{"reward": {"components": {"goal": {"params": {"x": {"y": Infinity}}}}}}',
+     ("reward", "components", "goal", "params")),
+])
+def test_non_finite_numbers_are_rejected_anywhere(json_body, loc):
+    for data in (json.loads(json_body), json_body):
+        with pytest.raises(ValidationError) as info:
+            JobSpec.model_validate_json(data) if isinstance(data, str) else JobSpec.model_validate(data)
+        assert loc in locs(info.value)

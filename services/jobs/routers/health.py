@@ -10,11 +10,14 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: the job store answers",
-            responses={503: {"description": "The job store does not answer"}})
+@router.get("/readyz", summary="Readiness: the job store answers and the reconcile loop runs",
+            responses={503: {"description": "The job store does not answer, or no reconcile pass finished lately"}})
 def readyz(request: Request):
     try:
         request.app.state.store.ping()
     except Exception as exc:
         return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+    ready, why = request.app.state.reconciler.health()
+    if not ready:
+        return JSONResponse({"status": "unavailable", "detail": why}, status_code=503)
     return {"status": "ok"}

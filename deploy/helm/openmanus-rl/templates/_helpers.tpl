@@ -37,11 +37,47 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- end -}}
 
-{{/* Pod selector of one component of this release, for NetworkPolicy peers */}}
+{{/* Pods of one component of this release, in the release's namespace, for NetworkPolicy peers.
+     Pod labels are trusted: whoever may create pods in this namespace can claim them (docs/operations.md). */}}
 {{- define "omrl.peer" -}}
 - podSelector:
     matchLabels:
       {{- include "omrl.selectorLabels" . | nindent 6 }}
+  namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .root.Release.Namespace }}
+{{- end -}}
+
+{{/* Who may scrape the metrics ports: pods of the monitoring namespace, plus networkPolicy.metricsFrom */}}
+{{- define "omrl.np.metricsFrom" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if $np.monitoringNamespace }}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ $np.monitoringNamespace }}
+{{- end }}
+{{- with $np.metricsFrom }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Services bind 127.0.0.1 unless told otherwise; in a pod their callers come over the pod IP */}}
+{{- define "omrl.bindEnv" -}}
+- name: OMRL_BIND_HOST
+  value: 0.0.0.0
+{{- end -}}
+
+{{/* Weight-push token: the learner sends it with every push, the rollout servers require it */}}
+{{- define "omrl.weightToken.secretName" -}}
+{{- .Values.weightPush.existingSecret | default (include "omrl.component" (dict "root" . "component" "weight-token")) -}}
+{{- end -}}
+
+{{- define "omrl.weightToken.env" -}}
+- name: OMRL_WEIGHT_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "omrl.weightToken.secretName" . }}
+      key: {{ .Values.weightPush.existingSecretKey }}
 {{- end -}}
 
 {{/* Images: <image.repository>/<component>:<tag>-<flavor> (flavor cpu unless the component sets cuda);
