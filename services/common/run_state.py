@@ -77,10 +77,6 @@ class RunState:
         stale, dead = self.client.mget(self.k("stale_groups"), self.k("dead_groups"))
         return int(stale or 0) + int(dead or 0)
 
-    def claim_group(self) -> int:
-        """A run-wide, 0-based group number; group c belongs to learner step c // groups_per_step."""
-        return int(self.client.incr(self.k("group_claims"))) - 1
-
     def publish_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         self.client.xadd(self.k("metrics"), {"step": step, "metrics": json.dumps(metrics)}, maxlen=100000)
 
