@@ -50,6 +50,7 @@ class Producer:
         self.config, self.loop, self.rewards, self.state, self.stream, self.core = (
             config, loop, reward_client, state, stream, core)
         self.poll_s = poll_s
+        self.redis_retry_s = 0.2  # first wait after a Redis connection error; doubles, up to 10 s
         self.max_attempts = max_attempts or config.rollout.max_group_attempts
         self.ttl_s = config.rollout.lease_ttl_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -84,7 +85,7 @@ class Producer:
             try:
                 return await asyncio.to_thread(call, *args)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                delay = min(0.2 * 2 ** attempt, 10.0)
+                delay = min(self.redis_retry_s * 2 ** (attempt - 1), 10.0)
                 log.warning("redis call %s failed (%s), retry %d in %.1fs", getattr(call, "__name__", call),
                             exc, attempt, delay)
                 await asyncio.sleep(delay)

@@ -5,6 +5,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+import redis
 
 from services.common.config import TrainConfig
 from services.common.errors import Unavailable
@@ -137,3 +138,37 @@ def test_a_slow_holder_whose_lease_was_taken_over_publishes_nothing(run):
         await playing  # the slot is published: the producer is done
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_lease_renewed_while_its_group_plays_is_not_taken_over(run):
+    async def main():
+        gate = asyncio.Event()
+        producer = run(ScriptedLoop(gate), FlakyRewards(), "a", steps=1, groups_per_step=1, lease_ttl_s=0.9)
+        leases, renewals = producer.state.leases, []
+        renew = leases.renew
+        leases.renew = lambda lease, ttl: (renew(lease, ttl), renewals.append(lease.slot))[0]
+        playing = asyncio.create_task(producer.run())
+        while len(renewals) < 4:  # the group has played for longer than the TTL
+            assert not playing.done()
+            await asyncio.sleep(0.01)
+        assert (await asyncio.to_thread(leases.take_over, "b", 30.0, 20))[0] is LeaseOutcome.NONE
+        gate.set()
+        await playing
+        assert producer.published == 1 and "groups_taken_over" not in producer.state.rollout_counters()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_redis_connection_errors_pause_a_worker_instead_of_ending_it(run):
+    producer = run(ScriptedLoop(), FlakyRewards(), "a", steps=1, groups_per_step=1)
+    producer.redis_retry_s, failures, claim = 0.01, [], producer.state.leases.claim
+
+    def flaky_claim(*args):
+        if len(failures) < 2:
+            failures.append(1)
+            raise redis.ConnectionError("Redis restarting")
+        return claim(*args)
+
+    producer.state.leases.claim = flaky_claim
+    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    assert len(failures) == 2 and producer.published == 1
