@@ -98,7 +98,7 @@ class RunState:
 
 @dataclass(frozen=True)
 class Lease:
-    """A claimed group slot held by one producer until `expiry` (Redis server time) unless renewed.
+    """A claimed group slot, `holder`'s while it renews it (see GroupLeases).
     `attempt` counts the times the slot was started (claim or take-over); `task` picks its task
     (`Producer.task_of(slot, task)`): kept when a dead holder's lease is taken over, so a lost group is
     replayed on the same task, and bumped when a failed attempt is released."""
