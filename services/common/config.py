@@ -103,6 +103,12 @@ class RolloutConfig(Section):
     """Trajectories per stream entry; 0 writes one entry per group."""
     generate_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Deadline of one generation call."""
+    lease_ttl_s: float = Field(30.0, gt=0, le=3600)
+    """A claimed group whose holder has not renewed it for this long is taken over (renewed every ttl/3)."""
+    max_group_attempts: int = Field(20, ge=1, le=1000)
+    """Attempts at one group slot (failures and take-overs) before it is dropped and replaced by a new slot."""
+    group_retry_backoff_s: float = Field(1.0, ge=0, le=600)
+    """Wait before a failed group is retried; doubles with each failure, up to 30 s."""
 
 
 class RewardComponentConfig(Section):

@@ -1,9 +1,11 @@
 """Shared state of one training run in Redis: rollout registry, published policy version, group
-claims, per-step metrics and the done flag. Keys live under `<prefix>:<run>:`."""
+claims and their leases, per-step metrics and the done flag. Keys live under `<prefix>:<run>:`."""
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import redis
@@ -28,6 +30,7 @@ class RunState:
     def __init__(self, client: redis.Redis, config: TrainConfig):
         self.client, self.config = client, config
         self.k = config.key
+        self._leases: GroupLeases | None = None
 
     @classmethod
     def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> "RunState":
@@ -40,6 +43,12 @@ class RunState:
     def rollout_counters(self) -> dict[str, int]:
         """Run-wide infrastructure counters the rollout producers keep (hash `rollout_counters`)."""
         return {k.decode(): int(v) for k, v in self.client.hgetall(self.k("rollout_counters")).items()}
+
+    def add_rollout_counters(self, increments: dict[str, int]) -> None:
+        pipe = self.client.pipeline()
+        for key, value in increments.items():
+            pipe.hincrby(self.k("rollout_counters"), key, value)
+        pipe.execute()
 
     def reset(self) -> int:
         """Deletes every key of the run (a fresh start)."""
@@ -66,9 +75,18 @@ class RunState:
     def policy_version(self) -> int:
         return int(self.client.get(self.k("policy_version")) or 0)
 
-    def claim_group(self) -> int:
-        """A run-wide, 0-based group number; group c belongs to learner step c // groups_per_step."""
-        return int(self.client.incr(self.k("group_claims"))) - 1
+    @property
+    def leases(self) -> "GroupLeases":
+        """Group claims as leases that expire and are taken over (see GroupLeases)."""
+        if self._leases is None:
+            self._leases = GroupLeases(self.client, self.k)
+        return self._leases
+
+    def lost_groups(self) -> int:
+        """Groups that will never reach the learner: dropped as stale by the learner (`stale_groups`) or out
+        of attempts (`dead_groups`); each one shifts later claims one slot earlier."""
+        stale, dead = self.client.mget(self.k("stale_groups"), self.k("dead_groups"))
+        return int(stale or 0) + int(dead or 0)
 
     def raise_claims_to(self, floor: int) -> None:
         """Makes the next claim at least `floor` (after Redis lost the counter), never lowering it."""
@@ -93,3 +111,161 @@ class RunState:
     def done(self) -> str | None:
         value = self.client.get(self.k("done"))
         return value.decode() if value else None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed group slot, `holder`'s while it renews it (see GroupLeases).
+    `attempt` counts the times the slot was started (claim or take-over); `task` picks its task
+    (`Producer.task_of(slot, task)`): kept when a dead holder's lease is taken over, so a lost group is
+    replayed on the same task, and bumped when a failed attempt is released."""
+    slot: int
+    holder: str
+    attempt: int
+    task: int
+    taken_from: str = ""
+
+
+class LeaseOutcome(str, Enum):
+    TAKEN = "taken"
+    DEAD = "dead"  # out of attempts: dropped and counted in `dead_groups`
+    NONE = "none"
+
+
+_NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+
+# KEYS: claims, stale_groups, dead_groups, leases, expiry; ARGV: holder, groups_per_step, limit_step, ttl_ms
+_CLAIM = _NOW + """
+local lost = tonumber(redis.call('GET', KEYS[2]) or '0') + tonumber(redis.call('GET', KEYS[3]) or '0')
+local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+if math.floor((c - lost) / tonumber(ARGV[2])) >= tonumber(ARGV[3]) then return false end
+redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[4], c, cjson.encode({holder = ARGV[1], attempt = 1, task = 1}))
+redis.call('ZADD', KEYS[5], now + tonumber(ARGV[4]), c)
+return c
+"""
+
+# KEYS: leases, expiry, dead_groups; ARGV: holder, ttl_ms, max_attempts
+_TAKE_OVER = _NOW + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
+if #due == 0 then return false end
+local slot = due[1]
+local raw = redis.call('HGET', KEYS[1], slot)
+if not raw then redis.call('ZREM', KEYS[2], slot) return {slot, 'gone'} end
+local lease = cjson.decode(raw)
+if lease.attempt >= tonumber(ARGV[3]) then
+  redis.call('HDEL', KEYS[1], slot) redis.call('ZREM', KEYS[2], slot) redis.call('INCR', KEYS[3])
+  return {slot, 'dead', lease.holder, lease.attempt, lease.task}
+end
+local previous = lease.holder
+lease.holder, lease.attempt = ARGV[1], lease.attempt + 1
+redis.call('HSET', KEYS[1], slot, cjson.encode(lease))
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), slot)
+return {slot, 'taken', previous, lease.attempt, lease.task}
+"""
+
+_HELD = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local lease = cjson.decode(raw)
+if lease.holder ~= ARGV[2] then return 0 end
+"""
+
+# KEYS: leases, expiry; ARGV: slot, holder, ttl_ms
+_RENEW = _NOW + _HELD + """
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+
+# KEYS: leases, expiry, dead_groups; ARGV: slot, holder, backoff_ms, max_attempts
+_RELEASE = _NOW + _HELD + """
+if lease.attempt >= tonumber(ARGV[4]) then
+  redis.call('HDEL', KEYS[1], ARGV[1]) redis.call('ZREM', KEYS[2], ARGV[1]) redis.call('INCR', KEYS[3])
+  return 2
+end
+lease.holder, lease.task = '', lease.task + 1
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease))
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+
+# KEYS: leases, expiry, stream; ARGV: slot, holder, max_len, then the entry's field/value pairs
+_PUBLISH = _HELD + """
+local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return id
+"""
+
+
+class GroupLeases:
+    """Claims of group slots as leases (hash `group_leases`: slot -> {holder, attempt, task}; sorted set
+    `group_lease_expiry`: slot -> the time, Redis server ms, from which anyone may take the slot).
+
+    Invariants: a slot is in both keys from its claim until it is published or dead-lettered, and in
+    neither after; publishing removes the lease in the same script that appends the entry, and only for
+    the lease's holder, so a slot is published at most once. A released slot (failed attempt) has no
+    holder and becomes due after its back-off; an unrenewed lease becomes due at its expiry."""
+
+    def __init__(self, client: redis.Redis, key):
+        self.client, self.k = client, key
+        self._claim, self._take = client.register_script(_CLAIM), client.register_script(_TAKE_OVER)
+        self._renew, self._release = client.register_script(_RENEW), client.register_script(_RELEASE)
+        self._publish = client.register_script(_PUBLISH)
+
+    @property
+    def _keys(self) -> list[str]:
+        return [self.k("group_leases"), self.k("group_lease_expiry")]
+
+    def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float) -> Lease | None:
+        """A new slot whose step (counting lost groups, see `lost_groups`) is below `limit_step`, or None."""
+        slot = self._claim(keys=[self.k("group_claims"), self.k("stale_groups"), self.k("dead_groups"), *self._keys],
+                           args=[holder, groups_per_step, limit_step, int(ttl_s * 1000)])
+        return None if slot is None else Lease(int(slot), holder, 1, 1)
+
+    def take_over(self, holder: str, ttl_s: float, max_attempts: int) -> tuple[LeaseOutcome, Lease | None]:
+        """The first due slot (holder gone or back-off over): TAKEN with its lease, DEAD with the lease it
+        had when it ran out of attempts (now dropped), or NONE when nothing is due."""
+        reply = self._take(keys=[*self._keys, self.k("dead_groups")], args=[holder, int(ttl_s * 1000), max_attempts])
+        if not reply:
+            return LeaseOutcome.NONE, None
+        if reply[1] == b"gone":
+            return self.take_over(holder, ttl_s, max_attempts)
+        slot, outcome, previous, attempt, task = reply
+        lease = Lease(int(slot), holder if outcome == b"taken" else previous.decode(), int(attempt), int(task),
+                      taken_from=previous.decode())
+        return LeaseOutcome(outcome.decode()), lease
+
+    def renew(self, lease: Lease, ttl_s: float) -> bool:
+        """False once the lease is no longer this holder's (taken over, published, dropped)."""
+        return bool(self._renew(keys=self._keys, args=[lease.slot, lease.holder, int(ttl_s * 1000)]))
+
+    def release(self, lease: Lease, backoff_s: float, max_attempts: int) -> LeaseOutcome | None:
+        """After a failed attempt: the slot is due again after `backoff_s`, with a fresh task (TAKEN), or
+        dropped once out of attempts (DEAD); None when the lease was no longer held."""
+        reply = self._release(keys=[*self._keys, self.k("dead_groups")],
+                              args=[lease.slot, lease.holder, int(backoff_s * 1000), max_attempts])
+        return {1: LeaseOutcome.TAKEN, 2: LeaseOutcome.DEAD}.get(int(reply))
+
+    def publish(self, lease: Lease, stream_key: str, max_len: int, fields: dict[str, Any]) -> str | None:
+        """Appends the group's entry and ends the lease in one step; None (nothing written) when the lease
+        is no longer held."""
+        pairs = [item for pair in fields.items() for item in pair]
+        reply = self._publish(keys=[*self._keys, stream_key], args=[lease.slot, lease.holder, max_len, *pairs])
+        if not reply:
+            return None
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def remaining(self, total_groups: int) -> int:
+        """Groups of a run of `total_groups` not yet published: slots still to claim (a lost group needs
+        one more, see `RunState.lost_groups`) plus slots claimed and neither published nor dropped. Read
+        in one transaction, since dropping a slot moves it from the second kind to the first."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(self.k("group_claims"))
+        pipe.mget(self.k("stale_groups"), self.k("dead_groups"))
+        pipe.zcard(self.k("group_lease_expiry"))
+        claims, (stale, dead), outstanding = pipe.execute()
+        return max(0, total_groups - int(claims or 0) + int(stale or 0) + int(dead or 0)) + int(outstanding)
+
+    def held(self) -> dict[int, dict[str, Any]]:
+        return {int(slot): json.loads(raw) for slot, raw in self.client.hgetall(self.k("group_leases")).items()}

@@ -13,6 +13,12 @@ from services.common.trajectory import RecordError, Trajectory, TrajectoryBatch,
 log = logging.getLogger(__name__)
 
 
+def entry_fields(trajectories: Iterable[Trajectory], batch_id: str | None = None) -> dict[str, bytes | int]:
+    """The fields of one stream entry, as `TrajectoryStream.publish` writes them and `read` decodes them."""
+    trajectories = list(trajectories)
+    return {"batch": encode_batch(trajectories, batch_id), "n": len(trajectories)}
+
+
 @dataclass
 class StreamEntry:
     entry_id: str
@@ -32,10 +38,8 @@ class TrajectoryStream:
         return cls(redis_client(url, timeout_s), key, group, max_len)
 
     def publish(self, trajectories: Iterable[Trajectory], batch_id: str | None = None) -> str:
-        trajectories = list(trajectories)
-        entry_id = self.client.xadd(self.key, {"batch": encode_batch(trajectories, batch_id),
-                                               "n": len(trajectories)},
-                                    maxlen=self.max_len, approximate=True)
+        entry_id = self.client.xadd(self.key, entry_fields(trajectories, batch_id), maxlen=self.max_len,
+                                    approximate=True)
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     def ensure_group(self) -> None:

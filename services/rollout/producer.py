@@ -1,39 +1,59 @@
 """Keeps the learner fed: claims task groups run-wide, runs them through the agent loop once the
 served policy is fresh enough, scores them, and appends them to the trajectory stream.
 
-Group c (a run-wide counter in Redis) belongs to learner step s = c // groups_per_step and may start
+Group slot c (a run-wide counter in Redis) belongs to learner step s = c // groups_per_step and is claimed
 only while the served policy version v satisfies v >= s - max_staleness: with max_staleness 0 every
 trajectory of step s comes from policy s (synchronous on-policy training). With max_staleness > 0 the
 learner drops trajectories too old for the step that reads them and counts the groups it lost; every such
-group shifts later claims one slot earlier (`_wait_for_turn`), so replacements come without a gap."""
+group shifts later claims one slot earlier, so replacements come without a gap.
+
+A claim is a lease (services.common.run_state.GroupLeases) renewed while the group is played. A slot whose
+holder died (its lease expired) is taken over by any live worker and replayed on the same task; a failed
+attempt (an episode out of retries, the reward service down) releases the slot, which is retried after a
+back-off on a fresh task; a slot out of attempts is dropped, counted, and replaced like a stale group.
+Publishing ends the lease in the same Redis script, so no group reaches the stream twice."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
+import socket
+import uuid
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
+
+import redis
 
 from services.common import metrics
 from services.common.config import TrainConfig
 from services.common.errors import ServiceError
-from services.common.run_state import RunState
-from services.common.stream import TrajectoryStream
+from services.common.run_state import Lease, LeaseOutcome, RunState
+from services.common.stream import TrajectoryStream, entry_fields
 from services.envs.datasets import TaskSplit
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
 
 log = logging.getLogger(__name__)
 
 GROUPS = metrics.preset(metrics.counter("rollout", "groups_total", "Task groups by outcome", ["outcome"]),
-                        ("published",), ("retried",), ("dropped",), ("abandoned",))
-QUEUE_DEPTH = metrics.gauge("rollout", "queue_depth", "Claimed groups waiting for a fresh enough policy")
+                        ("published",), ("dropped",), ("released",), ("retried",), ("taken_over",),
+                        ("superseded",), ("dead_lettered",))
+QUEUE_DEPTH = metrics.gauge("rollout", "queue_depth", "Workers waiting for a group slot the served policy may start")
+MAX_BACKOFF_S = 30.0
+T = TypeVar("T")
 
 
 class Producer:
     def __init__(self, config: TrainConfig, loop: AgentLoop, reward_client: Any, state: RunState,
-                 stream: TrajectoryStream, core: Any, poll_s: float = 0.2, max_attempts: int = 3):
+                 stream: TrajectoryStream, core: Any, poll_s: float = 0.2, max_attempts: Optional[int] = None,
+                 holder: Optional[str] = None):
         self.config, self.loop, self.rewards, self.state, self.stream, self.core = (
             config, loop, reward_client, state, stream, core)
-        self.poll_s, self.max_attempts = poll_s, max_attempts
+        self.poll_s = poll_s
+        self.redis_retry_s = 0.2  # first wait after a Redis connection error; doubles, up to 10 s
+        self.max_attempts = max_attempts or config.rollout.max_group_attempts
+        self.ttl_s = config.rollout.lease_ttl_s
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.published = 0
         self._tasks: Optional[TaskSplit] = None
         self._reported: Counter[str] = Counter()
@@ -49,13 +69,27 @@ class Producer:
     async def run(self) -> None:
         self._tasks = await asyncio.to_thread(TaskSplit.load, self.config.env, "train")
         workers = self.config.rollout.groups_per_step * (1 + self.config.algorithm.max_staleness)
-        jobs = [self._worker() for _ in range(workers)]
+        jobs = [self._worker(f"{self.holder}/{i}") for i in range(workers)]  # a lease is one worker's
         if self.config.env.validation_every:
             from services.rollout.validation import Validator
 
             jobs.append(Validator(self.config, self.loop, self.state, self.core).run())
         await asyncio.gather(*jobs)
         log.info("producer finished after %d groups", self.published)
+
+    async def _redis(self, call: Callable[..., T], *args: Any) -> T:
+        """A Redis call off the event loop. Connection errors and timeouts (Redis restarting, a failover)
+        are retried with back-off, so an outage pauses the workers instead of ending them (their leases
+        lapse meanwhile and are taken over); any other error propagates to the server's supervision."""
+        for attempt in itertools.count(1):
+            try:
+                return await asyncio.to_thread(call, *args)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                delay = min(self.redis_retry_s * 2 ** (attempt - 1), 10.0)
+                log.warning("redis call %s failed (%s), retry %d in %.1fs", getattr(call, "__name__", call),
+                            exc, attempt, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def _count(self, **increments: int) -> None:
         """Run-wide infrastructure counters (Redis hash `rollout_counters`), with the agent loop's."""
@@ -64,75 +98,113 @@ class Producer:
             pending[key] += value - self._reported[key]
             self._reported[key] = value
         pending = +pending
+        for key, value in increments.items():
+            if value and key.startswith("groups_"):
+                GROUPS.labels(outcome=key[len("groups_"):]).inc(value)
         if not pending:
             return
         try:
-            await asyncio.to_thread(self._hincrby, dict(pending))
+            await asyncio.to_thread(self.state.add_rollout_counters, dict(pending))
         except Exception as exc:  # noqa: BLE001 - counters are best effort; Prometheus has them too
             log.warning("could not record rollout counters: %s", exc)
 
-    def _hincrby(self, increments: dict[str, int]) -> None:
-        pipe = self.state.client.pipeline()
-        for key, value in increments.items():
-            pipe.hincrby(self.config.key("rollout_counters"), key, value)
-        pipe.execute()
+    async def _worker(self, holder: str) -> None:
+        while (lease := await self._next_lease(holder)) is not None:
+            await self._produce(lease)
 
-    async def _worker(self) -> None:
-        per_step, steps = self.config.rollout.groups_per_step, self.config.learner.steps
-        while True:
-            claim = await asyncio.to_thread(self.state.claim_group)
-            if claim // per_step >= steps and not self.config.algorithm.max_staleness:
-                return
-            QUEUE_DEPTH.inc()
-            try:
-                if not await self._wait_for_turn(claim):
-                    return
-            finally:
-                QUEUE_DEPTH.dec()
-            await self._produce(claim)
-
-    async def _wait_for_turn(self, claim: int) -> bool:
-        """Waits until the claim's step is within max_staleness of the served policy; False once the run is
-        done. With max_staleness > 0 the learner drops late groups (run-wide count `stale_groups`), and
-        each dropped group moves every later claim one slot earlier, so the buffer ahead of the learner
-        stays full; a claim past the last step waits in case drops bring it into range."""
+    async def _next_lease(self, holder: str) -> Optional[Lease]:
+        """The next slot to play: first a due one (its holder gone, or a failed group past its back-off),
+        so claimed steps fill before new ones start; else a new slot whose step is at most max_staleness
+        ahead of the served policy; None once the run is over."""
         per_step, k = self.config.rollout.groups_per_step, self.config.algorithm.max_staleness
-        while True:
-            dropped = await asyncio.to_thread(self._stale_groups) if k else 0
-            step = (claim - dropped) // per_step
-            if step < self.config.learner.steps and self.core.policy_version >= step - k:
-                return True
-            if await asyncio.to_thread(self.state.done):
-                return False
-            await asyncio.sleep(self.poll_s)
+        leases, waiting = self.state.leases, False
+        try:
+            while True:
+                outcome, lease = await self._redis(leases.take_over, holder, self.ttl_s, self.max_attempts)
+                if outcome is LeaseOutcome.DEAD:
+                    log.error("group slot %d dropped after %d attempts; a new slot replaces it", lease.slot,
+                              lease.attempt)
+                    await self._count(groups_dead_lettered=1)
+                    continue
+                if outcome is LeaseOutcome.TAKEN:
+                    if lease.taken_from:
+                        log.warning("group slot %d taken over from %s (attempt %d)", lease.slot, lease.taken_from,
+                                    lease.attempt)
+                    await self._count(groups_taken_over=int(bool(lease.taken_from)),
+                                      groups_retried=int(not lease.taken_from))
+                    return lease
+                limit = min(self.config.learner.steps, self.core.policy_version + k + 1)
+                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s)
+                if lease is not None:
+                    return lease
+                if await self._redis(self._finished):
+                    return None
+                if not waiting:
+                    QUEUE_DEPTH.inc()
+                    waiting = True
+                await asyncio.sleep(self.poll_s)
+        finally:
+            if waiting:
+                QUEUE_DEPTH.dec()
 
-    def _stale_groups(self) -> int:
-        return int(self.state.client.get(self.config.key("stale_groups")) or 0)
+    def _finished(self) -> bool:
+        """The learner marked the run done; or, without staleness drops (max_staleness 0), every step's
+        slots are claimed and none is still outstanding."""
+        if self.state.done():
+            return True
+        if self.config.algorithm.max_staleness:
+            return False
+        total = self.config.learner.steps * self.config.rollout.groups_per_step
+        return self.state.leases.remaining(total) == 0
 
-    async def _produce(self, claim: int) -> None:
-        """A group lost to infrastructure (an episode out of retries, the reward service down) is
-        dropped whole, never scored, and replaced by a fresh group for the same learner step, up to
-        `max_attempts` groups; after that the slot is abandoned (the learner's step timeout reports it)."""
-        for attempt in range(1, self.max_attempts + 1):
+    async def _produce(self, lease: Lease) -> None:
+        renewal = asyncio.create_task(self._renew(lease))
+        group_id = f"g{lease.slot}"
+        try:
             try:
-                group = await self.loop.run_group(self.task_of(claim, attempt), group_id=f"g{claim}",
-                                                  seed=self.config.seed * 1_000_003 + claim)
+                group = await self.loop.run_group(self.task_of(lease.slot, lease.task), group_id=group_id,
+                                                  seed=self.config.seed * 1_000_003 + lease.slot)
                 scores = await self.rewards.score(group)
-                break
             except (EpisodeFailed, ServiceError) as exc:
-                GROUPS.labels(outcome="dropped").inc()
-                last = attempt == self.max_attempts
-                GROUPS.labels(outcome="abandoned" if last else "retried").inc()
-                await self._count(groups_dropped=1, groups_abandoned=int(last), groups_retried=int(not last))
-                log.warning("group %d attempt %d/%d dropped: %s", claim, attempt, self.max_attempts, exc)
-                if last:
-                    log.error("group slot %d abandoned after %d attempts", claim, attempt)
-                    return
-                await asyncio.sleep(min(2.0 ** attempt, 30.0))
-        for traj, (total, components) in zip(group, scores):
-            traj.reward = total
-            traj.reward_components.update(components)
-        await asyncio.to_thread(self.stream.publish, group, f"g{claim}")
+                await self._release(lease, exc)
+                return
+            for traj, (total, components) in zip(group, scores):
+                traj.reward = total
+                traj.reward_components.update(components)
+            fields = entry_fields(group, group_id)
+            entry_id = await self._redis(self.state.leases.publish, lease, self.stream.key, self.stream.max_len,
+                                         fields)
+        finally:
+            renewal.cancel()
+        if entry_id is None:  # also when a publish whose reply was lost is retried: it ended the lease
+            log.warning("group slot %d was taken over while this holder played it; result discarded", lease.slot)
+            await self._count(groups_superseded=1)
+            return
         self.published += 1
-        GROUPS.labels(outcome="published").inc()
         await self._count(groups_published=1)
+
+    async def _release(self, lease: Lease, exc: Exception) -> None:
+        """A failed group is dropped whole, never scored; its slot is retried on a fresh task after a
+        back-off, by whichever worker is free then, until it runs out of attempts."""
+        backoff = min(self.config.rollout.group_retry_backoff_s * 2 ** (lease.task - 1), MAX_BACKOFF_S)
+        outcome = await self._redis(self.state.leases.release, lease, backoff, self.max_attempts)
+        log.warning("group slot %d attempt %d/%d dropped: %s", lease.slot, lease.attempt, self.max_attempts, exc)
+        if outcome is LeaseOutcome.DEAD:
+            log.error("group slot %d dropped after %d attempts; a new slot replaces it", lease.slot, lease.attempt)
+        await self._count(groups_dropped=1, groups_released=int(outcome is LeaseOutcome.TAKEN),
+                          groups_dead_lettered=int(outcome is LeaseOutcome.DEAD),
+                          groups_superseded=int(outcome is None))
+
+    async def _renew(self, lease: Lease) -> None:
+        """Renews the lease every third of its TTL until cancelled or lost. A Redis hiccup skips a renewal;
+        the TTL leaves room for two."""
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                held = await asyncio.to_thread(self.state.leases.renew, lease, self.ttl_s)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("lease renewal of group slot %d failed: %s", lease.slot, exc)
+                continue
+            if not held:
+                log.warning("lease of group slot %d lost (taken over)", lease.slot)
+                return

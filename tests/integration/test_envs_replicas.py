@@ -188,7 +188,7 @@ def test_a_group_out_of_retries_is_dropped_whole_and_replaced(tmp_path, redis_ur
     rewards = InProcessRewardClient(RewardService(RewardComposer.from_config(config.reward)))
     producer = Producer(config, loop, rewards, state, stream, LearnerPace(stream, 1), poll_s=0.01)
     try:
-        asyncio.run(asyncio.wait_for(producer._produce(0), 60))
+        asyncio.run(asyncio.wait_for(producer.run(), 60))  # one step of one group
         batches = [decode_batch(fields[b"batch"]) for _, fields in state.client.xrange(state.trajectories_key)]
         assert len(batches) == 1 and len(batches[0].trajectories) == 3
         assert {t.task_index for t in batches[0].trajectories} == {probe.task_of(0, attempt=2)}

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from services.common.config import TrainConfig
-from services.common.stream import StreamEntry
-from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder
+from services.common.run_state import RunState
+from services.common.stream import StreamEntry, TrajectoryStream
+from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder, decode_batch
 from services.learner.service import LearnerService
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
@@ -86,8 +87,7 @@ class FakeLoop:
         self.core, self.state, self.stats, self.started = core, state, {}, {}
 
     async def run_group(self, task_index, group_id, seed):
-        dropped = self.state.client.values.get("omrl:default:stale_groups", 0)
-        self.started[int(group_id[1:])] = (self.core.policy_version, dropped)
+        self.started[int(group_id[1:])] = (self.core.policy_version, self.state.lost_groups())
         await asyncio.sleep(0.001)
         return [traj(group_id, [self.core.policy_version]) for _ in range(2)]
 
@@ -97,53 +97,23 @@ class FakeRewards:
         return [(1.0, {"goal": 1.0}) for _ in group]
 
 
-class FakeRedis:
-    def __init__(self):
-        self.values = {}
-
-    def get(self, key):
-        return self.values.get(key)
-
-    def incrby(self, key, n):
-        self.values[key] = self.values.get(key, 0) + n
-
-
-class FakeState:
-    def __init__(self):
-        self.claims, self.finished = 0, False
-        self.client = FakeRedis()
-
-    def claim_group(self):
-        self.claims += 1
-        return self.claims - 1
-
-    def done(self):
-        return "finished" if self.finished else None
-
-
-class ListStream:
-    def __init__(self):
-        self.published = []
-
-    def publish(self, group, batch_id):
-        self.published.append(batch_id)
-
-
-async def drive(max_staleness, steps=6, per_step=2, drop_every=0):
+async def drive(state, drop_every=0):
     """A stand-in learner: takes per_step published groups per step (dropping every `drop_every`-th as
     stale and counting it, as the learner does with late groups), then bumps the served version; done
     after `steps`."""
-    config = TrainConfig.model_validate({"rollout": {"groups_per_step": per_step, "group_size": 2},
-                                         "learner": {"steps": steps}, "algorithm": {"max_staleness": max_staleness}})
-    core, state, stream = FakeCore(), FakeState(), ListStream()
+    config, core = state.config, FakeCore()
+    steps, per_step = config.learner.steps, config.rollout.groups_per_step
+    stream = TrajectoryStream(state.client, state.trajectories_key)
     loop = FakeLoop(core, state)
-    producer = Producer(config, loop, FakeRewards(), state, stream, core, poll_s=0.001)
+    producer = Producer(config, loop, FakeRewards(), state, stream, core, poll_s=0.005)
     producer._count = lambda **kw: asyncio.sleep(0)
     task = asyncio.create_task(producer.run())
     taken, seen = 0, 0
     while core.policy_version < steps:
-        await asyncio.sleep(0.002)
-        while seen < len(stream.published):
+        if task.done():
+            task.result()  # a worker's error surfaces here instead of as a hang
+        await asyncio.sleep(0.005)
+        while seen < stream.length():
             seen += 1
             if drop_every and seen % drop_every == 0:
                 state.client.incrby(config.key("stale_groups"), 1)
@@ -152,9 +122,26 @@ async def drive(max_staleness, steps=6, per_step=2, drop_every=0):
             if taken == per_step:
                 taken = 0
                 core.policy_version += 1
-    state.finished = True
+    state.mark_done()
     await asyncio.wait_for(task, timeout=5)
-    return config, loop.started, stream.published
+    published = [decode_batch(fields[b"batch"]).batch_id for _, fields in state.client.xrange(stream.key)]
+    return loop.started, published
+
+
+@pytest.fixture
+def run_state(redis_url, run_name):
+    made = []
+
+    def make(max_staleness, steps=6, per_step=2):
+        config = TrainConfig.model_validate({
+            "run": run_name, "stream": {"redis_url": redis_url}, "learner": {"steps": steps},
+            "rollout": {"groups_per_step": per_step, "group_size": 2}, "algorithm": {"max_staleness": max_staleness}})
+        made.append(RunState.connect(config))
+        return made[-1]
+
+    yield make
+    for state in made:
+        state.reset()
 
 
 @pytest.fixture(autouse=True)
@@ -164,8 +151,10 @@ def no_task_files(monkeypatch):
 
 
 @pytest.mark.parametrize("max_staleness", [1, 2])
-def test_producer_runs_ahead_by_at_most_max_staleness_and_replaces_dropped_groups(max_staleness):
-    config, started, published = asyncio.run(drive(max_staleness, drop_every=3))
+def test_producer_runs_ahead_by_at_most_max_staleness_and_replaces_dropped_groups(max_staleness, run_state):
+    state = run_state(max_staleness)
+    config = state.config
+    started, published = asyncio.run(drive(state, drop_every=3))
     per_step = config.rollout.groups_per_step
     for claim, (version, dropped) in started.items():  # a claim's step counts the groups dropped before it
         assert version >= (claim - dropped) // per_step - max_staleness
@@ -175,8 +164,10 @@ def test_producer_runs_ahead_by_at_most_max_staleness_and_replaces_dropped_group
     assert len(published) >= config.learner.steps * per_step * 3 // 2 - 1
 
 
-def test_synchronous_producer_serves_each_step_from_its_own_policy():
-    config, started, published = asyncio.run(drive(0))
+def test_synchronous_producer_serves_each_step_from_its_own_policy(run_state):
+    state = run_state(0)
+    config = state.config
+    started, published = asyncio.run(drive(state))
     per_step = config.rollout.groups_per_step
     assert len(published) == config.learner.steps * per_step
     assert all(version == claim // per_step and dropped == 0 for claim, (version, dropped) in started.items())

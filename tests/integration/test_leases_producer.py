@@ -1,0 +1,174 @@
+"""The producer on real Redis with a scripted agent loop and reward client: a failed group is retried
+until it is published (never abandoned), a slot out of attempts is replaced by a new one, and a holder
+whose lease was taken over while it played publishes nothing."""
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from services.common.config import TrainConfig
+from services.common.errors import Unavailable
+from services.common.run_state import LeaseOutcome, RunState
+from services.common.stream import TrajectoryStream
+from services.common.trajectory import decode_batch
+from services.rollout import producer as producer_module
+from services.rollout.producer import Producer
+from tests.unit.test_learner_staleness import traj
+
+
+class ScriptedLoop:
+    """Plays a group at once, or waits for `gate` (a holder that is slow, or hung)."""
+
+    def __init__(self, gate=None):
+        self.stats, self.played, self.gate = {}, [], gate
+
+    async def run_group(self, task_index, group_id, seed):
+        self.played.append((group_id, task_index))
+        if self.gate is not None:
+            await self.gate.wait()
+        return [traj(group_id, [0]) for _ in range(2)]
+
+
+class FlakyRewards:
+    """Raises Unavailable (the reward service down) for the first `failures` scorings of group g0."""
+
+    def __init__(self, failures=0):
+        self.failures = failures
+
+    async def score(self, group):
+        if self.failures and group[0].group_id == "g0":
+            self.failures -= 1
+            raise Unavailable("reward service restarting")
+        return [(1.0, {"goal": 1.0}) for _ in group]
+
+
+class LearnerPace:
+    """Stands in for the learner: the served version is the number of steps whose groups all arrived."""
+
+    def __init__(self, stream, per_step):
+        self.stream, self.per_step = stream, per_step
+
+    @property
+    def policy_version(self):
+        return self.stream.length() // self.per_step
+
+
+def make_config(run_name, redis_url, steps=2, **rollout):
+    return TrainConfig.model_validate({
+        "run": run_name, "stream": {"redis_url": redis_url}, "learner": {"steps": steps},
+        "rollout": {"groups_per_step": 2, "group_size": 2, "lease_ttl_s": 30.0, "group_retry_backoff_s": 0.01,
+                    **rollout}})
+
+
+@pytest.fixture(autouse=True)
+def task_per_key(monkeypatch):
+    """Task index = a stable hash of the draw key, so a replay on the same or a fresh task shows."""
+    monkeypatch.setattr(producer_module.TaskSplit, "load", staticmethod(
+        lambda env, split: SimpleNamespace(draw=lambda key: sum(key.encode()))))
+
+
+@pytest.fixture
+def run(redis_url, run_name):
+    made = []
+
+    def make(loop, rewards, holder, steps=2, **rollout):
+        config = make_config(run_name, redis_url, steps, **rollout)
+        state = RunState.connect(config)
+        stream = TrajectoryStream(state.client, state.trajectories_key)
+        made.append(state)
+        return Producer(config, loop, rewards, state, stream, LearnerPace(stream, 2), poll_s=0.01, holder=holder)
+
+    yield make
+    if made:
+        made[0].reset()
+
+
+def published(producer):
+    entries = producer.state.client.xrange(producer.stream.key)
+    return [decode_batch(fields[b"batch"]) for _, fields in entries]
+
+
+def test_a_group_whose_scoring_fails_is_retried_on_a_fresh_task_and_published(run):
+    producer = run(ScriptedLoop(), FlakyRewards(failures=2), "a")
+    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    batches = published(producer)
+    assert sorted(b.batch_id for b in batches) == ["g0", "g1", "g2", "g3"]  # nothing abandoned, nothing twice
+    tasks = [task for group, task in producer.loop.played if group == "g0"]
+    assert tasks == [producer.task_of(0, n) for n in (1, 2, 3)] and len(set(tasks)) == 3
+    assert sorted(group for group, _ in producer.loop.played if group != "g0") == ["g1", "g2", "g3"]
+    counters = producer.state.rollout_counters()
+    assert counters["groups_dropped"] == 2 and counters["groups_released"] == 2 and counters["groups_retried"] == 2
+    assert counters["groups_published"] == 4 and "groups_dead_lettered" not in counters
+    assert producer.state.leases.held() == {}
+
+
+def test_a_slot_out_of_attempts_is_dropped_and_a_new_slot_fills_its_step(run):
+    producer = run(ScriptedLoop(), FlakyRewards(failures=2), "a", max_group_attempts=2)
+    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    batches = published(producer)
+    assert len(batches) == 4 and "g4" in {b.batch_id for b in batches}  # slot 4 replaced the dead one
+    counters = producer.state.rollout_counters()
+    assert counters["groups_dead_lettered"] == 1 and counters["groups_published"] == 4
+    assert producer.state.lost_groups() == 1 and producer.state.leases.held() == {}
+
+
+def test_a_slow_holder_whose_lease_was_taken_over_publishes_nothing(run):
+    async def main():
+        gate = asyncio.Event()
+        slow = run(ScriptedLoop(gate), FlakyRewards(), "slow", steps=1, groups_per_step=1, lease_ttl_s=0.3)
+
+        async def stalled(lease):  # its event loop too busy to renew
+            await asyncio.Event().wait()
+
+        slow._renew = stalled
+        playing = asyncio.create_task(slow.run())
+        leases = slow.state.leases
+        while (taken := leases.take_over("fast", 30.0, 20))[0] is LeaseOutcome.NONE:
+            assert not playing.done()
+            await asyncio.sleep(0.05)
+        outcome, lease = taken
+        assert outcome is LeaseOutcome.TAKEN and lease.taken_from == "slow/0" and lease.task == 1
+        gate.set()
+        while "groups_superseded" not in slow.state.rollout_counters():
+            await asyncio.sleep(0.01)
+        assert slow.published == 0 and slow.state.rollout_counters()["groups_superseded"] == 1
+        assert slow.stream.length() == 0
+        assert leases.publish(lease, slow.stream.key, 1000, {"batch": b"x", "n": 0})
+        await playing  # the slot is published: the producer is done
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_lease_renewed_while_its_group_plays_is_not_taken_over(run):
+    async def main():
+        gate = asyncio.Event()
+        producer = run(ScriptedLoop(gate), FlakyRewards(), "a", steps=1, groups_per_step=1, lease_ttl_s=0.9)
+        leases, renewals = producer.state.leases, []
+        renew = leases.renew
+        leases.renew = lambda lease, ttl: (renew(lease, ttl), renewals.append(lease.slot))[0]
+        playing = asyncio.create_task(producer.run())
+        while len(renewals) < 4:  # the group has played for longer than the TTL
+            assert not playing.done()
+            await asyncio.sleep(0.01)
+        assert (await asyncio.to_thread(leases.take_over, "b", 30.0, 20))[0] is LeaseOutcome.NONE
+        gate.set()
+        await playing
+        assert producer.published == 1 and "groups_taken_over" not in producer.state.rollout_counters()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_redis_connection_errors_pause_a_worker_instead_of_ending_it(run):
+    producer = run(ScriptedLoop(), FlakyRewards(), "a", steps=1, groups_per_step=1)
+    producer.redis_retry_s, failures, claim = 0.01, [], producer.state.leases.claim
+
+    def flaky_claim(*args):
+        if len(failures) < 2:
+            failures.append(1)
+            raise redis.ConnectionError("Redis restarting")
+        return claim(*args)
+
+    producer.state.leases.claim = flaky_claim
+    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    assert len(failures) == 2 and producer.published == 1
