@@ -11,7 +11,7 @@ status=$?
 .venv/bin/python - "$report" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-cols = ["drill", "steps", "full_batches", "groups_abandoned", "applied_twice", "lost_to_redis", "dead_lettered",
+cols = ["drill", "steps", "full_batches", "groups_dead_lettered", "applied_twice", "lost_to_redis", "entries_dead_lettered",
         "restarts"]
 print("\n" + " | ".join(cols))
 print(" | ".join("---" for _ in cols))

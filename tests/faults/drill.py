@@ -77,10 +77,10 @@ def run_drill(name: str, tmp, redis_url: str, faults: dict[int, Callable[[LocalR
         history = result["run"].history
         report(name, steps=f"{len(history)}/{steps}",
                full_batches=sum(m["trajectories"] == groups * group_size for m in history),
-               groups_abandoned=state.rollout_counters().get("groups_abandoned", 0),
+               groups_dead_lettered=state.rollout_counters().get("groups_dead_lettered", 0),
                applied_twice=sum(n > 1 for n in ids.values()),
                lost_to_redis=history[-1].get("groups_lost_to_redis", 0) if history else None,
-               dead_lettered=state.client.xlen(state.trajectories_key + ":dead"),
+               entries_dead_lettered=state.client.xlen(state.trajectories_key + ":dead"),
                restarts=dict(run.restarts), counters=state.rollout_counters())
         return DrillResult(result["run"].history, lines, state.rollout_counters(), ids, dict(run.restarts),
                            run.run_dir)

@@ -39,7 +39,7 @@ def test_every_step_completed_once_with_a_full_batch(drill):
 
 def test_no_group_was_lost_and_none_applied_twice(drill):
     print("rollout counters:", drill.counters)
-    assert drill.counters.get("groups_abandoned", 0) == 0
+    assert drill.counters.get("groups_dead_lettered", 0) == 0
     assert max(drill.trajectory_ids.values()) == 1  # each trajectory reached the stream once
     entries = [entry for m in drill.history for entry in m["entry_ids"]]
     assert len(entries) == len(set(entries))  # and each stream entry went into one step

@@ -150,7 +150,7 @@ def test_a_replica_killed_mid_run_costs_retries_not_trajectories(cluster, tokeni
     print("rollout counters:", counters)
     assert counters["groups_published"] == groups
     assert counters["episodes_failed"] >= 1 and counters["episode_retries"] >= 1, counters
-    assert counters.get("groups_abandoned", 0) == 0
+    assert counters.get("groups_dead_lettered", 0) == 0
     assert replica_a.proc.poll() is None and replica_b.proc.poll() is not None
     assert time.monotonic() - start < 120
 
