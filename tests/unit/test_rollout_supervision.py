@@ -1,0 +1,69 @@
+"""Background tasks of the rollout server: a failure stops the server (to exit non-zero) instead of
+dying quietly; a transient Redis error in the heartbeat is retried."""
+import asyncio
+
+import redis
+
+from services.rollout.supervision import TaskSupervisor, retrying, watch_engine
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_task_that_raises_stops_the_server_and_is_recorded():
+    async def scenario():
+        stop = asyncio.Event()
+        tasks = TaskSupervisor(stop)
+
+        async def broken():
+            raise KeyError("boom")
+        tasks.start("producer", broken())
+        tasks.start("heartbeat", asyncio.Event().wait())
+        await stop.wait()
+        await tasks.cancel_all()
+        return tasks.failure
+
+    assert run(scenario()) == "producer died: KeyError: 'boom'"
+
+
+def test_cancelled_or_finished_tasks_are_not_failures():
+    async def scenario():
+        stop = asyncio.Event()
+        tasks = TaskSupervisor(stop)
+        done = tasks.start("producer", asyncio.sleep(0))
+        await done
+        tasks.start("heartbeat", asyncio.Event().wait())
+        await tasks.cancel_all()
+        return stop.is_set(), tasks.failure
+
+    assert run(scenario()) == (False, None)
+
+
+def test_transient_redis_errors_are_retried_and_other_errors_end_the_loop():
+    calls = []
+
+    async def beat():
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            raise redis.exceptions.ConnectionError("redis restarting")
+        if len(calls) == 4:
+            raise ValueError("bug")
+
+    async def scenario():
+        try:
+            await retrying(beat, "heartbeat", every_s=0.001, max_backoff_s=0.004)
+        except ValueError as exc:
+            return str(exc)
+
+    assert run(scenario()) == "bug" and len(calls) == 4
+
+
+def test_engine_watch_reports_the_death_once():
+    deaths = []
+
+    async def check():
+        raise RuntimeError("EngineDeadError")
+
+    run(watch_engine(check, deaths.append, every_s=0.001))
+    assert [str(d) for d in deaths] == ["EngineDeadError"]
