@@ -1,14 +1,17 @@
 """gRPC shell around RolloutCore."""
 from __future__ import annotations
 
+import logging
 import uuid
 
-from services.common.errors import InvalidArgument, Unauthenticated
+from services.common.errors import InvalidArgument, ServiceError, Unauthenticated
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weights import PayloadBuffer, TensorSpec, WeightSetRejected
+from services.common.weights import CHUNK_BYTES, PayloadBuffer, TensorSpec, WeightSetRejected
 from services.rollout.backends.base import SamplingSpec
 from services.rollout.core import PUSHES_REFUSED, PushHeader, RolloutCore
 from services.rollout.push_auth import PushAuthenticator
+
+log = logging.getLogger(__name__)
 
 
 def sampling_from_proto(p: rollout_pb2.SamplingParams) -> SamplingSpec:
@@ -26,6 +29,7 @@ def header_from_proto(h: rollout_pb2.WeightUpdateHeader) -> PushHeader:
 
 def _invalid(message: str) -> InvalidArgument:
     PUSHES_REFUSED.labels("invalid").inc()
+    log.warning("weight push refused: %s", message)
     return InvalidArgument(f"weight set rejected, nothing applied: {message}")
 
 
@@ -44,17 +48,28 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def UpdateWeights(self, request_iterator, context):
         """Authenticates before reading anything, checks the header before reading data, and cuts off a
-        stream that sends more bytes than its header declared."""
+        stream that sends more bytes than its header declared.
+
+        A push refused at its header is read to its end (discarded, up to one model's size) before the
+        answer: grpcio's asyncio client reports INTERNAL "Internal error from Core" instead of the
+        server's status when the call ends while it is still sending (grpc/grpc#36066), and a learner
+        should see why its push was refused. A stream past that size is cut off at once."""
         try:
-            self.auth.check(context.invocation_metadata() or (), peer=context.peer())
-        except Unauthenticated:
-            PUSHES_REFUSED.labels("unauthenticated").inc()
+            try:
+                self.auth.check(context.invocation_metadata() or (), peer=context.peer())
+            except Unauthenticated:
+                PUSHES_REFUSED.labels("unauthenticated").inc()
+                raise
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("payload") != "header":
+                raise _invalid("a weight update starts with its header")
+            header = header_from_proto(first.header)
+            already_served = self.core.admit(header)
+        except ServiceError:
+            await self._discard_rest(request_iterator)
             raise
-        first = await anext(aiter(request_iterator), None)
-        if first is None or first.WhichOneof("payload") != "header":
-            raise _invalid("a weight update starts with its header")
-        header = header_from_proto(first.header)
-        if self.core.admit(header):
+        if already_served:
+            await self._discard_rest(request_iterator)
             return self._reply(header.version, header.checksum, 0, 0.0)
         buffer = PayloadBuffer(header.declared_bytes)
         async for chunk in request_iterator:
@@ -66,6 +81,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 raise _invalid(str(exc)) from exc
         result = await self.core.update_weights(header, buffer.payload())
         return self._reply(result.policy_version, result.checksum, result.bytes_received, result.apply_seconds)
+
+    async def _discard_rest(self, request_iterator) -> None:
+        limit = (self.core.signature.total_bytes if self.core.signature else 0) + CHUNK_BYTES
+        seen = 0
+        async for chunk in request_iterator:
+            seen += chunk.ByteSize()
+            if seen > limit:
+                return
 
     @staticmethod
     def _reply(version: int, checksum: str, received: int, seconds: float) -> rollout_pb2.UpdateWeightsResponse:
