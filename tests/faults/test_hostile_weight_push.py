@@ -158,3 +158,18 @@ def test_versions_never_go_back_without_a_flagged_rollback_of_the_same_run(serve
     reply = server.call(lambda c: c.update_weights(version + 1, older, rollback=True, run=server.run))
     assert reply.policy_version == version + 1 and reply.checksum == older.checksum
     assert served(server)[:3] == (version + 1, older.checksum, version + 1)
+
+
+def test_the_learner_pusher_carries_the_token_from_its_environment(server, monkeypatch):
+    from services.learner.weight_push.grpc_push import GrpcWeightPusher
+
+    version = served(server)[0]
+    weights = pack(valid(server, seed=5))
+    monkeypatch.setenv("OMRL_WEIGHT_TOKEN", "not-the-run-token")
+    (refused,) = GrpcWeightPusher(timeout_s=60).push(version + 1, weights, [server.address])
+    assert not refused.ok and "missing or wrong token" in refused.error
+    monkeypatch.setenv("OMRL_WEIGHT_TOKEN", server.token)
+    (applied,) = GrpcWeightPusher(timeout_s=60).push(version + 1, weights, [server.address])
+    assert applied.ok and (applied.policy_version, applied.checksum) == (version + 1, weights.checksum)
+    (again,) = GrpcWeightPusher(timeout_s=60).push(version + 1, weights, [server.address])  # a resumed learner
+    assert again.ok and again.policy_version == version + 1
