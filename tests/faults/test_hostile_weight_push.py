@@ -173,3 +173,16 @@ def test_the_learner_pusher_carries_the_token_from_its_environment(server, monke
     assert applied.ok and (applied.policy_version, applied.checksum) == (version + 1, weights.checksum)
     (again,) = GrpcWeightPusher(timeout_s=60).push(version + 1, weights, [server.address])  # a resumed learner
     assert again.ok and again.policy_version == version + 1
+
+
+def test_a_dead_engine_ends_the_server_with_a_non_zero_exit(server):
+    """Last in this module: it ends the server. The engine core is the server's child process."""
+    import psutil
+
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    engine = [p for p in children if "EngineCore" in " ".join([p.name(), *p.cmdline()])]
+    assert engine, [(p.pid, p.name()) for p in children]
+    for proc in engine:
+        os.kill(proc.pid, signal.SIGKILL)
+    assert server.proc.wait(timeout=120) != 0
+    assert "vLLM engine is dead" in server.log.read_text()
