@@ -67,3 +67,35 @@ def test_engine_watch_reports_the_death_once():
 
     run(watch_engine(check, deaths.append, every_s=0.001))
     assert [str(d) for d in deaths] == ["EngineDeadError"]
+
+
+def test_the_heartbeat_survives_a_redis_outage_and_reports_the_served_version():
+    from services.rollout.app import heartbeat
+
+    class Core:
+        policy_version, serving = 3, False
+
+        def status(self):
+            return {"policy_version": 3, "waiting_for_version": 5}
+
+    class State:
+        def __init__(self, loop):
+            self.calls, self.registered, self.loop = 0, asyncio.Event(), loop
+
+        def register_rollout(self, address, info):
+            self.calls += 1
+            if self.calls == 1:
+                raise redis.exceptions.TimeoutError("redis failing over")
+            self.info = (address, info)
+            self.loop.call_soon_threadsafe(self.registered.set)  # called from the heartbeat's worker thread
+
+    async def scenario():
+        state = State(asyncio.get_running_loop())
+        task = asyncio.create_task(heartbeat(state, "10.0.0.1:50051", Core(), every_s=0.001))
+        await state.registered.wait()
+        task.cancel()
+        return state.info
+
+    address, info = run(scenario())
+    assert address == "10.0.0.1:50051"
+    assert (info["version"], info["serving"], info["waiting_for_version"]) == (3, False, 5)
