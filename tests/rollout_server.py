@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from services.common.grpc_server import free_port, wait_for_health
 from services.common.tiny_model import build_tiny_model
 from services.rollout.client import GrpcRolloutClient
@@ -40,9 +42,14 @@ class RolloutProcess:
         return asyncio.run(go())
 
     def kill(self) -> None:
+        """Stops the server if it still runs and deletes its run's Redis keys."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        client = redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_timeout=5)
+        keys = list(client.scan_iter(match=f"omrl:{self.run}:*"))
+        if keys:
+            client.delete(*keys)
 
 
 def start_rollout(tmp: Path) -> RolloutProcess:

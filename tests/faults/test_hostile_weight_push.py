@@ -6,7 +6,6 @@ import signal
 
 import grpc
 import pytest
-import redis
 import torch
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated
@@ -33,10 +32,6 @@ def server(tmp_path_factory):
         os.killpg(rollout.proc.pid, signal.SIGTERM)
         rollout.proc.wait(timeout=60)
     rollout.kill()
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
-    keys = list(client.scan_iter(match=f"omrl:{rollout.run}:*"))
-    if keys:
-        client.delete(*keys)
 
 
 def served(server):
