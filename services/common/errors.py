@@ -42,12 +42,16 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class Internal(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
 
 _BY_CODE = {cls.code: cls for cls in (NotFound, InvalidArgument, FailedPrecondition, DeadlineExceeded,
-                                      Unavailable, ResourceExhausted, Internal)}
+                                      Unavailable, ResourceExhausted, Unauthenticated, Internal)}
 
 
 def from_rpc_error(err: grpc.RpcError) -> ServiceError:

@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import signal
 import socket
 import sys
@@ -20,6 +21,14 @@ from services.common.errors import ServiceError
 
 log = logging.getLogger(__name__)
 AddServicer = Callable[[grpc.aio.Server], None]
+BIND_HOST_ENV = "OMRL_BIND_HOST"
+
+
+def bind_host(flag: Optional[str] = None) -> str:
+    """Where servers listen: the --host flag, else $OMRL_BIND_HOST, else loopback. Loopback by default
+    so a service is reachable from the network only where a deployment says so (the chart and compose
+    set 0.0.0.0)."""
+    return flag or os.environ.get(BIND_HOST_ENV) or "127.0.0.1"
 
 
 def _status(exc: Exception) -> tuple[grpc.StatusCode, str]:
@@ -116,13 +125,31 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host: str = "0.0.0.0",
+async def _set_health(health: HealthServicer, services: list[str], serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for service in services:
+        await health.set(service, status)
+
+
+async def _mirror_health(health: HealthServicer, services: list[str], serving: Callable[[], bool], last: bool,
+                         poll_s: float = 0.2) -> None:
+    while True:
+        await asyncio.sleep(poll_s)
+        now = bool(serving())
+        if now != last:
+            await _set_health(health, services, now)
+            last = now
+
+
+async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host: Optional[str] = None,
                 metrics_port: Optional[int] = None, grace_s: float = 5.0, on_shutdown: Optional[Callable] = None,
                 stop: Optional[asyncio.Event] = None, ready: Optional[Callable[[int], Any]] = None,
-                max_message_bytes: int = 64 * 2**20) -> None:
+                max_message_bytes: int = 64 * 2**20, serving: Optional[Callable[[], bool]] = None) -> None:
     """Runs a gRPC server until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully: health
     NOT_SERVING, no new calls, in-flight calls get `grace_s`, then `on_shutdown` (sync or async) runs.
-    `ready(bound_port)` is called once serving."""
+    `ready(bound_port)` is called once serving. `host` defaults to `bind_host()`; the metrics endpoint
+    binds the same host. `serving()`, when given, is mirrored into health (polled) while running."""
+    host = bind_host(host)
     server = grpc.aio.server(interceptors=[ErrorInterceptor(name)], options=[
         ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it silently
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -144,21 +171,26 @@ async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host:
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
 
-    http = None
+    http = mirror = None
     try:
         if metrics_port is not None:
             from prometheus_client import start_http_server
             http, _ = start_http_server(metrics_port, addr=host)
             print(f"{name} metrics on {_hostport(host, http.server_address[1])}", file=sys.stderr, flush=True)
         await server.start()
-        for service in ["", *recorder.services]:
-            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        services = ["", *recorder.services]
+        initially = serving is None or bool(serving())
+        await _set_health(health, services, initially)
+        if serving is not None:
+            mirror = asyncio.create_task(_mirror_health(health, services, serving, initially))
         print(f"{name} listening on {_hostport(host, bound)}", file=sys.stderr, flush=True)
         if ready is not None:
             ready(bound)
         await stop.wait()
     finally:
         log.info("%s shutting down (grace %.1fs)", name, grace_s)
+        if mirror is not None:
+            mirror.cancel()
         await health.enter_graceful_shutdown()
         await server.stop(grace_s)
         for sig in handled:

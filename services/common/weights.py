@@ -94,3 +94,101 @@ def unpack(specs: Sequence[TensorSpec], payload: bytes, expected_checksum: str) 
     if hasher.hexdigest() != expected_checksum:
         raise ChecksumMismatch(f"checksum {hasher.hexdigest()[:12]} != expected {expected_checksum[:12]}")
     return out
+
+
+class WeightSetRejected(ValueError):
+    """A pushed set that does not fit the served model; the message names the first bad tensor."""
+
+
+def _torch_dtype(name: str) -> torch.dtype | None:
+    dtype = getattr(torch, name, None) if name.isidentifier() else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """Name -> (dtype, shape) of every tensor a served model takes: a pushed set must match it exactly,
+    so a set that checks out here has exactly `total_bytes` of data."""
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+
+    @classmethod
+    def of(cls, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> "ModelSignature":
+        return cls({name: (_dtype_name(t), tuple(t.shape)) for name, t in named_tensors})
+
+    @classmethod
+    def of_pretrained(cls, path: str, dtype: str) -> "ModelSignature":
+        """The Hugging Face state-dict names and shapes of the model at `path` (built on the meta
+        device: no memory, no weights read), in the served `dtype`: what the learner pushes."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        return cls({name: (dtype, tuple(t.shape)) for name, t in model.state_dict().items()})
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(_nbytes(dtype, shape) for dtype, shape in self.tensors.values())
+
+    def check(self, specs: Sequence[TensorSpec]) -> None:
+        """Raises WeightSetRejected unless `specs` is exactly this model's set (any order)."""
+        if not specs:
+            raise WeightSetRejected("empty weight set")
+        declared = sum(s.nbytes for s in specs)
+        seen: set[str] = set()
+        for spec in specs:
+            if spec.name in seen:
+                raise WeightSetRejected(f"tensor {spec.name!r} appears twice")
+            seen.add(spec.name)
+            if spec.name not in self.tensors:
+                raise WeightSetRejected(f"tensor {spec.name!r} is not a parameter of the served model")
+            dtype, shape = self.tensors[spec.name]
+            if spec.dtype != dtype:
+                raise WeightSetRejected(f"tensor {spec.name!r}: dtype {spec.dtype}, the served model has {dtype}")
+            if tuple(spec.shape) != shape:
+                raise WeightSetRejected(f"tensor {spec.name!r}: shape {list(spec.shape)}, "
+                                        f"the served model has {list(shape)}")
+            if spec.nbytes != _nbytes(dtype, shape):
+                raise WeightSetRejected(f"tensor {spec.name!r}: declares {spec.nbytes} bytes, "
+                                        f"its shape and dtype take {_nbytes(dtype, shape)}")
+        missing = [name for name in self.tensors if name not in seen]
+        if missing:
+            raise WeightSetRejected(f"incomplete weight set: {len(missing)} of {len(self.tensors)} tensors "
+                                    f"missing, first {missing[0]!r}")
+        if declared > self.total_bytes:  # unreachable after the checks above; kept as the stated bound
+            raise WeightSetRejected(f"declares {declared} bytes, the served model has {self.total_bytes}")
+
+
+def _nbytes(dtype: str, shape: Sequence[int]) -> int:
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    torch_dtype = _torch_dtype(dtype)
+    if torch_dtype is None:
+        raise WeightSetRejected(f"unknown dtype {dtype!r}")
+    return numel * torch.empty(0, dtype=torch_dtype).element_size()
+
+
+def check_finite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Raises WeightSetRejected naming the first tensor holding a NaN or an infinity."""
+    for name, t in named_tensors:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise WeightSetRejected(f"tensor {name!r} holds NaN or Inf values")
+
+
+class PayloadBuffer:
+    """Collects a push's data chunks, refusing any byte past the size its header declared, so an
+    over-size stream is cut off at the first chunk that overflows rather than held in memory."""
+
+    def __init__(self, declared_bytes: int):
+        self.declared_bytes, self.size = declared_bytes, 0
+        self._parts: list[bytes] = []
+
+    def add(self, data: bytes) -> None:
+        if self.size + len(data) > self.declared_bytes:
+            raise WeightSetRejected(f"more data than the {self.declared_bytes} bytes the header declared")
+        self.size += len(data)
+        self._parts.append(data)
+
+    def payload(self) -> bytes:
+        return b"".join(self._parts)

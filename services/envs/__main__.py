@@ -6,7 +6,7 @@ import logging
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m services.envs", description="Text environment service")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default=None, help="bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port (0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
     parser.add_argument("--config", default=None, help="Run config; `env.step_timeout_s` is the default deadline")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import sys
 import time
@@ -22,6 +23,7 @@ from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_js
 from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, python_module
 from services.launcher.report import learning_summary, step_line, validation_line, write_reward_curve
+from services.rollout.push_auth import TOKEN_ENV
 
 
 @dataclass
@@ -99,6 +101,7 @@ class LocalRun:
         state = RunState.connect(self.config)
         state.reset()
         cfg, logs = ["--config", str(config_path)], self.run_dir / "logs"
+        push_env = {TOKEN_ENV: secrets.token_urlsafe(32)}  # only this run's learner may push to its rollout
         self.processes = [
             *self._env_processes(ports, cfg, logs),
             ServiceProcess("reward", python_module("services.reward", *cfg, "--port", str(ports["reward"]),
@@ -106,7 +109,7 @@ class LocalRun:
                            self.config.reward.address),
             ServiceProcess("rollout", python_module("services.rollout", *cfg, "--port", str(ports["rollout"]),
                                                     "--metrics-port", str(ports["rollout_m"])), logs / "rollout.log",
-                           self.config.rollout.addresses[0]),
+                           self.config.rollout.addresses[0], env=push_env),
         ]
         learner_args = [*cfg, "--metrics-port", str(ports["learner_m"]), "--history", str(self.run_dir / "history.json")]
         if self.config.learner.nproc > 1:
@@ -115,7 +118,7 @@ class LocalRun:
             learner_cmd = [sys.executable, *launcher, *learner_args]
         else:
             learner_cmd = python_module("services.learner", *learner_args)
-        self.processes.append(ServiceProcess("learner", learner_cmd, logs / "learner.log"))
+        self.processes.append(ServiceProcess("learner", learner_cmd, logs / "learner.log", env=push_env))
         for proc in self.processes:
             proc.start()
         self._write_pids()

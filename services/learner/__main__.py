@@ -12,13 +12,14 @@ def main() -> None:
     parser.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--host", default=None, help="metrics bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--history", help="write the per-step summaries to this JSON file at the end")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
     config = load_config(args.config, args.set)
     from services.learner.app import build_learner
 
-    history = build_learner(config, args.metrics_port).run()
+    history = build_learner(config, args.metrics_port, args.host).run()
     if args.history and history:
         with open(args.history, "w") as f:
             json.dump(history, f, indent=1)

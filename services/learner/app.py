@@ -4,6 +4,7 @@ from __future__ import annotations
 from prometheus_client import start_http_server
 
 from services.common.config import TrainConfig
+from services.common.grpc_server import bind_host
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.learner import fsdp
@@ -13,7 +14,7 @@ from services.learner.trainer import PolicyTrainer
 from services.learner.weight_push import PUSHERS
 
 
-def build_learner(config: TrainConfig, metrics_port: int | None = None) -> LearnerService:
+def build_learner(config: TrainConfig, metrics_port: int | None = None, host: str | None = None) -> LearnerService:
     if not config.model.path:
         raise SystemExit("model.path is empty: give a model (the local launcher builds the tiny one)")
     trainer = PolicyTrainer(config, config.model.path)
@@ -23,6 +24,6 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None) -> Learn
         stream = TrajectoryStream(state.client, state.trajectories_key, max_len=config.stream.max_len)
         if metrics_port:
             register_stream_collector(stream)
-            start_http_server(metrics_port)
+            start_http_server(metrics_port, addr=bind_host(host))
     pusher = PUSHERS.create(config.learner.weight_push, timeout_s=config.learner.push_timeout_s)
     return LearnerService(config, trainer, pusher, state, stream)

@@ -10,6 +10,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--host", default=None, help="bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50051)
     parser.add_argument("--advertise", help="address the learner reaches this server at (default 127.0.0.1:PORT)")
     parser.add_argument("--metrics-port", type=int, default=None)
@@ -20,7 +21,7 @@ def main() -> None:
     from services.rollout.app import run_server
 
     asyncio.run(run_server(config, args.port, args.advertise or f"127.0.0.1:{args.port}", args.metrics_port,
-                           produce=not args.no_produce))
+                           produce=not args.no_produce, host=args.host))
 
 
 if __name__ == "__main__":

@@ -1,23 +1,30 @@
 """Assembles a rollout server: engine backend, RolloutCore, gRPC shell, registration in the run's
-rollout registry (heartbeat), and the trajectory producer."""
+rollout registry (heartbeat), and the trajectory producer.
+
+Start-up: a server that finds its run already at published policy vN waits for weights vN (health
+NOT_SERVING, Generate UNAVAILABLE, no producer) while its heartbeat reports the version it holds, so
+the learner re-pushes to it. Exit: the process exits non-zero when the engine dies or a background task
+(heartbeat, producer, engine watch) fails, so it is restarted rather than left half alive."""
 from __future__ import annotations
 
 import asyncio
 import logging
 
 from services.common.config import TrainConfig
-from services.common.grpc_server import serve
+from services.common.grpc_server import bind_host, serve
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.rollout.backends.base import BACKENDS
+from services.rollout.supervision import TaskSupervisor, retrying, watch_engine
 
 log = logging.getLogger(__name__)
 
 
 async def heartbeat(state: RunState, address: str, core, every_s: float = 2.0) -> None:
-    while True:
-        await asyncio.to_thread(state.register_rollout, address, core.status())
-        await asyncio.sleep(every_s)
+    async def beat():
+        info = {**core.status(), "version": core.policy_version, "serving": core.serving}
+        await asyncio.to_thread(state.register_rollout, address, info)
+    await retrying(beat, "rollout registry heartbeat", every_s)
 
 
 def build_backend(config: TrainConfig):
@@ -30,9 +37,10 @@ def build_backend(config: TrainConfig):
 
 
 async def run_server(config: TrainConfig, port: int, advertise: str, metrics_port: int | None,
-                     produce: bool) -> None:
+                     produce: bool, host: str | None = None) -> None:
     from transformers import AutoTokenizer
 
+    from services.common.weights import ModelSignature
     from services.envs.client import GrpcEnvClient
     from services.reward.client import GrpcRewardClient
     from services.rollout.action_parsers import PARSERS
@@ -40,13 +48,30 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
     from services.rollout.core import RolloutCore
     from services.rollout.producer import Producer
     from services.rollout.prompting import ChatFormatter
+    from services.rollout.push_auth import PushAuthenticator, token_from_env
     from services.rollout.server import add_to_server
 
+    host = bind_host(host)
+    auth = PushAuthenticator.for_server(host, token_from_env())
+    state = RunState.connect(config)
+    published = await asyncio.to_thread(state.policy_version)
+    signature = ModelSignature.of_pretrained(config.model.path, config.model.dtype)
     backend = build_backend(config)
     await backend.start()
-    core = RolloutCore(backend, config.model.path)
-    state = RunState.connect(config)
-    tasks = [asyncio.create_task(heartbeat(state, advertise, core))]
+    core = RolloutCore(backend, config.model.path, signature=signature, run=config.run, required_version=published)
+    if core.waiting_for_version:
+        log.warning("waiting for weights v%d: the run published it before this server started; serving nothing "
+                    "until the learner pushes it", published)
+    stop = asyncio.Event()
+    tasks = TaskSupervisor(stop)
+
+    def engine_dead(exc: BaseException) -> None:
+        core.engine_dead = True
+        log.error("vLLM engine is dead (%s: %s); exiting 1 to be restarted", type(exc).__name__, exc)
+        tasks.fail(f"engine dead: {type(exc).__name__}")
+
+    tasks.start("heartbeat", heartbeat(state, advertise, core))
+    tasks.start("engine watch", watch_engine(backend.check_alive, engine_dead))
     if produce:
         loop = AgentLoop(core, GrpcEnvClient(config.env.address, timeout_s=config.env.step_timeout_s + 5.0),
                          ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
@@ -55,12 +80,18 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
         stream = TrajectoryStream(state.client, state.trajectories_key, max_len=config.stream.max_len)
         producer = Producer(config, loop, GrpcRewardClient(config.reward.address, timeout_s=config.reward.timeout_s),
                             state, stream, core)
-        tasks.append(asyncio.create_task(producer.run()))
+
+        async def produce_when_serving():
+            await core.wait_until_serving()  # no claims before the server holds the run's version
+            await producer.run()
+        tasks.start("producer", produce_when_serving())
 
     async def on_shutdown():
-        for task in tasks:
-            task.cancel()
+        await tasks.cancel_all()
         await asyncio.to_thread(state.unregister_rollout, advertise)
         await backend.shutdown()
 
-    await serve("rollout", port, [add_to_server(core)], metrics_port=metrics_port, on_shutdown=on_shutdown)
+    await serve("rollout", port, [add_to_server(core, auth)], host=host, metrics_port=metrics_port,
+                on_shutdown=on_shutdown, stop=stop, serving=lambda: core.serving)
+    if tasks.failure:
+        raise SystemExit(f"rollout server stopped: {tasks.failure}")

@@ -10,7 +10,8 @@ from services.common.errors import rpc_errors
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.common.weights import PackedWeights
 from services.rollout.backends.base import Generation, SamplingSpec
-from services.rollout.core import RolloutCore, UpdateResult, VersionedGeneration
+from services.rollout.core import PushHeader, RolloutCore, UpdateResult, VersionedGeneration
+from services.rollout.push_auth import auth_metadata
 
 
 class RolloutClient(abc.ABC):
@@ -18,7 +19,8 @@ class RolloutClient(abc.ABC):
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration: ...
 
     @abc.abstractmethod
-    async def update_weights(self, version: int, weights: PackedWeights) -> UpdateResult: ...
+    async def update_weights(self, version: int, weights: PackedWeights, *, rollback: bool = False,
+                             run: str = "") -> UpdateResult: ...
 
     @abc.abstractmethod
     async def status(self) -> dict: ...
@@ -34,16 +36,21 @@ class InProcessRolloutClient(RolloutClient):
     async def generate(self, request_id, prompt_ids, sampling):
         return await self.core.generate(request_id, prompt_ids, sampling)
 
-    async def update_weights(self, version, weights):
-        return await self.core.update_weights(version, weights.specs, weights.payload, weights.checksum)
+    async def update_weights(self, version, weights, *, rollback=False, run=""):
+        header = PushHeader(version, weights.specs, weights.checksum, rollback=rollback, run=run)
+        return await self.core.update_weights(header, weights.payload)
 
     async def status(self):
         return self.core.status()
 
 
 class GrpcRolloutClient(RolloutClient):
-    def __init__(self, address: str, timeout_s: float = 120.0, push_timeout_s: float = 300.0):
+    """`weight_token`: the shared secret UpdateWeights requires (services.rollout.push_auth)."""
+
+    def __init__(self, address: str, timeout_s: float = 120.0, push_timeout_s: float = 300.0,
+                 weight_token: str | None = None):
         self.address, self.timeout_s, self.push_timeout_s = address, timeout_s, push_timeout_s
+        self.weight_token = weight_token
         self._channel: grpc.aio.Channel | None = None
         self._stub: rollout_pb2_grpc.RolloutServiceStub | None = None
 
@@ -65,9 +72,10 @@ class GrpcRolloutClient(RolloutClient):
         return VersionedGeneration(Generation(list(reply.token_ids), list(reply.logprobs), reply.finish_reason),
                                    reply.policy_version)
 
-    async def update_weights(self, version, weights):
+    async def update_weights(self, version, weights, *, rollback=False, run=""):
         packed = weights
-        header = rollout_pb2.WeightUpdateHeader(version=version, checksum=packed.checksum, tensors=[
+        header = rollout_pb2.WeightUpdateHeader(version=version, checksum=packed.checksum, rollback=rollback, run=run,
+                                                tensors=[
             rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in packed.specs])
 
         async def chunks():
@@ -76,7 +84,8 @@ class GrpcRolloutClient(RolloutClient):
                 yield rollout_pb2.WeightChunk(data=data)
 
         with rpc_errors():
-            reply = await self.stub.UpdateWeights(chunks(), timeout=self.push_timeout_s)
+            reply = await self.stub.UpdateWeights(chunks(), timeout=self.push_timeout_s,
+                                                  metadata=auth_metadata(self.weight_token))
         return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
 
     async def status(self):

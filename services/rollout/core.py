@@ -1,14 +1,28 @@
 """The rollout server's logic, free of gRPC: generation on a backend, stamped with the policy
-version, and atomic weight updates."""
+version, and atomic weight updates.
+
+Invariants of a weight push (nothing reaches the engine unless all hold; on any refusal the engine
+keeps serving the version it had):
+- the set is exactly the served model's (names, shapes, dtypes: `ModelSignature`), values finite,
+  and its bytes match the header's checksum;
+- versions never go backwards: a version below the served one, or the same version with other weights,
+  is refused unless the push is a rollback of this same run; the same version with the same checksum is
+  a no-op success (a resumed learner re-pushes what the server already holds).
+
+A server that starts while its run already published policy vN (`required_version`) serves nothing
+(Generate: UNAVAILABLE, health NOT_SERVING) until it holds a version >= N."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 from services.common import metrics
-from services.common.weights import TensorSpec, unpack
+from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.weights import (ChecksumMismatch, ModelSignature, TensorSpec, WeightSetRejected, check_finite,
+                                     unpack)
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.rwlock import ReadWriteLock
 
@@ -21,6 +35,9 @@ ACTIVE_REQUESTS = metrics.gauge("rollout", "active_requests", "Generation reques
 POLICY_VERSION = metrics.gauge("rollout", "policy_version", "Policy version being served")
 WEIGHT_UPDATE_SECONDS = metrics.histogram("rollout", "weight_update_seconds", "Time to apply a weight set",
                                           buckets=metrics.DURATION_BUCKETS)
+PUSHES_REFUSED = metrics.preset(
+    metrics.counter("rollout", "weight_pushes_refused_total", "Weight pushes refused, nothing applied", ["reason"]),
+    ("unauthenticated",), ("invalid",), ("stale",))
 
 
 @dataclass
@@ -37,16 +54,51 @@ class UpdateResult:
     apply_seconds: float
 
 
+@dataclass(frozen=True)
+class PushHeader:
+    version: int
+    specs: Sequence[TensorSpec]
+    checksum: str
+    rollback: bool = False
+    run: str = ""
+
+    @property
+    def declared_bytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+
+@dataclass
 class RolloutCore:
-    def __init__(self, backend: RolloutBackend, model: str):
-        self.backend, self.model = backend, model
-        self.policy_version = 0
-        self.weights_checksum = ""
-        self.generated_tokens = 0
-        self.active_episodes = 0
-        self._lock = ReadWriteLock()
+    backend: RolloutBackend
+    model: str
+    signature: Optional[ModelSignature] = None
+    """The served model's tensors; None accepts any set (tests with fake engines only)."""
+    run: str = ""
+    required_version: int = 0
+    """Serve nothing until holding at least this version (the run's published one at start-up)."""
+    policy_version: int = 0
+    weights_checksum: str = ""
+    generated_tokens: int = 0
+    active_episodes: int = 0
+    engine_dead: bool = False
+    _lock: ReadWriteLock = field(default_factory=ReadWriteLock)
+
+    @property
+    def waiting_for_version(self) -> int:
+        return self.required_version if self.policy_version < self.required_version else 0
+
+    @property
+    def serving(self) -> bool:
+        return not self.engine_dead and not self.waiting_for_version
+
+    async def wait_until_serving(self, poll_s: float = 0.2) -> None:
+        while not self.serving:
+            await asyncio.sleep(poll_s)
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration:
+        if self.waiting_for_version:
+            raise Unavailable(f"waiting for weights v{self.required_version}: this rollout server (re)started "
+                              f"while the run is at that version and holds v{self.policy_version}")
         async with self._lock.read():
             version = self.policy_version
             ACTIVE_REQUESTS.inc()
@@ -60,21 +112,70 @@ class RolloutCore:
         GENERATED_TOKENS.inc(len(generation.token_ids))
         return VersionedGeneration(generation, version)
 
-    async def update_weights(self, version: int, specs: Sequence[TensorSpec], payload: bytes,
-                             checksum: str) -> UpdateResult:
+    def admit(self, header: PushHeader) -> bool:
+        """Checks a push's header before any of its data is read. True: the server already holds exactly
+        this set (nothing to do). Raises FailedPrecondition (version) or InvalidArgument (set)."""
+        if header.version == self.policy_version and header.checksum == self.weights_checksum:
+            return True
+        if self._behind(header):
+            if not header.rollback:
+                PUSHES_REFUSED.labels("stale").inc()
+                log.warning("weight push v%d refused: this server serves v%d and versions never go back "
+                            "(set rollback for a deliberate one)", header.version, self.policy_version)
+                raise FailedPrecondition(f"version {header.version} is not above the served "
+                                         f"v{self.policy_version}; nothing applied (not a rollback)")
+            if header.run != self.run:
+                PUSHES_REFUSED.labels("stale").inc()
+                raise FailedPrecondition(f"rollback to v{header.version} refused: it is for run {header.run!r}, "
+                                         f"this server serves run {self.run!r}")
+        if self.signature is not None:
+            try:
+                self.signature.check(header.specs)
+            except WeightSetRejected as exc:
+                self._refuse(header, exc)
+        return False
+
+    def _behind(self, header: PushHeader) -> bool:
+        """Whether the push would not move the served version forward (the weights loaded from disk
+        at start-up count as no version: the first push of v0 installs them)."""
+        return header.version < self.policy_version or (header.version == self.policy_version
+                                                        and self.weights_checksum != "")
+
+    def _refuse(self, header: PushHeader, exc: Exception):
+        PUSHES_REFUSED.labels("invalid").inc()
+        log.warning("weight push v%d refused: %s", header.version, exc)
+        raise InvalidArgument(f"weight set rejected, nothing applied: {exc}") from exc
+
+    async def update_weights(self, header: PushHeader, payload: bytes) -> UpdateResult:
         """Checks the whole set before touching the engine, then swaps it in while no request runs."""
-        tensors = unpack(specs, payload, checksum)
+        if self.admit(header):
+            return UpdateResult(self.policy_version, self.weights_checksum, len(payload), 0.0)
+        try:
+            tensors = unpack(header.specs, payload, header.checksum)
+            check_finite(tensors)
+        except (ChecksumMismatch, WeightSetRejected) as exc:
+            self._refuse(header, exc)
         start = time.perf_counter()
         async with self._lock.write():
+            if self.admit(header):  # another push of the same set landed while this one waited
+                return UpdateResult(self.policy_version, self.weights_checksum, len(payload), 0.0)
+            rollback = self._behind(header)
             await self.backend.load_weights(tensors)
-            self.policy_version, self.weights_checksum = version, checksum
+            if rollback:
+                log.warning("ROLLBACK of run %s: v%d replaces the served v%d", self.run, header.version,
+                            self.policy_version)
+            self.policy_version, self.weights_checksum = header.version, header.checksum
         seconds = time.perf_counter() - start
-        POLICY_VERSION.set(version)
+        POLICY_VERSION.set(header.version)
         WEIGHT_UPDATE_SECONDS.observe(seconds)
-        log.info("policy v%d loaded (%d tensors, %.1f MB) in %.2fs", version, len(specs), len(payload) / 1e6, seconds)
-        return UpdateResult(version, checksum, len(payload), seconds)
+        log.info("policy v%d loaded (%d tensors, %.1f MB) in %.2fs", header.version, len(header.specs),
+                 len(payload) / 1e6, seconds)
+        if self.required_version and not self.waiting_for_version:
+            log.info("holds v%d >= the run's v%d: serving", self.policy_version, self.required_version)
+        return UpdateResult(header.version, header.checksum, len(payload), seconds)
 
     def status(self) -> dict:
         return {"model": self.model, "backend": self.backend.name, "policy_version": self.policy_version,
                 "weights_checksum": self.weights_checksum, "active_requests": self._lock.readers,
-                "generated_tokens_total": self.generated_tokens, "active_episodes": self.active_episodes}
+                "generated_tokens_total": self.generated_tokens, "active_episodes": self.active_episodes,
+                "waiting_for_version": self.waiting_for_version}

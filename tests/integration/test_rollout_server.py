@@ -3,55 +3,22 @@ policy version, weight updates that are verified whole and applied atomically, s
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import uuid
 
 import pytest
 import torch
 
 from services.common.errors import InvalidArgument
-from services.common.grpc_server import free_port, wait_for_health
-from services.common.tiny_model import build_tiny_model
 from services.common.weights import PackedWeights, pack
 from services.rollout.backends.base import SamplingSpec
-from services.rollout.client import GrpcRolloutClient
-
-CORPUS = [f"You are in cell {i}. The exit is to the {'left' if i % 2 else 'right'}. <action>left</action>"
-          for i in range(30)]
+from tests.rollout_server import start_rollout
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("rollout")
-    model = build_tiny_model(tmp / "model", CORPUS)
-    port = free_port()
-    log = open(tmp / "rollout.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.rollout", "--no-produce", "--port", str(port),
-         "--set", f"model.path={model}", "--set", f"run=test-rollout-{uuid.uuid4().hex[:8]}"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
-        start_new_session=True)
-    address = f"127.0.0.1:{port}"
-    try:
-        asyncio.run(wait_for_health(address, timeout_s=240))
-    except TimeoutError:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError((tmp / "rollout.log").read_text()[-3000:])
-    yield {"address": address, "model": model, "proc": proc, "log": tmp / "rollout.log"}
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def call(coro_fn, address):
-    async def go():
-        client = GrpcRolloutClient(address, timeout_s=60)
-        try:
-            return await coro_fn(client)
-        finally:
-            await client.close()
-    return asyncio.run(go())
+    rollout = start_rollout(tmp_path_factory.mktemp("rollout"))
+    yield {"address": rollout.address, "model": rollout.model, "proc": rollout.proc, "log": rollout.log,
+           "call": rollout.call}
+    rollout.kill()
 
 
 def reference_logprobs(model, prompt, output):
@@ -80,19 +47,19 @@ def hf(server):
 
 def test_generate_returns_tokens_logprobs_and_version(server, hf):
     _, prompt = hf
-    out = call(lambda c: c.generate("a", prompt, SamplingSpec(max_tokens=8, seed=1)), server["address"])
+    out = server["call"](lambda c: c.generate("a", prompt, SamplingSpec(max_tokens=8, seed=1)))
     assert len(out.generation.token_ids) == len(out.generation.logprobs) > 0
     assert out.policy_version == 0 and out.generation.finish_reason in {"stop", "length"}
 
 
 def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):
     model, _ = hf
-    before = call(lambda c: c.status(), server["address"])
+    before = server["call"](lambda c: c.status())
     good = pack(perturbed(model, 0.1, seed=7))
     bad = PackedWeights(good.specs, good.checksum, good.payload[:-4] + b"\x00\x00\x00\x00")
     with pytest.raises(InvalidArgument, match="nothing applied"):
-        call(lambda c: c.update_weights(41, bad), server["address"])
-    after = call(lambda c: c.status(), server["address"])
+        server["call"](lambda c: c.update_weights(41, bad))
+    after = server["call"](lambda c: c.status())
     assert (after["policy_version"], after["weights_checksum"]) == (before["policy_version"], before["weights_checksum"])
 
 
@@ -110,7 +77,7 @@ def test_every_reply_comes_wholly_from_one_policy_version(server, hf):
         requests += [asyncio.create_task(client.generate(f"s{i}", prompt, sampling)) for i in range(8)]
         return update, await asyncio.gather(*requests)
 
-    update, replies = call(scenario, server["address"])
+    update, replies = server["call"](scenario)
     assert update.policy_version == 1
     assert {r.policy_version for r in replies[-8:]} == {1}
     assert {r.policy_version for r in replies} == {0, 1}, "the update landed while requests were in flight"
@@ -119,7 +86,7 @@ def test_every_reply_comes_wholly_from_one_policy_version(server, hf):
         for reply in (r for r in replies if r.policy_version == version):
             ref = reference_logprobs(model, prompt, reply.generation.token_ids)
             assert torch.allclose(torch.tensor(reply.generation.logprobs), ref, atol=1e-3), f"v{version} reply"
-    status = call(lambda c: c.status(), server["address"])
+    status = server["call"](lambda c: c.status())
     assert status["policy_version"] == 1 and status["weights_checksum"] == update.checksum
 
 

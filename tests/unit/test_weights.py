@@ -1,7 +1,10 @@
+import re
+
 import pytest
 import torch
 
-from services.common.weights import ChecksumMismatch, checksum, pack, unpack
+from services.common.weights import (ChecksumMismatch, ModelSignature, PayloadBuffer, TensorSpec, WeightSetRejected,
+                                     check_finite, checksum, pack, unpack)
 
 
 def tensors():
@@ -39,3 +42,63 @@ def test_corrupted_or_short_payload_is_rejected_before_anything_is_returned():
         unpack(packed.specs, bytes(corrupted), packed.checksum)
     with pytest.raises(ChecksumMismatch, match="bytes"):
         unpack(packed.specs, packed.payload[:-1], packed.checksum)
+
+
+def test_signature_accepts_the_exact_set_in_any_order():
+    signature = ModelSignature.of(tensors())
+    signature.check(list(reversed(pack(tensors()).specs)))
+    assert signature.total_bytes == len(pack(tensors()).payload)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda ts: [], "empty weight set"),
+    (lambda ts: ts[:-2], "incomplete weight set: 2 of 4 tensors missing, first 'model.norm.weight'"),
+    (lambda ts: ts + [("model.layers.99.weight", torch.zeros(3))], "'model.layers.99.weight' is not a parameter"),
+    (lambda ts: [ts[0], ts[0], *ts[1:]], "'model.embed_tokens.weight' appears twice"),
+    (lambda ts: [("model.embed_tokens.weight", torch.zeros(3, 7)), *ts[1:]], "'model.embed_tokens.weight': shape"),
+    (lambda ts: [ts[0], ("lm_head.weight", ts[1][1].float()), *ts[2:]], "'lm_head.weight': dtype float32"),
+])
+def test_signature_rejects_sets_that_do_not_fit_naming_the_first_bad_tensor(edit, match):
+    with pytest.raises(WeightSetRejected, match=re.escape(match)):
+        ModelSignature.of(tensors()).check(pack(edit(tensors())).specs)
+
+
+def test_signature_rejects_lying_sizes_and_unknown_dtypes():
+    signature = ModelSignature.of(tensors())
+    specs = pack(tensors()).specs
+    with pytest.raises(WeightSetRejected, match="declares 1000 bytes"):
+        signature.check([TensorSpec(specs[0].name, specs[0].dtype, specs[0].shape, 1000), *specs[1:]])
+    odd = ModelSignature({"w": ("Tensor", (2,))})
+    with pytest.raises(WeightSetRejected, match="unknown dtype 'Tensor'"):
+        odd.check([TensorSpec("w", "Tensor", (2,), 8)])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_rejected_naming_the_tensor(bad):
+    ts = tensors()
+    ts[1][1][1, 2] = bad
+    with pytest.raises(WeightSetRejected, match="'lm_head.weight' holds NaN or Inf"):
+        check_finite(ts)
+    check_finite(tensors())
+
+
+def test_payload_buffer_refuses_the_first_chunk_past_the_declared_size():
+    buffer = PayloadBuffer(declared_bytes=10)
+    buffer.add(b"x" * 6)
+    with pytest.raises(WeightSetRejected, match="more data than the 10 bytes"):
+        buffer.add(b"x" * 5)
+    assert buffer.size == 6
+    buffer.add(b"y" * 4)
+    assert buffer.payload() == b"x" * 6 + b"y" * 4
+
+
+def test_signature_of_pretrained_has_the_hf_names_the_learner_pushes(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from services.common.tiny_model import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "model", ["a b c", "c b a"], tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    signature = ModelSignature.of_pretrained(str(path), "float32")
+    assert signature == ModelSignature.of(model.state_dict().items())
+    assert "lm_head.weight" in signature.tensors

@@ -26,7 +26,10 @@ class WeightPusher(abc.ABC):
     """Whether the learner waits for a registered rollout server before it starts."""
 
     @abc.abstractmethod
-    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str]) -> list[PushResult]: ...
+    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False,
+             run: str = "") -> list[PushResult]:
+        """`rollback` (with this `run`'s name) lets a server at a later version go back to `version`: the
+        first push of a learner resumed from a checkpoint older than what the servers hold."""
 
 
 PUSHERS: Registry[WeightPusher] = Registry("weight push transport")

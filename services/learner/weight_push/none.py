@@ -15,5 +15,6 @@ class NoPush(WeightPusher):
     def __init__(self, timeout_s: float = 0.0):
         pass
 
-    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str]) -> list[PushResult]:
+    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False,
+             run: str = "") -> list[PushResult]:
         return []

@@ -44,6 +44,9 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
 
+    async def check_alive(self) -> None:
+        """Raises once the engine is dead for good (the server then exits so it is restarted)."""
+
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
 

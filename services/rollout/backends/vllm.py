@@ -153,6 +153,10 @@ class VllmBackend(RolloutBackend):
             raise RuntimeError("could not reset vLLM's prefix cache after loading weights "
                                "(requests still running?)")
 
+    async def check_alive(self) -> None:
+        # EngineDeadError once the engine core process is gone or its output loop has failed
+        await self.engine.check_health()
+
     async def shutdown(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:

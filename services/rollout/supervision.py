@@ -1,0 +1,75 @@
+"""Background tasks of the rollout server that must not die quietly: one that ends with an exception is
+logged, recorded, and stops the server, which then exits non-zero so its launcher (or Kubernetes)
+restarts it."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Optional
+
+import redis
+
+log = logging.getLogger(__name__)
+
+
+class TaskSupervisor:
+    def __init__(self, stop: asyncio.Event):
+        self.stop = stop
+        self.failure: Optional[str] = None
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self, name: str, coro: Awaitable) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        task.add_done_callback(self._finished)
+        self._tasks.append(task)
+        return task
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        self.stop.set()
+
+    def _finished(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            log.info("%s finished", task.get_name())
+            return
+        log.error("%s died: %s: %s; shutting down (exit 1) to be restarted", task.get_name(), type(exc).__name__,
+                  exc, exc_info=exc)
+        self.fail(f"{task.get_name()} died: {type(exc).__name__}: {exc}")
+
+    async def cancel_all(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+TRANSIENT_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+async def retrying(call: Callable[[], Awaitable], what: str, every_s: float, max_backoff_s: float = 30.0) -> None:
+    """Runs `call` every `every_s` forever; a transient Redis error is retried with doubling back-off,
+    anything else ends the loop (and, supervised, the server)."""
+    delay = every_s
+    while True:
+        try:
+            await call()
+            delay = every_s
+        except TRANSIENT_REDIS as exc:
+            delay = min(delay * 2, max_backoff_s)
+            log.warning("%s: Redis unavailable (%s); retrying in %.1fs", what, exc, delay)
+        await asyncio.sleep(delay)
+
+
+async def watch_engine(check_alive: Callable[[], Awaitable], on_dead: Callable[[BaseException], None],
+                       every_s: float = 1.0) -> None:
+    while True:
+        try:
+            await check_alive()
+        except Exception as exc:  # noqa: BLE001 - any failure of the health check means a dead engine
+            on_dead(exc)
+            return
+        await asyncio.sleep(every_s)

@@ -1,0 +1,182 @@
+"""The rollout core's push rules and start-up gating on a fake engine, over an in-process gRPC server:
+versions never go back (bar a flagged rollback of the same run), re-pushing the served set is a no-op,
+pushes need the token, and a server that must wait for the run's version serves nothing meanwhile."""
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
+from services.common.grpc_server import serve
+from services.common.weights import ModelSignature, pack
+from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
+from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
+from services.rollout.core import RolloutCore
+from services.rollout.push_auth import PushAuthenticator
+from services.rollout.server import add_to_server
+
+
+class FakeEngine(RolloutBackend):
+    name = "fake"
+
+    def __init__(self):
+        self.loads: list[dict[str, torch.Tensor]] = []
+
+    async def start(self): ...
+
+    async def shutdown(self): ...
+
+    async def generate(self, request_id, prompt_token_ids, sampling):
+        return Generation([1, 2], [-0.1, -0.2], "length")
+
+    async def load_weights(self, named_tensors):
+        self.loads.append({name: t.clone() for name, t in named_tensors})
+
+
+def weights(value: float):
+    return pack([("w", torch.full((2, 3), value)), ("b", torch.full((3,), value))])
+
+
+def make_core(**kw) -> tuple[RolloutCore, FakeEngine]:
+    engine = FakeEngine()
+    signature = ModelSignature.of([("w", torch.zeros(2, 3)), ("b", torch.zeros(3))])
+    return RolloutCore(engine, "fake", signature=signature, run="run-a", **kw), engine
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_versions_move_forward_only_and_the_served_set_can_be_pushed_again():
+    core, engine = make_core()
+    client = InProcessRolloutClient(core)
+
+    async def scenario():
+        await client.update_weights(0, weights(0.5))  # the learner's first push of v0 replaces the disk weights
+        await client.update_weights(2, weights(2.0))
+        again = await client.update_weights(2, weights(2.0))
+        with pytest.raises(FailedPrecondition, match="version 1 is not above the served v2"):
+            await client.update_weights(1, weights(1.0))
+        with pytest.raises(FailedPrecondition, match="version 2 is not above"):
+            await client.update_weights(2, weights(9.0))
+        return again
+
+    again = run(scenario())
+    assert again.policy_version == 2 and again.apply_seconds == 0.0
+    assert len(engine.loads) == 2 and (core.policy_version, core.weights_checksum) == (2, weights(2.0).checksum)
+
+
+def test_a_rollback_needs_the_flag_and_the_same_run():
+    core, engine = make_core()
+    client = InProcessRolloutClient(core)
+
+    async def scenario():
+        await client.update_weights(5, weights(5.0))
+        with pytest.raises(FailedPrecondition, match="for run 'run-b'"):
+            await client.update_weights(3, weights(3.0), rollback=True, run="run-b")
+        return await client.update_weights(3, weights(3.0), rollback=True, run="run-a")
+
+    assert run(scenario()).policy_version == 3
+    assert core.policy_version == 3 and float(engine.loads[-1]["w"][0, 0]) == 3.0
+
+
+def test_an_invalid_set_reaches_no_engine():
+    core, engine = make_core()
+    client = InProcessRolloutClient(core)
+    nan = pack([("w", torch.full((2, 3), float("nan"))), ("b", torch.zeros(3))])
+    with pytest.raises(InvalidArgument, match="'w' holds NaN"):
+        run(client.update_weights(1, nan))
+    with pytest.raises(InvalidArgument, match="incomplete weight set"):
+        run(client.update_weights(1, pack([("w", torch.zeros(2, 3))])))
+    assert engine.loads == [] and core.policy_version == 0
+
+
+@contextlib.asynccontextmanager
+async def serving(core, token):
+    stop, bound = asyncio.Event(), asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(serve("rollout", 0, [add_to_server(core, PushAuthenticator(token))],
+                                       host="127.0.0.1", grace_s=1.0, stop=stop, ready=bound.set_result,
+                                       serving=lambda: core.serving))
+    port = await asyncio.wait_for(asyncio.shield(bound), 10)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def health(address):
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def wait_health(address, want):
+    while (status := await health(address)) != want:
+        await asyncio.sleep(0.05)
+    return status
+
+
+def test_pushes_without_the_token_are_refused_and_change_nothing():
+    core, engine = make_core()
+
+    async def scenario():
+        async with serving(core, "s3cret") as address:
+            for token in (None, "wrong", "s3cret-but-longer"):
+                client = GrpcRolloutClient(address, weight_token=token)
+                with pytest.raises(Unauthenticated, match="missing or wrong token"):
+                    await client.update_weights(1, weights(1.0))
+                await client.close()
+            client = GrpcRolloutClient(address, weight_token="s3cret")
+            reply = await client.update_weights(1, weights(1.0))
+            await client.close()
+            return reply
+
+    assert run(scenario()).policy_version == 1
+    assert len(engine.loads) == 1
+
+
+def test_a_server_behind_the_run_serves_nothing_until_it_holds_that_version():
+    core, engine = make_core(required_version=4)
+    sampling = SamplingSpec(max_tokens=2)
+
+    async def scenario():
+        async with serving(core, "t") as address:
+            client = GrpcRolloutClient(address, weight_token="t")
+            assert await health(address) == "NOT_SERVING"
+            assert (await client.status())["waiting_for_version"] == 4
+            with pytest.raises(Unavailable, match="waiting for weights v4"):
+                await client.generate("r", [1, 2], sampling)
+            await client.update_weights(3, weights(3.0))
+            assert await health(address) == "NOT_SERVING" and core.waiting_for_version == 4
+            await client.update_weights(4, weights(4.0))
+            await wait_health(address, "SERVING")
+            out = await client.generate("r", [1, 2], sampling)
+            await client.close()
+            return out
+
+    assert run(scenario()).policy_version == 4
+    assert core.waiting_for_version == 0
+
+
+def test_a_dead_engine_turns_health_not_serving():
+    core, _ = make_core()
+
+    async def scenario():
+        async with serving(core, "t") as address:
+            assert await health(address) == "SERVING"
+            core.engine_dead = True
+            return await wait_health(address, "NOT_SERVING")
+
+    assert run(scenario()) == "NOT_SERVING"
+
+
+def test_token_less_server_starts_only_on_loopback():
+    assert PushAuthenticator.for_server("127.0.0.1", None) is not None
+    assert PushAuthenticator.for_server("::1", None) is not None
+    with pytest.raises(SystemExit, match="OMRL_WEIGHT_TOKEN is not set"):
+        PushAuthenticator.for_server("0.0.0.0", None)
+    PushAuthenticator.for_server("0.0.0.0", "t")

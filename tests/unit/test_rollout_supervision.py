@@ -1,0 +1,101 @@
+"""Background tasks of the rollout server: a failure stops the server (to exit non-zero) instead of
+dying quietly; a transient Redis error in the heartbeat is retried."""
+import asyncio
+
+import redis
+
+from services.rollout.supervision import TaskSupervisor, retrying, watch_engine
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_task_that_raises_stops_the_server_and_is_recorded():
+    async def scenario():
+        stop = asyncio.Event()
+        tasks = TaskSupervisor(stop)
+
+        async def broken():
+            raise KeyError("boom")
+        tasks.start("producer", broken())
+        tasks.start("heartbeat", asyncio.Event().wait())
+        await stop.wait()
+        await tasks.cancel_all()
+        return tasks.failure
+
+    assert run(scenario()) == "producer died: KeyError: 'boom'"
+
+
+def test_cancelled_or_finished_tasks_are_not_failures():
+    async def scenario():
+        stop = asyncio.Event()
+        tasks = TaskSupervisor(stop)
+        done = tasks.start("producer", asyncio.sleep(0))
+        await done
+        tasks.start("heartbeat", asyncio.Event().wait())
+        await tasks.cancel_all()
+        return stop.is_set(), tasks.failure
+
+    assert run(scenario()) == (False, None)
+
+
+def test_transient_redis_errors_are_retried_and_other_errors_end_the_loop():
+    calls = []
+
+    async def beat():
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            raise redis.exceptions.ConnectionError("redis restarting")
+        if len(calls) == 4:
+            raise ValueError("bug")
+
+    async def scenario():
+        try:
+            await retrying(beat, "heartbeat", every_s=0.001, max_backoff_s=0.004)
+        except ValueError as exc:
+            return str(exc)
+
+    assert run(scenario()) == "bug" and len(calls) == 4
+
+
+def test_engine_watch_reports_the_death_once():
+    deaths = []
+
+    async def check():
+        raise RuntimeError("EngineDeadError")
+
+    run(watch_engine(check, deaths.append, every_s=0.001))
+    assert [str(d) for d in deaths] == ["EngineDeadError"]
+
+
+def test_the_heartbeat_survives_a_redis_outage_and_reports_the_served_version():
+    from services.rollout.app import heartbeat
+
+    class Core:
+        policy_version, serving = 3, False
+
+        def status(self):
+            return {"policy_version": 3, "waiting_for_version": 5}
+
+    class State:
+        def __init__(self, loop):
+            self.calls, self.registered, self.loop = 0, asyncio.Event(), loop
+
+        def register_rollout(self, address, info):
+            self.calls += 1
+            if self.calls == 1:
+                raise redis.exceptions.TimeoutError("redis failing over")
+            self.info = (address, info)
+            self.loop.call_soon_threadsafe(self.registered.set)  # called from the heartbeat's worker thread
+
+    async def scenario():
+        state = State(asyncio.get_running_loop())
+        task = asyncio.create_task(heartbeat(state, "10.0.0.1:50051", Core(), every_s=0.001))
+        await state.registered.wait()
+        task.cancel()
+        return state.info
+
+    address, info = run(scenario())
+    assert address == "10.0.0.1:50051"
+    assert (info["version"], info["serving"], info["waiting_for_version"]) == (3, False, 5)
