@@ -166,7 +166,7 @@ class LearnerService:
             return
         for address in behind:
             self._catch_up_after[address] = now + CATCH_UP_EVERY_S
-        for result in self.pusher.push(self.version, self._pushed, sorted(behind)):
+        for result in self.pusher.push(self.version, self._pushed, sorted(behind), run=self.config.run):
             if result.ok:
                 log.info("rollout %s was behind: pushed v%d (%.1fs)", result.address, self.version, result.seconds)
             else:
@@ -194,7 +194,9 @@ class LearnerService:
         if count and self.state is not None:
             self.state.client.incrby(self.config.key("stale_groups"), count)
 
-    def _push(self) -> tuple[float, str, list[dict]]:
+    def _push(self, rollback: bool = False) -> tuple[float, str, list[dict]]:
+        """`rollback`: the servers may go back to this version (a learner resumed from a checkpoint older
+        than the last version it pushed before it died)."""
         if not self.pusher.needs_servers:  # offline (recorded batches): only the version is published
             if fsdp.is_rank0():
                 self.state.publish_version(self.version)
@@ -204,7 +206,7 @@ class LearnerService:
             return 0.0, "", []
         start, packed = time.perf_counter(), pack(weights)
         addresses = sorted(self.state.rollout_servers())
-        results = self.pusher.push(self.version, packed, addresses)
+        results = self.pusher.push(self.version, packed, addresses, rollback=rollback, run=self.config.run)
         self._pushed = packed
         for result in results:
             if not result.ok:
@@ -264,7 +266,7 @@ class LearnerService:
         self.resume()
         if fsdp.is_rank0() and self.pusher.needs_servers:
             self.wait_for_rollouts()
-        self._push()  # the servers may hold other weights than the checkpoint (restart, resume)
+        self._push(rollback=True)  # the servers may hold other weights than the checkpoint (restart, resume)
         while self.step < self.config.learner.steps:
             summary = self.run_step()
             if fsdp.is_rank0():

@@ -43,7 +43,7 @@ class RecordingTrainer:
 
 
 class OkPusher(WeightPusher):
-    def push(self, version, weights, addresses):
+    def push(self, version, weights, addresses, **_):
         return [PushResult(a, True, version, weights.checksum) for a in addresses]
 
 
@@ -150,7 +150,7 @@ class RegistryPusher(WeightPusher):
     def __init__(self, state, stream):
         self.state, self.stream, self.pushes = state, stream, []
 
-    def push(self, version, weights, addresses):
+    def push(self, version, weights, addresses, **_):
         self.pushes.append((version, list(addresses)))
         for address in addresses:
             self.state.register_rollout(address, {"policy_version": version})
@@ -187,7 +187,7 @@ class WipingPusher(OkPusher):
     def __init__(self, state, stream):
         self.state, self.stream, self.wiped = state, stream, False
 
-    def push(self, version, weights, addresses):
+    def push(self, version, weights, addresses, **_):
         if version == 1 and not self.wiped:
             self.wiped = True
             self.state.reset()
