@@ -141,7 +141,7 @@ class PoisonGuard:
         """`trainer.train_step` on the step's trajectories, isolating the groups that make it fail; None
         when every group of the step failed (the caller collects again). Removes them from `step`."""
         try:
-            return self._trained(trainer.train_step(step.trajectories), step)
+            return self._trained(trainer.train_step(step.trajectories))
         except Exception as exc:  # noqa: BLE001 - any failure is probed per group below
             failure = exc
         culprits: dict[str, BaseException] = {}
@@ -165,11 +165,10 @@ class PoisonGuard:
         step.groups -= set(culprits)
         if not step.trajectories:
             return None
-        return self._trained(trainer.train_step(step.trajectories), step)
+        return self._trained(trainer.train_step(step.trajectories))
 
-    def _trained(self, stats: dict[str, float], step: Any) -> dict[str, float]:
-        for group_id in step.groups:
-            self._entries_of.pop(group_id, None)
+    def _trained(self, stats: dict[str, float]) -> dict[str, float]:
+        self._entries_of.clear()  # every group admitted so far was in this step (trained, stale or dropped)
         return stats
 
     # -- dead letters and counts ------------------------------------------------------------------

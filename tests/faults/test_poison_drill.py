@@ -95,3 +95,19 @@ def test_a_learner_restarted_before_its_checkpoint_replays_the_good_groups_and_n
     assert [h["step"] for h in history] == [1, 2] and all(h["groups"] == 2 for h in history)
     assert stream.pending_count() == 0 and len(stream.dead_letters()) == 1
     assert json.loads(json.dumps(state.dead_letter_counts())) == {"token_id": 1}
+
+
+def test_a_probe_or_a_non_finite_step_leaves_the_trainer_as_it_was(run):
+    from services.learner.smoke import param_checksum
+    from services.learner.trainer import NonFiniteUpdate
+
+    config, _, _ = run
+    trainer = PolicyTrainer(config, config.model.path)
+    before, lr = param_checksum(trainer), trainer.optimizer.param_groups[0]["lr"]
+    assert math.isfinite(trainer.probe_step(group("good"))["grad_norm"])
+    with pytest.raises(NonFiniteUpdate):
+        trainer.train_step(group("good") + group("nan", reward=math.nan))
+    assert param_checksum(trainer) == before and trainer.step == 0
+    assert trainer.optimizer.param_groups[0]["lr"] == lr and not trainer.optimizer.state
+    trainer.train_step(group("good"))
+    assert param_checksum(trainer) != before and trainer.step == 1
