@@ -199,6 +199,8 @@ class StreamConfig(Section):
     """How long one stream read blocks before the learner re-checks for shutdown."""
     max_len: int = Field(10000, ge=100, le=1_000_000_000)
     """Approximate cap on stream entries (XADD MAXLEN ~); acked entries are trimmed first."""
+    max_entry_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    """Largest stream entry the learner decodes; a larger one goes to the dead-letter stream unread."""
 
 
 class LearnerConfig(Section):

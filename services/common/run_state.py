@@ -50,6 +50,20 @@ class RunState:
             pipe.hincrby(self.k("rollout_counters"), key, value)
         pipe.execute()
 
+    def add_lost_groups(self, count: int) -> None:
+        """Run-wide count of groups the learner dropped (stale or poison); the producers shift later claims
+        by it (see services.rollout.producer), so a dropped group is replaced instead of starving a step.
+        The key keeps its first name, `stale_groups`, which the producers read."""
+        if count:
+            self.client.incrby(self.k("stale_groups"), count)
+
+    def add_dead_letter(self, reason: str, groups: int) -> None:
+        """Run-wide dead-lettered groups by reason (hash `dead_letters`)."""
+        self.client.hincrby(self.k("dead_letters"), reason, groups)
+
+    def dead_letter_counts(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.client.hgetall(self.k("dead_letters")).items()}
+
     def reset(self) -> int:
         """Deletes every key of the run (a fresh start)."""
         keys = list(self.client.scan_iter(match=self.k("*"), count=1000))

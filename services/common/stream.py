@@ -1,10 +1,14 @@
 """The trajectory stream on Redis: rollout servers append batches, the learner reads them through a
-consumer group and acknowledges them only once they are part of a committed update."""
+consumer group and acknowledges them only once they are part of a committed update.
+
+An entry the learner must not train on (undecodable, larger than `max_entry_bytes`, or rejected by the
+learner's validation) is copied to the dead-letter stream `<key>:dead` with its reason and error, and
+acknowledged: it never stays pending and never comes back after a restart."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 import redis
 
@@ -25,10 +29,18 @@ class StreamEntry:
     batch: TrajectoryBatch
 
 
+DEFAULT_MAX_ENTRY_BYTES = 16 * 1024 * 1024
+DEAD_LETTER_MAX_LEN = 1000
+
+
 class TrajectoryStream:
-    def __init__(self, client: redis.Redis, key: str, group: str = "learner", max_len: int = 10000):
+    def __init__(self, client: redis.Redis, key: str, group: str = "learner", max_len: int = 10000,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES):
         self.client, self.key, self.group, self.max_len = client, key, group, max_len
+        self.max_entry_bytes = max_entry_bytes
         self.dead_letter_key = f"{key}:dead"
+        self.on_dead_letter: Optional[Callable[[str, str, list[str]], None]] = None
+        """Called with (entry id, reason, group ids) after each dead letter: the learner counts lost groups."""
 
     @classmethod
     def from_url(cls, url: str, key: str, group: str = "learner", max_len: int = 10000,
@@ -62,13 +74,39 @@ class TrajectoryStream:
                 if not fields:  # pending entry already trimmed from the stream
                     self.ack([entry_id])
                     continue
+                size = sum(len(value) for value in fields.values())
+                if size > self.max_entry_bytes:  # checked before decoding: its tensors could be any size
+                    self.dead_letter(entry_id, "too_large", f"entry of {size} bytes exceeds the limit of "
+                                     f"{self.max_entry_bytes} (stream.max_entry_bytes)", extra={b"bytes": size})
+                    continue
                 try:
                     entries.append(StreamEntry(entry_id, decode_batch(fields[b"batch"])))
                 except (RecordError, KeyError, ValueError) as exc:
-                    log.error("stream entry %s is unreadable (%s); moved to %s", entry_id, exc, self.dead_letter_key)
-                    self.client.xadd(self.dead_letter_key, {**fields, b"error": str(exc)}, maxlen=1000)
-                    self.ack([entry_id])
+                    self.dead_letter(entry_id, "undecodable", str(exc), _group_ids(fields), extra=fields)
         return entries
+
+    def dead_letter(self, entry_id: str, reason: str, error: str, group_ids: Iterable[str] = (),
+                    extra: Optional[dict] = None, ack: bool = True) -> None:
+        """Records an entry (its bytes, or the part named by `extra`, e.g. its rejected groups) in the
+        dead-letter stream with `reason`, `error` and `groups`, then acknowledges it unless `ack` is False
+        (other groups of the entry are still to be trained on)."""
+        groups = sorted(set(group_ids))
+        log.error("stream entry %s (groups %s) dead-lettered to %s: %s: %s", entry_id, ",".join(groups) or "?",
+                  self.dead_letter_key, reason, error)
+        record = {**(extra or {}), b"entry_id": entry_id, b"reason": reason, b"error": error[:4000],
+                  b"groups": ",".join(groups)}
+        self.client.xadd(self.dead_letter_key, record, maxlen=DEAD_LETTER_MAX_LEN, approximate=True)
+        if ack:
+            self.ack([entry_id])
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(entry_id, reason, groups)
+
+    def dead_letters(self) -> list[dict[str, str]]:
+        """The dead-letter stream's records, oldest first, without payload bytes (for tests and tooling)."""
+        out = []
+        for _, fields in self.client.xrange(self.dead_letter_key):
+            out.append({k.decode(): v.decode(errors="replace") for k, v in fields.items() if k != b"batch"})
+        return out
 
     def ack(self, entry_ids: Iterable[str]) -> int:
         ids = list(entry_ids)
@@ -89,3 +127,11 @@ class TrajectoryStream:
             if info["name"] in (self.group, self.group.encode()):
                 return int(info.get("lag") or 0)
         return 0
+
+
+def _group_ids(fields: dict) -> list[str]:
+    """Group ids of an entry that parses but breaks the record's contract (none when it does not parse)."""
+    try:
+        return [t.group_id for t in TrajectoryBatch.FromString(fields[b"batch"]).trajectories]
+    except Exception:  # noqa: BLE001 - only a hint for the dead letter
+        return []

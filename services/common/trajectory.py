@@ -69,6 +69,9 @@ def validate(traj: Trajectory) -> None:
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
         raise RecordError(f"{traj.trajectory_id}: token_ids/loss_mask/logprobs lengths differ "
                           f"({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})")
+    counted = traj.prompt_length + sum(turn.model_tokens + turn.env_tokens for turn in traj.turns)
+    if counted != n:  # checked first: the mask built below must never outgrow the record
+        raise RecordError(f"{traj.trajectory_id}: prompt and turns cover {counted} tokens, the record has {n}")
     expected = [0] * traj.prompt_length
     for turn in traj.turns:
         if turn.start != len(expected):

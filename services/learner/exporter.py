@@ -33,6 +33,11 @@ PUSH_FAILURES = metrics.counter("learner", "weight_push_failures_total", "Weight
                                 "apply")
 DROPPED = metrics.preset(metrics.counter("learner", "dropped_trajectories_total", "Trajectories not trained on",
                                          ["reason"]), ("stale",))
+DEAD_LETTER_REASONS = ("undecodable", "too_large", "lengths", "too_long", "token_id", "turns", "non_finite",
+                       "logprob", "version", "train_error", "non_finite_update")
+DEAD_LETTERS = metrics.preset(metrics.counter("learner", "dead_letters_total", "Groups sent to the dead-letter "
+                                              "stream instead of a step (an unreadable entry counts one)",
+                                              ["reason"]), *[(r,) for r in DEAD_LETTER_REASONS])
 CHECKPOINT_SECONDS = metrics.gauge("learner", "checkpoint_seconds", "Wall time of the last checkpoint")
 
 # summary key -> gauge of the same meaning (the value of the last step)

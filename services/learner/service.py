@@ -25,6 +25,7 @@ from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.weights import pack
 from services.learner import fsdp
 from services.learner.exporter import DROPPED, export_summary
+from services.learner.validation import PoisonGuard
 
 CATCH_UP_EVERY_S = 10.0
 """Least time between two pushes to the same lagging rollout server (its registry entry lags a push by
@@ -63,6 +64,7 @@ class LearnerService:
         self._pushed = None
         """The weights of the last push, kept for servers that come back (rank 0)."""
         self._catch_up_after: dict[str, float] = {}
+        self.guard = PoisonGuard(config, trainer, state, stream)  # see its module for the poison-input policy
 
     # -- start-up ----------------------------------------------------------------------------
     def resume(self) -> None:
@@ -118,7 +120,7 @@ class LearnerService:
             lost = set()
             for entry in entries:
                 out.entry_ids.append(entry.entry_id)
-                for traj in entry.batch.trajectories:
+                for traj in self.guard.admit(entry, self.version):
                     if min((t.policy_version for t in traj.turns), default=self.version) < oldest_ok:
                         DROPPED.labels(reason="stale").inc()
                         stale += 1
@@ -127,6 +129,7 @@ class LearnerService:
                         continue
                     out.trajectories.append(traj)
                     out.groups.add(traj.group_id)
+            self.guard.purge(out)
             self._report_stale_groups(len(lost - out.groups))
             if entries:
                 continue
@@ -231,9 +234,11 @@ class LearnerService:
 
     def run_step(self) -> dict[str, Any]:
         start = time.perf_counter()
-        batch = self._collect() if fsdp.is_rank0() else None
-        batch = fsdp.broadcast_object(batch)
-        stats = self.trainer.train_step(batch.trajectories)
+        stats = None
+        while stats is None:  # None: every group of the batch made the step fail and was dead-lettered
+            batch = self._collect() if fsdp.is_rank0() else None
+            batch = fsdp.broadcast_object(batch)
+            stats = self.guard.train(self.trainer, batch)
         self.step += 1
         self.version = self.trainer.policy_version = self.step
         self.dropped_stale_total += batch.dropped_stale

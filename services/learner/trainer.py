@@ -33,6 +33,10 @@ _LOSS_SUMS = ("loss", "pg_loss", "entropy_loss", "kl_loss", "vf_loss")
 _SUMS = _TOKEN_SUMS + _LOSS_SUMS
 
 
+class NonFiniteUpdate(FloatingPointError):
+    """The first update of a step met a non-finite loss gradient; nothing was applied."""
+
+
 @dataclass
 class _Micro:
     batch: TrainBatch
@@ -121,7 +125,8 @@ class PolicyTrainer:
                     sums["tis_weight"] += (m.is_weights * mask).sum()
                     sums["tis_clipped"] += ((raw > cap).to(mask.dtype) * mask).sum()
 
-    def _kl_penalised_rewards(self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float]) -> torch.Tensor:
+    def _kl_penalised_rewards(self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float],
+                              update_controller: bool = True) -> torch.Tensor:
         """verl's apply_kl_penalty: r_t - beta * KL_t on model tokens; the controller then sees the batch's
         mean per-sequence KL."""
         algo, mask = self.config.algorithm, batch.response_mask
@@ -130,11 +135,32 @@ class PolicyTrainer:
         kl = kl_estimate(old, ref, algo.kl_penalty) * mask
         beta = self.kl_ctrl.value
         current = masked_mean(kl, mask, dim=-1).mean().item()
-        self.kl_ctrl.update(current, batch.size)
+        if update_controller:
+            self.kl_ctrl.update(current, batch.size)
         extra.update(kl_in_reward=current, kl_coef=beta)
         return batch.token_rewards - beta * kl
 
     def train_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One update. A failure before the first optimizer step (collate, scoring, advantages, the first
+        pass's forward, backward and gradient norm; NonFiniteUpdate for a non-finite norm) leaves the
+        trainer as it was, so the caller may retry on other trajectories."""
+        kl_state = self.kl_ctrl.state_dict()
+        try:
+            return self._step(trajectories, dry_run=False)
+        except BaseException:
+            self.kl_ctrl.load_state_dict(kl_state)
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+
+    def probe_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """Collective. The step's computation up to the first gradient norm, applying nothing: raises what
+        `train_step` would raise on these trajectories alone (NonFiniteUpdate for a non-finite norm)."""
+        try:
+            return self._step(trajectories, dry_run=True)
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _step(self, trajectories: Sequence[Trajectory], dry_run: bool) -> dict[str, float]:
         algo, reward = self.config.algorithm, self.config.reward
         batch = collate(trajectories, self.pad_id, allocation=reward.allocation, gamma=reward.gamma)
         mask = batch.response_mask
@@ -147,7 +173,7 @@ class PolicyTrainer:
         self._score(micro, sums)
         token_rewards = batch.token_rewards
         if algo.use_kl_in_reward:
-            token_rewards = self._kl_penalised_rewards(batch, micro, extra)
+            token_rewards = self._kl_penalised_rewards(batch, micro, extra, update_controller=not dry_run)
         values = self._gather(micro, "values", mask.shape) if self.critic is not None else None
         advantages, returns = self.estimator.advantages_and_returns(
             token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam)
@@ -161,7 +187,9 @@ class PolicyTrainer:
         scored = time.perf_counter()
         extra["time/score_s"] = scored - start  # these phases end in a host sync (gather, grad norm)
 
-        grad_norms, skipped = self._update_policy(micro, sums, norm)
+        grad_norms, skipped = self._update_policy(micro, sums, norm, dry_run)
+        if dry_run:
+            return {"grad_norm": grad_norms[-1]}
         extra["time/policy_update_s"] = time.perf_counter() - scored
         if self.critic is not None:
             extra["critic_lr"] = self.critic.optimizer.param_groups[0]["lr"]
@@ -174,11 +202,11 @@ class PolicyTrainer:
         totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
         return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped), **extra}
 
-    def _update_policy(self, micro: list[_Micro], sums: dict[str, torch.Tensor], norm: dict[str, float]
-                       ) -> tuple[list[float], int]:
+    def _update_policy(self, micro: list[_Micro], sums: dict[str, torch.Tensor], norm: dict[str, float],
+                       dry_run: bool = False) -> tuple[list[float], int]:
         algo = self.config.algorithm
         grad_norms, skipped = [], 0
-        for _ in range(algo.ppo_epochs):
+        for epoch in range(1 if dry_run else algo.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for m in micro:
                 b, mask = m.batch, m.batch.response_mask
@@ -210,6 +238,10 @@ class PolicyTrainer:
             norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
             norm_value = float(norm_value.full_tensor() if hasattr(norm_value, "full_tensor") else norm_value)
             grad_norms.append(norm_value)
+            if not math.isfinite(norm_value) and (epoch == 0 or dry_run):  # the input's fault: nothing applied yet
+                raise NonFiniteUpdate(f"non-finite gradient norm {norm_value} (loss {float(sums['loss']):.4g})")
+            if dry_run:
+                break
             if math.isfinite(norm_value):
                 self.optimizer.step()
             else:

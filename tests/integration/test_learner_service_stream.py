@@ -1,6 +1,7 @@
 """LearnerService's stream contract on the real Redis, with a recording stand-in for the trainer:
 groups per step, checkpoint-then-ack, and exactly-once application across a crash."""
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
 from services.learner.service import LearnerService
 from services.learner.weight_push import PushResult, WeightPusher
+from services.learner.weight_push.none import NoPush
 
 
 class RecordingTrainer:
@@ -205,3 +207,69 @@ def test_the_learner_rebuilds_the_run_when_redis_comes_back_empty(setup):
     assert state.policy_version() == 2 and state.done() == "finished"
     assert int(state.client.get(config.key("group_claims"))) == 2  # claims restart at step 2's slots
     assert history[-1]["groups_lost_to_redis"] == 0 and stream.pending_count() == 0
+
+
+# -- poison input, with the real trainer on a tiny model -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from services.learner.smoke import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model", vocab_size=64)
+
+
+def poisoned(gid, **change):
+    """A group of two whose second trajectory is broken by `change` (token, reward or logprob)."""
+    trajs = group(gid, version=0)
+    bad = trajs[1]
+    if "token" in change:
+        bad.token_ids[1] = change["token"]
+    if "reward" in change:
+        bad.reward = change["reward"]
+    if "logprob" in change:
+        bad.logprobs[1] = change["logprob"]
+    return trajs
+
+
+def test_poison_entries_are_dead_lettered_and_the_step_trains_on_the_good_groups(redis_url, run_name, tmp_path,
+                                                                                 tiny_llama):
+    from services.learner.trainer import PolicyTrainer
+
+    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=1",
+                                "rollout.groups_per_step=2", "rollout.group_size=2", "stream.read_block_ms=50",
+                                "learner.step_timeout_s=20", "learner.device=cpu", f"model.path={tiny_llama}",
+                                "stream.max_entry_bytes=2048", "learner.weight_push=none",
+                                f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    state = RunState.connect(config)
+    stream = TrajectoryStream(state.client, state.trajectories_key, max_entry_bytes=config.stream.max_entry_bytes)
+    try:
+        stream.publish(poisoned("vocab", token=64), "vocab")
+        stream.publish(group("good0", version=0), "good0")
+        stream.publish(poisoned("nanreward", reward=float("nan")), "nanreward")
+        stream.publish(poisoned("nanlogprob", logprob=float("nan")), "nanlogprob")
+        huge = group("huge", version=0)
+        huge[0].rollout_server = "x" * 4096  # over max_entry_bytes: rejected before it is decoded
+        stream.publish(huge, "huge")
+        stream.publish(group("good1", version=0), "good1")
+
+        history = LearnerService(config, PolicyTrainer(config, str(tiny_llama)), NoPush(), state, stream).run()
+        assert len(history) == 1
+        assert history[0]["trajectories"] == 4 and history[0]["num_trajectories"] == 4.0
+        assert history[0]["groups"] == 2 and math.isfinite(history[0]["loss"])
+        letters = {(d["reason"], d["groups"]) for d in stream.dead_letters()}
+        assert letters == {("token_id", "vocab"), ("non_finite", "nanreward"), ("non_finite", "nanlogprob"),
+                           ("too_large", "")}
+        assert all(d["error"] for d in stream.dead_letters())
+        assert stream.pending_count() == 0
+        assert state.dead_letter_counts() == {"token_id": 1, "non_finite": 2, "too_large": 1}
+        assert state.lost_groups() == 4  # the producers replace them
+
+        config.learner.steps = 2  # a restart reads the stream again: nothing left to crash on
+        stream.publish(group("good2", version=1), "good2")
+        stream.publish(poisoned("vocab2", token=1000), "vocab2")
+        stream.publish(group("good3", version=1), "good3")
+        again = LearnerService(config, PolicyTrainer(config, str(tiny_llama)), NoPush(), state, stream).run()
+        assert [h["step"] for h in again] == [2] and again[0]["trajectories"] == 4
+        assert stream.pending_count() == 0 and len(stream.dead_letters()) == 5
+    finally:
+        state.reset()

@@ -1,0 +1,189 @@
+"""Poison input never crashes the learner, never stalls it and never spoils a step.
+
+The policy, applied in this order and deterministic (the same input makes the same decisions on every
+rank and after every restart):
+
+1. Entry. The stream dead-letters an entry larger than `stream.max_entry_bytes` before decoding it, and
+   one it cannot decode (services.common.stream).
+2. Trajectory. Every decoded trajectory is checked against the learner's model and state
+   (`check_trajectory`): equal lengths of token_ids / loss_mask / logprobs, length within the context,
+   token ids in [0, vocab), well-formed turns, finite reward and logprobs, logprobs <= LOGPROB_EPSILON,
+   policy versions not newer than the learner's. One bad trajectory poisons its group and nothing else:
+   the group's trajectories in that entry go to the dead-letter stream with the reason, the group is
+   never trained on (members that come later, in other entries, are dropped too), the entry's other
+   groups are kept. An entry left with nothing to train on is acknowledged at once.
+3. Step. If `train_step` raises, or its first update meets a non-finite gradient norm (the trainer then
+   applies nothing: NonFiniteUpdate), each group of the batch is probed alone with a dry-run step
+   (forward and backward, no update). Groups whose probe fails are dead-lettered with its error and the
+   step is trained once more on the rest; if every group failed, the step collects new ones. If no group
+   fails alone, the failure is not the input's and is raised unchanged (the batch stays pending); a
+   second failure of the remaining groups is raised too.
+
+Each dropped group is counted three ways: `omrl_learner_dead_letters_total{reason}`, the run's Redis
+hash `dead_letters`, and the run-wide lost-group count (RunState.add_lost_groups) by which the producers
+replace it, so the step is not starved."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from services.common.config import TrainConfig
+from services.common.trajectory import RecordError, Trajectory, encode_batch, validate
+from services.learner.exporter import DEAD_LETTERS
+from services.learner.trainer import NonFiniteUpdate
+
+log = logging.getLogger(__name__)
+
+LOGPROB_EPSILON = 1e-4
+"""A sampled token's logprob may exceed 0 by this much (float rounding in the rollout engine)."""
+MAX_DEAD_LETTER_PAYLOAD = 1024 * 1024
+"""A dead letter keeps the rejected group's bytes up to this size (the dead-letter stream holds 1000)."""
+
+
+class Poison(ValueError):
+    """A trajectory the learner must not train on; `reason` is the metric label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Limits:
+    vocab_size: Optional[int]
+    """Token ids must be below this; None when the trainer has no model config (tests)."""
+    max_length: int
+    """Most tokens in one trajectory."""
+
+    @classmethod
+    def for_learner(cls, config: TrainConfig, trainer: Any) -> "Limits":
+        """The learner model's vocabulary and context (bounded by model.max_model_len)."""
+        model_config = getattr(getattr(trainer, "model", None), "config", None)
+        vocab = getattr(model_config, "vocab_size", None)
+        positions = getattr(model_config, "max_position_embeddings", None)
+        length = config.model.max_model_len
+        return cls(int(vocab) if vocab else None, min(length, int(positions)) if positions else length)
+
+
+def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> None:
+    """Raises Poison naming the first rule `traj` breaks; cheap checks that bound the later ones go first."""
+    name, n = traj.trajectory_id or "?", len(traj.token_ids)
+    if len(traj.loss_mask) != n or len(traj.logprobs) != n:
+        raise Poison("lengths", f"{name}: token_ids/loss_mask/logprobs lengths differ "
+                                f"({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})")
+    if n > limits.max_length:
+        raise Poison("too_long", f"{name}: {n} tokens exceed the learner's context of {limits.max_length}")
+    if n and limits.vocab_size is not None and max(traj.token_ids) >= limits.vocab_size:
+        raise Poison("token_id", f"{name}: token id {max(traj.token_ids)} is outside the vocabulary "
+                                 f"of {limits.vocab_size}")
+    try:
+        validate(traj)
+    except RecordError as exc:
+        raise Poison("turns", str(exc)) from None
+    if n and traj.loss_mask[0]:
+        raise Poison("turns", f"{name}: a model token at position 0 has no context")
+    rewards = [traj.reward, *traj.reward_components.values()]
+    if not all(map(math.isfinite, rewards)):
+        raise Poison("non_finite", f"{name}: non-finite reward {traj.reward} (components "
+                                   f"{dict(traj.reward_components)})")
+    if not all(map(math.isfinite, traj.logprobs)):
+        raise Poison("non_finite", f"{name}: non-finite logprob")
+    if n and max(traj.logprobs) > LOGPROB_EPSILON:
+        raise Poison("logprob", f"{name}: logprob {max(traj.logprobs)} > 0")
+    newest = max((t.policy_version for t in traj.turns), default=0)
+    if newest > policy_version:
+        raise Poison("version", f"{name}: sampled by policy v{newest}, newer than the learner's v{policy_version}")
+
+
+class PoisonGuard:
+    """Applies the module's policy for one LearnerService. `state` and `stream` are rank 0's (None on the
+    other ranks, which drop the same groups but write nothing)."""
+
+    def __init__(self, config: TrainConfig, trainer: Any, state: Any = None, stream: Any = None):
+        self.limits = Limits.for_learner(config, trainer)
+        self.state, self.stream = state, stream
+        self.poisoned: set[str] = set()
+        self._entries_of: dict[str, list[str]] = {}  # group -> entries it came in, for step-time dead letters
+        if stream is not None and hasattr(stream, "on_dead_letter"):
+            stream.on_dead_letter = self._count
+
+    # -- collect time --------------------------------------------------------------------------
+    def admit(self, entry: Any, policy_version: int) -> list[Trajectory]:
+        """The trajectories of `entry` that may be trained on; dead-letters its poisoned groups."""
+        bad: dict[str, Poison] = {}
+        for traj in entry.batch.trajectories:
+            if traj.group_id in bad or traj.group_id in self.poisoned:
+                continue
+            try:
+                check_trajectory(traj, self.limits, policy_version)
+            except Poison as exc:
+                bad[traj.group_id] = exc
+        kept = [t for t in entry.batch.trajectories if t.group_id not in bad and t.group_id not in self.poisoned]
+        for group_id, exc in bad.items():
+            members = [t for t in entry.batch.trajectories if t.group_id == group_id]
+            self._dead_letter(entry.entry_id, exc.reason, str(exc), group_id, members, ack=not kept)
+        for traj in kept:
+            ids = self._entries_of.setdefault(traj.group_id, [])
+            if entry.entry_id not in ids:
+                ids.append(entry.entry_id)
+        return kept
+
+    def purge(self, step: Any) -> None:
+        """Drops from a collected step the members of groups poisoned after they were collected."""
+        if step.groups & self.poisoned:
+            step.trajectories[:] = [t for t in step.trajectories if t.group_id not in self.poisoned]
+            step.groups -= self.poisoned
+
+    # -- train time ------------------------------------------------------------------------------
+    def train(self, trainer: Any, step: Any) -> Optional[dict[str, float]]:
+        """`trainer.train_step` on the step's trajectories, isolating the groups that make it fail; None
+        when every group of the step failed (the caller collects again). Removes them from `step`."""
+        try:
+            return self._trained(trainer.train_step(step.trajectories))
+        except Exception as exc:  # noqa: BLE001 - any failure is probed per group below
+            failure = exc
+        culprits: dict[str, BaseException] = {}
+        for group_id in dict.fromkeys(t.group_id for t in step.trajectories):
+            try:
+                trainer.probe_step([t for t in step.trajectories if t.group_id == group_id])
+            except Exception as exc:  # noqa: BLE001
+                culprits[group_id] = exc
+        if not culprits:
+            log.error("step failed on the whole batch but on no group alone; not an input fault: %r", failure)
+            raise failure
+        for group_id, exc in culprits.items():
+            reason = "non_finite_update" if isinstance(exc, NonFiniteUpdate) else "train_error"
+            entries = self._entries_of.pop(group_id, [])
+            shared = {e for g, ids in self._entries_of.items() if g not in culprits for e in ids}
+            self._dead_letter(",".join(entries), reason, f"{type(exc).__name__}: {exc}", group_id,
+                              [t for t in step.trajectories if t.group_id == group_id], ack=False)
+            if self.stream is not None:  # entries with a group still to be trained are acked with its checkpoint
+                self.stream.ack([e for e in entries if e not in shared])
+        step.trajectories[:] = [t for t in step.trajectories if t.group_id not in culprits]
+        step.groups -= set(culprits)
+        if not step.trajectories:
+            return None
+        return self._trained(trainer.train_step(step.trajectories))
+
+    def _trained(self, stats: dict[str, float]) -> dict[str, float]:
+        self._entries_of.clear()  # every group admitted so far was in this step (trained, stale or dropped)
+        return stats
+
+    # -- dead letters and counts ------------------------------------------------------------------
+    def _dead_letter(self, entry_id: str, reason: str, error: str, group_id: str, members: Iterable[Trajectory],
+                     *, ack: bool) -> None:
+        self.poisoned.add(group_id)
+        if self.stream is None:  # not rank 0
+            return
+        payload = encode_batch(members, batch_id=group_id)
+        extra = {b"batch": payload} if len(payload) <= MAX_DEAD_LETTER_PAYLOAD else {b"payload_omitted": len(payload)}
+        self.stream.dead_letter(entry_id, reason, error, [group_id], extra=extra, ack=ack)
+
+    def _count(self, entry_id: str, reason: str, groups: list[str]) -> None:
+        lost = max(len(groups), 1)  # an unreadable entry holds one group as the producers write them
+        DEAD_LETTERS.labels(reason=reason).inc(lost)
+        if self.state is not None:
+            self.state.add_dead_letter(reason, lost)
+            self.state.add_lost_groups(lost)
