@@ -3,10 +3,12 @@ claims and their leases, per-step metrics and the done flag. Keys live under `<p
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -20,8 +22,10 @@ enough for Redis to restart (a pod rescheduled) without failing the caller."""
 
 
 def redis_client(url: str, timeout_s: float = 10.0) -> redis.Redis:
-    """A client that reconnects with back-off when Redis goes away (every service uses this one)."""
-    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+    """A client that reconnects with back-off when Redis goes away (every service uses this one). A URL
+    without a password takes it from $REDIS_PASSWORD, so that it never has to be on a command line."""
+    password = None if urlsplit(url).password else os.environ.get("REDIS_PASSWORD") or None
+    return redis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                 retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), RECONNECT_TRIES),
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
