@@ -103,6 +103,11 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         await context.abort(code, message)
 
 
+LIVENESS = "omrl.live"
+"""Health service name that is SERVING from start to shutdown whatever `serving()` says: for liveness and
+startup probes (a rollout server waiting for weights is alive, not ready: restarting it would not help)."""
+
+
 class _Recorder:
     """Passed to `add_servicers` in place of the server, to learn the service names for health."""
 
@@ -181,6 +186,7 @@ async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host:
         services = ["", *recorder.services]
         initially = serving is None or bool(serving())
         await _set_health(health, services, initially)
+        await _set_health(health, [LIVENESS], True)
         if serving is not None:
             mirror = asyncio.create_task(_mirror_health(health, services, serving, initially))
         print(f"{name} listening on {_hostport(host, bound)}", file=sys.stderr, flush=True)

@@ -182,10 +182,13 @@ capabilities:
 {{- end -}}
 
 {{/* gRPC health probes (Kubernetes-native); the startup probe covers model loading */}}
+{{/* readiness: the whole server (a rollout server waiting for weights is not ready); startup and
+liveness: "omrl.live", SERVING while the process answers (see services/common/grpc_server.py) */}}
 {{- define "omrl.grpcProbes" -}}
 startupProbe:
   grpc:
     port: {{ .port }}
+    service: omrl.live
   periodSeconds: {{ .probes.startup.periodSeconds }}
   failureThreshold: {{ .probes.startup.failureThreshold }}
   timeoutSeconds: {{ .probes.timeoutSeconds }}
@@ -198,6 +201,7 @@ readinessProbe:
 livenessProbe:
   grpc:
     port: {{ .port }}
+    service: omrl.live
   periodSeconds: {{ .probes.liveness.periodSeconds }}
   failureThreshold: {{ .probes.liveness.failureThreshold }}
   timeoutSeconds: {{ .probes.timeoutSeconds }}
