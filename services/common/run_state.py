@@ -21,12 +21,13 @@ RECONNECT_TRIES = 12
 enough for Redis to restart (a pod rescheduled) without failing the caller."""
 
 
-def redis_client(url: str, timeout_s: float = 10.0) -> redis.Redis:
-    """A client that reconnects with back-off when Redis goes away (every service uses this one). A URL
-    without a password takes it from $REDIS_PASSWORD, so that it never has to be on a command line."""
+def redis_client(url: str, timeout_s: float = 10.0, retries: int = RECONNECT_TRIES) -> redis.Redis:
+    """A client that reconnects with back-off when Redis goes away (every service uses this one; `retries=0`
+    fails at once). A URL without a password takes it from $REDIS_PASSWORD, so that it never has to be on a
+    command line."""
     password = None if urlsplit(url).password else os.environ.get("REDIS_PASSWORD") or None
     return redis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), RECONNECT_TRIES),
+                                retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries),
                                 retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 
 from services.common.config import TrainConfig
-from services.common.run_state import RunState
+from services.common.run_state import RunState, redis_client
 
 
 class ProgressReader:
@@ -26,8 +26,7 @@ class ProgressReader:
 
     def _client(self, url: str) -> redis.Redis:
         if url not in self._clients:
-            self._clients[url] = redis.Redis.from_url(url, socket_timeout=self.timeout_s,
-                                                      socket_connect_timeout=self.timeout_s)
+            self._clients[url] = redis_client(url, self.timeout_s, retries=0)  # Redis away: read next tick
         return self._clients[url]
 
     def close(self) -> None:

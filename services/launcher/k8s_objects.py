@@ -34,7 +34,8 @@ class K8sOptions:
     redis_url: Optional[str] = None
     """Redis of the jobs (replaces the spec's stream.redis_url)."""
     redis_password_secret: Optional[str] = None
-    """Secret holding the Redis password: pods get it as $(REDIS_PASSWORD), never in the ConfigMap."""
+    """Secret holding the Redis password: pods get it as the env var REDIS_PASSWORD, never in the ConfigMap or a
+    command line."""
     redis_password_key: str = "redis-password"
     service_account: Optional[str] = None
     run_as_user: int = 10001
@@ -94,13 +95,10 @@ class JobObjects:
         self.job_id, self.spec, self.options = job_id, spec, options
         self.names = names(job_id)
         self.config = run_config(job_id, spec, options)
-        self.redis_args: list[str] = []
         self.redis_env: list[dict[str, Any]] = []
         if options.redis_password_secret:
-            # Kubernetes expands $(REDIS_PASSWORD) in commands, not in mounted files
-            url = self.config.stream.redis_url
-            self.config.stream.redis_url = redis_url_with_password(url, None)
-            self.redis_args = [f"--set=stream.redis_url={redis_url_with_password(url, '$(REDIS_PASSWORD)')}"]
+            # the services' redis_client reads $REDIS_PASSWORD: it stays off the ConfigMap and every command line
+            self.config.stream.redis_url = redis_url_with_password(self.config.stream.redis_url, None)
             self.redis_env = [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
                 "name": options.redis_password_secret, "key": options.redis_password_key}}}]
 
@@ -177,7 +175,7 @@ class JobObjects:
         command = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--node_rank=$(NODE_RANK)",
                    f"--master_addr={n['learner']}-0.{n['learner']}", f"--master_port={RDZV_PORT}",
                    "-m", "services.learner", "--config", f"{CONFIG_DIR}/config.yaml",
-                   "--metrics-port", str(METRICS_PORT), *self.redis_args]
+                   "--metrics-port", str(METRICS_PORT)]
         env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env,
             self._token_env()]
@@ -260,13 +258,14 @@ class JobObjects:
         startup_s = 300
         pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
         if component == "rollout":
-            command += ["--advertise", f"$(POD_IP):{port}", *self.redis_args]
+            command += ["--advertise", f"$(POD_IP):{port}"]
             env += [pod_ip, *self.redis_env, self._token_env()]
             startup_s = 1800  # model download and load, engine warm-up
         if component == "envs" and res.replicas > 1:
             # an episode lives in one replica: replicas find each other through Redis and forward its calls
             command += ["--replica-id", "$(POD_NAME)", "--advertise", f"$(POD_IP):{port}", "--registry", "redis"]
-            env += [pod_ip, {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+            env += [pod_ip, {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    *self.redis_env]
         container = self._container(component, command, res, [{"name": "grpc", "containerPort": port}], env,
                                     self._grpc_probes(port, startup_s))
         return {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -63,10 +63,6 @@ class KubernetesLauncher(Launcher):
             raise SpecRejected(("model", "path"), "the kubernetes launcher needs model.path (a Hugging Face id, or a "
                                                   "directory on resources.volume_claim); only the local launcher "
                                                   "builds the tiny demo model")
-        if spec.resources.envs.replicas > 1 and self.options.redis_password_secret:
-            raise SpecRejected(("resources", "envs", "replicas"), "env-service replicas find each other through "
-                                                                  "Redis, and the env service takes no Redis password "
-                                                                  "override yet; run one replica")
 
     def run_config(self, job_id: str, spec: JobSpec) -> TrainConfig:
         return run_config(job_id, spec, self.options)

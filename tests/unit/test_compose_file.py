@@ -5,6 +5,7 @@ the services and dashboards. No Docker engine runs here: nothing of this starts 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -105,8 +106,25 @@ def test_services_load_the_run_config_with_the_compose_addresses(compose, tmp_pa
         assert config.env.address == "envs:50052" and config.reward.address == "reward:50053"
         if name in ("rollout", "learner"):
             assert config.model.path == ENV["OMRL_MODEL"]
-            assert config.stream.redis_url == "redis://:pw@redis:6379/0"
+            assert config.stream.redis_url == "redis://redis:6379/0"  # the password: $REDIS_PASSWORD
     assert "--advertise=rollout:50051" in compose["services"]["rollout"]["command"]
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_the_redis_password_reaches_the_services_only_as_an_env_var(gpu):
+    checker, env = check_compose(), {**ENV, "REDIS_PASSWORD": "s3cret-redis-pw"}
+    files = [COMPOSE, *([ROOT / "docker-compose.gpu.yml"] if gpu else [])]
+    raw = [yaml.safe_load(f.read_text()) for f in files]
+    for doc in raw:
+        for name, service in doc["services"].items():
+            assert "REDIS_PASSWORD" not in json.dumps(service.get("command", [])), name
+    merged = checker.interpolate(raw[0], env)
+    for doc in raw[1:]:
+        merged = checker.merge(merged, checker.interpolate(doc, env))
+    for name, service in merged["services"].items():
+        assert "s3cret-redis-pw" not in json.dumps(service.get("command", [])), name
+    for name in ("rollout", "learner"):
+        assert merged["services"][name]["environment"]["REDIS_PASSWORD"] == "s3cret-redis-pw", name
 
 
 def test_gpu_override_loads_as_a_bf16_cuda_run(tmp_path):

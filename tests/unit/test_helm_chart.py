@@ -73,7 +73,7 @@ def run_config_of(docs, component: str, tmp_path: Path):
     configmap = next(d for d in objects(docs, "ConfigMap").values() if component_of(d) == "config")
     path = tmp_path / f"{component}.yaml"
     path.write_text(configmap["data"]["config.yaml"])
-    overrides = [a.split("=", 1)[1].replace("$(REDIS_PASSWORD)", "secret") for a in args if a.startswith("--set=")]
+    overrides = [a.split("=", 1)[1] for a in args if a.startswith("--set=")]
     return load_config(str(path), overrides)
 
 
@@ -86,7 +86,7 @@ def test_every_service_loads_the_rendered_run_config(values, tmp_path):
         assert config.reward.address == "omrl-openmanus-rl-reward:50053"
         assert config.learner.checkpoint_dir.startswith("/data/checkpoints/")
         if component in ("rollout", "learner"):
-            assert config.stream.redis_url == "redis://:secret@omrl-openmanus-rl-redis:6379/0"
+            assert config.stream.redis_url == "redis://omrl-openmanus-rl-redis:6379/0"  # password: $REDIS_PASSWORD
 
 
 def test_gpu_values_give_a_bf16_run_with_one_gpu_per_learner_process(tmp_path):
@@ -192,7 +192,7 @@ def test_external_redis_replaces_the_bundled_one(tmp_path):
     assert "redis" not in workloads(docs)
     assert not any(component_of(d) == "redis" for d in docs)
     config = run_config_of(docs, "rollout", tmp_path)
-    assert config.stream.redis_url == "rediss://:secret@cache.internal:6380/2"
+    assert config.stream.redis_url == "rediss://cache.internal:6380/2"
     env = {e["name"]: e for e in main_container(workloads(docs)["learner"])["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "shared-redis"
 
@@ -450,12 +450,19 @@ def redis_container(docs) -> dict:
     return main_container(objects(docs, "StatefulSet")["omrl-openmanus-rl-redis"]["spec"]["template"])
 
 
-def test_no_container_has_the_redis_password_on_its_command_line():
-    docs = render("--set", "redis.auth.password=pa55word")
+@pytest.mark.parametrize("values", [(), GPU], ids=["default", "gpu"])
+def test_no_container_has_the_redis_password_on_its_command_line(values):
+    docs = render("--set", "redis.auth.password=pa55word", *values)
     for pod in workloads(docs).values():
-        for container in pod["spec"]["containers"]:
+        for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
             line = " ".join([*container.get("command", []), *container.get("args", [])])
             assert "pa55word" not in line and "--requirepass" not in line
+            assert "$(REDIS_PASSWORD)" not in line and "redis_url" not in line, line
+    for component in ("rollout", "learner", "jobs-api"):  # the ones that use Redis get it from the Secret
+        env = {e["name"]: e for e in main_container(workloads(docs)[component])["env"]}
+        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "omrl-openmanus-rl-redis", "key": "redis-password"}, component
+        assert all("REDIS_PASSWORD" not in str(e.get("value", "")) for e in env.values()), component
     assert "exec redis-server - <<EOF" in redis_container(docs)["args"][0]  # config from stdin, not argv
 
 

@@ -270,16 +270,19 @@ def test_job_manager_drives_a_kubernetes_job_to_completion(cluster, launcher, tm
     assert states == ["queued", "starting", "running", "succeeded"]
 
 
-def test_a_redis_password_reaches_the_pods_from_its_secret_never_through_the_config_map():
+def test_a_redis_password_reaches_the_pods_only_as_an_env_var_from_its_secret():
     options = K8sOptions(redis_url="redis://:s3cret@omrl-redis:6379/0", redis_password_secret="omrl-redis",
                          image="reg.io/omrl/{component}:1.0", gpu_image="reg.io/omrl/{component}:1.0")
     objects = JobObjects(JOB, gpu_spec(), options).all()
     config_map = by_kind(objects, "ConfigMap")[f"{JOB}-config"]["data"]["config.yaml"]
     assert "s3cret" not in config_map and "redis://omrl-redis:6379/0" in config_map
+    for pod in pod_specs(objects):
+        for container in pod["containers"] + pod.get("initContainers", []):
+            line = " ".join([*container.get("command", []), *container.get("args", [])])
+            assert "s3cret" not in line and "REDIS_PASSWORD" not in line and "redis_url" not in line, line
     for name in (f"{JOB}-learner", f"{JOB}-rollout"):
         obj = by_kind(objects, "Job").get(name) or by_kind(objects, "Deployment")[name]
         container = obj["spec"]["template"]["spec"]["containers"][0]
-        assert "--set=stream.redis_url=redis://:$(REDIS_PASSWORD)@omrl-redis:6379/0" in container["command"]
         password = {e["name"]: e for e in container["env"]}["REDIS_PASSWORD"]
         assert password["valueFrom"]["secretKeyRef"] == {"name": "omrl-redis", "key": "redis-password"}
         assert container["image"] == f"reg.io/omrl/{name.rsplit('-', 1)[1]}:1.0"
@@ -297,10 +300,17 @@ def test_env_replicas_find_each_other_through_redis():
     assert {"POD_NAME", "POD_IP"} <= {e["name"] for e in container["env"]}
     single = by_kind(JobObjects(JOB, cpu_spec(), OPTIONS).all(), "Deployment")[f"{JOB}-envs"]
     assert "--registry" not in single["spec"]["template"]["spec"]["containers"][0]["command"]
-    with_secret = KubernetesLauncher(FakeCluster().api_client(), K8sOptions(redis_password_secret="omrl-redis"))
-    with pytest.raises(base.SpecRejected) as info:
-        with_secret.check(spec)
-    assert info.value.loc == ("resources", "envs", "replicas")
+    assert "REDIS_PASSWORD" not in {e["name"] for e in container["env"]}  # no Secret, no password
+
+
+def test_env_replicas_get_the_redis_password_from_the_secret_too():
+    options = K8sOptions(redis_url="redis://omrl-redis:6379/0", redis_password_secret="omrl-redis")
+    KubernetesLauncher(FakeCluster().api_client(), options).check(gpu_spec())  # two replicas are accepted
+    envs = by_kind(JobObjects(JOB, gpu_spec(), options).all(), "Deployment")[f"{JOB}-envs"]
+    container = envs["spec"]["template"]["spec"]["containers"][0]
+    assert "--registry" in container["command"]
+    password = {e["name"]: e for e in container["env"]}["REDIS_PASSWORD"]
+    assert password["valueFrom"]["secretKeyRef"] == {"name": "omrl-redis", "key": "redis-password"}
 
 
 def test_each_component_is_reached_only_by_its_callers_of_the_same_job_and_scrapers():

@@ -121,11 +121,10 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- if .Values.redis.enabled -}}{{- .Values.redis.auth.existingSecretKey -}}{{- else -}}{{- .Values.externalRedis.existingSecretKey -}}{{- end -}}
 {{- end -}}
 
-{{/* The password comes from a Secret as $(REDIS_PASSWORD); Kubernetes expands it in the args */}}
+{{/* No password in the URL: the services read it from the env var REDIS_PASSWORD (omrl.redis.env) */}}
 {{- define "omrl.redis.url" -}}
 {{- $scheme := ternary "rediss" "redis" (and (not .Values.redis.enabled) .Values.externalRedis.tls) -}}
-{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" (ne (include "omrl.redis.secretName" .) "") -}}
-{{- printf "%s://%s%s:%s/%s" $scheme $auth (include "omrl.redis.host" .) (include "omrl.redis.port" .) (include "omrl.redis.db" .) -}}
+{{- printf "%s://%s:%s/%s" $scheme (include "omrl.redis.host" .) (include "omrl.redis.port" .) (include "omrl.redis.db" .) -}}
 {{- end -}}
 
 {{- define "omrl.redis.env" -}}
@@ -148,19 +147,14 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ = set $cfg "env" (merge (dict "address" (printf "%s:%d" $envs (int .Values.envs.port))) ($cfg.env | default dict)) -}}
 {{- $_ = set $cfg "reward" (merge (dict "address" (printf "%s:%d" $reward (int .Values.reward.port))) ($cfg.reward | default dict)) -}}
 {{- $_ = set $cfg "rollout" (merge (dict "addresses" (list (printf "%s:%d" $rollout (int .Values.rollout.port)))) ($cfg.rollout | default dict)) -}}
-{{- $redisUrl := printf "redis://%s:%s/%s" (include "omrl.redis.host" .) (include "omrl.redis.port" .) (include "omrl.redis.db" .) -}}
-{{- $_ = set $cfg "stream" (merge (dict "redis_url" $redisUrl) ($cfg.stream | default dict)) -}}
+{{- $_ = set $cfg "stream" (merge (dict "redis_url" (include "omrl.redis.url" .)) ($cfg.stream | default dict)) -}}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
-{{/* Arguments every service gets: the run config and the Redis URL with its password */}}
+{{/* Arguments every service gets: the run config */}}
 {{- define "omrl.configArgs" -}}
 - --config=/etc/openmanus-rl/config.yaml
-{{- end -}}
-
-{{- define "omrl.redisArgs" -}}
-- --set=stream.redis_url={{ include "omrl.redis.url" . }}
 {{- end -}}
 
 {{/* Pods ---------------------------------------------------------------------------------------------- */}}
