@@ -16,6 +16,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from services.common.config import ComponentResources, JobSpec, TrainConfig, dump_config
+from services.common.grpc_server import LIVENESS
 
 PORTS = {"rollout": 50051, "envs": 50052, "reward": 50053}
 METRICS_PORT, RDZV_PORT = 9100, 29500
@@ -162,11 +163,12 @@ class JobObjects:
 
     @staticmethod
     def _grpc_probes(port: int, startup_s: int) -> dict[str, Any]:
-        """Startup probe long enough for model loading; then readiness and liveness on the same health check."""
-        return {"startupProbe": {"grpc": {"port": port}, "periodSeconds": 10,
-                                 "failureThreshold": max(1, startup_s // 10)},
+        """Startup probe long enough for model loading; readiness on the whole server, startup and liveness
+        on `LIVENESS` (a rollout server waiting for weights is alive but not ready)."""
+        live = {"port": port, "service": LIVENESS}
+        return {"startupProbe": {"grpc": live, "periodSeconds": 10, "failureThreshold": max(1, startup_s // 10)},
                 "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 3},
-                "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 20, "failureThreshold": 3}}
+                "livenessProbe": {"grpc": live, "periodSeconds": 20, "failureThreshold": 3}}
 
     # -- the root --------------------------------------------------------------------------------
     def learner_job(self) -> dict[str, Any]:

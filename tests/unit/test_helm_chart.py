@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from services.common.config import load_config
+from services.common.grpc_server import LIVENESS
 from tests import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,8 +129,10 @@ def test_grpc_services_have_native_grpc_probes_and_rollout_a_long_startup(values
     for component in ("envs", "reward", "rollout"):
         container = main_container(pods[component])
         port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": port}, (component, probe)
+        # ready: the whole server; alive (startup, liveness): LIVENESS, so a server waiting for weights is not killed
+        assert container["readinessProbe"]["grpc"] == {"port": port}, component
+        for probe in ("startupProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": port, "service": LIVENESS}, (component, probe)
     startup = main_container(pods["rollout"])["startupProbe"]
     budget_s = startup["periodSeconds"] * startup["failureThreshold"]
     assert budget_s >= (1200 if values else 900)  # model loading, and CUDA graph capture on GPU

@@ -75,6 +75,7 @@ def test_gpus_are_requested_where_the_spec_asks_and_images_follow():
     assert by_kind(objects, "Deployment")[f"{JOB}-rollout"]["spec"]["replicas"] == 4
     rollout = containers[f"{JOB}-rollout"]
     assert "$(POD_IP):50051" in rollout["command"] and rollout["startupProbe"]["grpc"]["port"] == 50051
+    assert rollout["livenessProbe"]["grpc"]["service"] == "omrl.live" and "service" not in rollout["readinessProbe"]["grpc"]
     assert rollout["startupProbe"]["failureThreshold"] * rollout["startupProbe"]["periodSeconds"] >= 1800
     for pod in pod_specs(objects):
         assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
