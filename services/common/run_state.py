@@ -153,10 +153,13 @@ class LeaseOutcome(str, Enum):
 
 _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 
-# KEYS: claims, stale_groups, dead_groups, leases, expiry; ARGV: holder, groups_per_step, limit_step, ttl_ms
+# KEYS: claims, stale_groups, dead_groups, leases, expiry; ARGV: holder, groups_per_step, limit_step, ttl_ms,
+# floor_step
 _CLAIM = _NOW + """
 local lost = tonumber(redis.call('GET', KEYS[2]) or '0') + tonumber(redis.call('GET', KEYS[3]) or '0')
 local c = tonumber(redis.call('GET', KEYS[1]) or '0')
+local floor = tonumber(ARGV[5]) * tonumber(ARGV[2]) + lost
+if c < floor then c = floor redis.call('SET', KEYS[1], c) end
 if math.floor((c - lost) / tonumber(ARGV[2])) >= tonumber(ARGV[3]) then return false end
 redis.call('INCR', KEYS[1])
 redis.call('HSET', KEYS[4], c, cjson.encode({holder = ARGV[1], attempt = 1, task = 1}))
@@ -236,10 +239,13 @@ class GroupLeases:
     def _keys(self) -> list[str]:
         return [self.k("group_leases"), self.k("group_lease_expiry")]
 
-    def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float) -> Lease | None:
-        """A new slot whose step (counting lost groups, see `lost_groups`) is below `limit_step`, or None."""
+    def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
+              floor_step: int = 0) -> Lease | None:
+        """A new slot whose step (counting lost groups, see `lost_groups`) is below `limit_step`, or None.
+        Steps below `floor_step` (the served policy version: the learner is past them) are skipped, which
+        only happens when Redis lost the claim counter."""
         slot = self._claim(keys=[self.k("group_claims"), self.k("stale_groups"), self.k("dead_groups"), *self._keys],
-                           args=[holder, groups_per_step, limit_step, int(ttl_s * 1000)])
+                           args=[holder, groups_per_step, limit_step, int(ttl_s * 1000), floor_step])
         return None if slot is None else Lease(int(slot), holder, 1, 1)
 
     def take_over(self, holder: str, ttl_s: float, max_attempts: int) -> tuple[LeaseOutcome, Lease | None]:

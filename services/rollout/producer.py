@@ -134,7 +134,8 @@ class Producer:
                                       groups_retried=int(not lease.taken_from))
                     return lease
                 limit = min(self.config.learner.steps, self.core.policy_version + k + 1)
-                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s)
+                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s,
+                                          self.core.policy_version)
                 if lease is not None:
                     return lease
                 if await self._redis(self._finished):

@@ -31,6 +31,14 @@ def test_claims_stop_at_the_limit_step_and_lost_groups_shift_them(state):
     assert state.lost_groups() == 1 and leases.remaining(4) == 4 - 3 + 1 + 3
 
 
+def test_claims_skip_the_steps_the_served_policy_is_past_when_the_counter_was_lost(state):
+    leases = state.leases
+    assert leases.claim("a", 2, 10, LONG, floor_step=0).slot == 0  # a fresh run: nothing skipped
+    state.client.delete(state.k("group_claims"))  # Redis came back without it while v3 is served
+    assert [leases.claim("a", 2, 10, LONG, floor_step=3).slot for _ in range(2)] == [6, 7]
+    assert leases.claim("a", 2, 10, LONG, floor_step=1).slot == 8  # a lower floor never moves claims back
+
+
 def test_after_a_take_over_only_the_new_holder_renews_and_publishes(state):
     leases, stream = state.leases, TrajectoryStream(state.client, state.trajectories_key)
     lease_a = leases.claim("a", 1, 10, NOW)
