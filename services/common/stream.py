@@ -67,22 +67,37 @@ class TrajectoryStream:
         """New entries for this consumer, or (pending=True) the ones it was given before and never acked."""
         reply = self.client.xreadgroup(self.group, consumer, {self.key: "0" if pending else ">"},
                                        count=count, block=None if pending else block_ms)
+        return self._decode([item for _, items in reply or [] for item in items])
+
+    def pending_ids(self, consumer: str, count: int = 100000) -> list[str]:
+        """Ids of the entries delivered to `consumer` and not acknowledged (no payload is read)."""
+        rows = self.client.xpending_range(self.key, self.group, min="-", max="+", count=count, consumername=consumer)
+        return [_text(row["message_id"]) for row in rows]
+
+    def fetch(self, entry_ids: Iterable[str]) -> list[StreamEntry]:
+        """Given entries by id (e.g. pending ones whose delivery was lost), checked as `read` checks them."""
+        items = []
+        for entry_id in entry_ids:
+            rows = self.client.xrange(self.key, entry_id, entry_id)
+            items.append((entry_id, rows[0][1] if rows else {}))
+        return self._decode(items)
+
+    def _decode(self, items: list) -> list[StreamEntry]:
         entries = []
-        for _, items in reply or []:
-            for raw_id, fields in items:
-                entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                if not fields:  # pending entry already trimmed from the stream
-                    self.ack([entry_id])
-                    continue
-                size = sum(len(value) for value in fields.values())
-                if size > self.max_entry_bytes:  # checked before decoding: its tensors could be any size
-                    self.dead_letter(entry_id, "too_large", f"entry of {size} bytes exceeds the limit of "
-                                     f"{self.max_entry_bytes} (stream.max_entry_bytes)", extra={b"bytes": size})
-                    continue
-                try:
-                    entries.append(StreamEntry(entry_id, decode_batch(fields[b"batch"])))
-                except (RecordError, KeyError, ValueError) as exc:
-                    self.dead_letter(entry_id, "undecodable", str(exc), _group_ids(fields), extra=fields)
+        for raw_id, fields in items:
+            entry_id = _text(raw_id)
+            if not fields:  # pending entry already trimmed from the stream
+                self.ack([entry_id])
+                continue
+            size = sum(len(value) for value in fields.values())
+            if size > self.max_entry_bytes:  # checked before decoding: its tensors could be any size
+                self.dead_letter(entry_id, "too_large", f"entry of {size} bytes exceeds the limit of "
+                                 f"{self.max_entry_bytes} (stream.max_entry_bytes)", extra={b"bytes": size})
+                continue
+            try:
+                entries.append(StreamEntry(entry_id, decode_batch(fields[b"batch"])))
+            except (RecordError, KeyError, ValueError) as exc:
+                self.dead_letter(entry_id, "undecodable", str(exc), _group_ids(fields), extra=fields)
         return entries
 
     def dead_letter(self, entry_id: str, reason: str, error: str, group_ids: Iterable[str] = (),
@@ -127,6 +142,10 @@ class TrajectoryStream:
             if info["name"] in (self.group, self.group.encode()):
                 return int(info.get("lag") or 0)
         return 0
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _group_ids(fields: dict) -> list[str]:

@@ -133,6 +133,7 @@ class LearnerService:
             self._report_stale_groups(len(lost - out.groups))
             if entries:
                 continue
+            self._reclaim_lost_deliveries(out)
             self._catch_up_servers()
             now = time.monotonic()
             if now > deadline:
@@ -152,6 +153,19 @@ class LearnerService:
             return f"Redis unreachable: {exc}"
         versions = ", ".join(f"{a} v{info.get('policy_version')}" for a, info in sorted(servers.items()))
         return f"{len(servers)} rollout server(s) registered{': ' + versions if versions else ''}"
+
+    def _reclaim_lost_deliveries(self, out: CollectedStep) -> None:
+        """A read whose reply never arrived (Redis restarted mid-read and the client retried) left its
+        entries pending for this consumer, where new reads never return them: take them back."""
+        known = {*out.entry_ids, *self._unacked, *(entry.entry_id for entry in self._backlog)}
+        try:
+            lost = [entry_id for entry_id in self.stream.pending_ids(CONSUMER) if entry_id not in known]
+            if lost:
+                log.warning("%d stream entries were delivered to the learner but never received (a read "
+                            "interrupted by a Redis restart): reading them again", len(lost))
+                self._backlog += self.stream.fetch(lost)
+        except redis.RedisError as exc:
+            log.warning("could not check for lost deliveries: %s", exc)
 
     def _catch_up_servers(self) -> None:
         """Pushes the current weights to registered rollout servers that serve an older version (restarted,

@@ -273,3 +273,26 @@ def test_poison_entries_are_dead_lettered_and_the_step_trains_on_the_good_groups
         assert stream.pending_count() == 0 and len(stream.dead_letters()) == 5
     finally:
         state.reset()
+
+
+class LosingPusher(OkPusher):
+    """Right after the push of v2, a read for the learner is answered but its reply never arrives."""
+
+    def __init__(self, stream):
+        self.stream, self.lost = stream, []
+
+    def push(self, version, weights, addresses, **_):
+        if version == 2 and not self.lost:
+            self.lost = self.stream.read("learner-0", count=2, block_ms=10)
+        return super().push(version, weights, addresses)
+
+
+def test_entries_whose_delivery_was_lost_are_read_again(setup):
+    """A read whose reply never arrived (Redis restarted mid-read) leaves entries pending for the learner
+    that no new read returns: the learner takes them back instead of waiting for them forever."""
+    config, state, stream = setup
+    trainer, pusher = RecordingTrainer(), LosingPusher(stream)
+    learner = LearnerService(config, trainer, pusher, state, stream)
+    learner.run()
+    assert [e.batch.trajectories[0].group_id for e in pusher.lost] == ["g4", "g5"]
+    assert trainer.applied == [["g0", "g1"], ["g2", "g3"], ["g4", "g5"]] and stream.pending_count() == 0
