@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
+
+from services.common import choices
 
 
 class Section(BaseModel):
@@ -29,7 +32,12 @@ def _reject_non_finite(value: Any, path: str = "") -> Any:
 
 
 FreeForm = Annotated[dict[str, Any], AfterValidator(_reject_non_finite)]
-"""Free-form options of a plugin: any JSON but non-finite numbers."""
+"""Options of a plugin: any JSON but non-finite numbers; the plugin's own schema is checked beside it."""
+
+
+def _plugin(kind: str) -> Any:
+    """A plugin name that must be registered (`services.common.choices.REGISTRIES`)."""
+    return Annotated[str, AfterValidator(choices.choice_validator(kind))]
 
 
 class ModelConfig(Section):
@@ -48,9 +56,9 @@ class ModelConfig(Section):
 
 
 class EnvConfig(Section):
-    name: str = "corridor"
+    name: _plugin("env") = "corridor"
     """Registered environment to train on (see `services.envs.registry`)."""
-    options: FreeForm = Field(default_factory=dict)
+    options: FreeForm = Field(default_factory=dict, validate_default=True)
     """Environment knobs, e.g. {"length": 6} for corridor difficulty."""
     address: str = "127.0.0.1:50052"
     """host:port of the environment service; several replicas as `ipv4:h1:p1,h2:p2` or one DNS name."""
@@ -75,9 +83,16 @@ class EnvConfig(Section):
     validation_temperature: float = Field(0.0, ge=0, le=5)
     """Sampling temperature of validation episodes (0: greedy)."""
 
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "name" in info.data:  # else the name itself was rejected
+            choices.check_env_options(info.data["name"], options)
+        return options
+
 
 class RolloutConfig(Section):
-    backend: str = "vllm"
+    backend: _plugin("backend") = "vllm"
     """Registered generation backend."""
     addresses: list[str] = Field(default_factory=lambda: ["127.0.0.1:50051"])
     """Rollout servers; the learner pushes weights to every one that is registered and alive."""
@@ -93,7 +108,7 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, le=10_000_000)
     """0 disables top-k."""
-    action_parser: str = "xml_action"
+    action_parser: _plugin("action_parser") = "xml_action"
     """Registered action template; `xml_action` takes the text inside <action>...</action>."""
     group_size: int = Field(8, ge=1, le=1024)
     """Episodes sampled per task (GRPO group)."""
@@ -119,12 +134,19 @@ class RewardComponentConfig(Section):
 class RewardConfig(Section):
     address: str = "127.0.0.1:50053"
     """host:port of the reward service."""
-    components: dict[str, RewardComponentConfig] = Field(default_factory=lambda: {
+    components: dict[_plugin("reward"), RewardComponentConfig] = Field(default_factory=lambda: {
         "goal": RewardComponentConfig(weight=1.0),
         "format": RewardComponentConfig(weight=0.1),
         "length_penalty": RewardComponentConfig(weight=0.1, params={"max_tokens": 64}),
     })
     """Registered reward functions and their weights; the total is the weighted sum."""
+
+    @field_validator("components")
+    @classmethod
+    def _check_params(cls, components: dict[str, RewardComponentConfig]) -> dict[str, RewardComponentConfig]:
+        for name, component in components.items():
+            choices.check_reward_params(name, component.params)
+        return components
     allocation: Literal["last_token", "uniform_positive", "discounted"] = "last_token"
     """How a trajectory's reward is placed on its model tokens."""
     gamma: float = Field(1.0, ge=0, le=1)
@@ -133,7 +155,7 @@ class RewardConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    advantage: str = "grpo"
+    advantage: _plugin("advantage") = "grpo"
     """Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False gives Dr.GRPO)."""
@@ -215,7 +237,7 @@ class LearnerConfig(Section):
     """Learner processes (torchrun); FSDP shards over them."""
     push_timeout_s: float = Field(120.0, gt=0, le=86400)
     """Deadline of one weight push to a rollout server."""
-    weight_push: str = "grpc"
+    weight_push: _plugin("weight_push") = "grpc"
     """Registered weight transport; `none` trains on the stream without rollout servers (recorded batches)."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""

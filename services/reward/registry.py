@@ -10,12 +10,14 @@ directly: `REWARDS.register("name")(MyReward)`.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 from services.common.registry import Registry
 from services.reward.base import RewardFunction
 
 REWARDS: Registry[RewardFunction] = Registry("reward function")
+_BUILTINS: dict[Callable[..., RewardFunction], str] = {}
+"""Factory of a builtin -> the `module:Class` it builds."""
 
 
 def _builtin(name: str, target: str) -> None:
@@ -25,7 +27,18 @@ def _builtin(name: str, target: str) -> None:
     def create(**params: Any) -> RewardFunction:
         return getattr(importlib.import_module(module), attr)(**params)
 
+    _BUILTINS[create] = target
     REWARDS.register(name)(create)
+
+
+def reward_class(name: str) -> Callable[..., RewardFunction]:
+    """What `REWARDS.create(name, **params)` calls in the end: the class (or factory) whose signature
+    declares the params."""
+    factory = REWARDS.get(name)
+    if factory not in _BUILTINS:
+        return factory
+    module, _, attr = _BUILTINS[factory].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 _builtin("goal", "services.reward.goal:GoalReward")

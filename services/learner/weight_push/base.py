@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from services.common.registry import Registry
-from services.common.weights import PackedWeights
+
+if TYPE_CHECKING:  # the table is read when a config is parsed, which must not import torch
+    from services.common.weights import PackedWeights
 
 
 @dataclass
