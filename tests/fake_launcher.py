@@ -24,7 +24,7 @@ class FakeLauncher(Launcher):
         self.errors: dict[str, str] = {}
 
     def check(self, spec: JobSpec) -> None:
-        if spec.env.name == "rejected-by-launcher":
+        if spec.env.name == "babyai":  # a registered env, so the spec itself is valid
             raise SpecRejected(("env", "name"), "this launcher cannot run that environment")
 
     def capacity(self) -> int | None:

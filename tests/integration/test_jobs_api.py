@@ -102,12 +102,24 @@ def test_the_openapi_document_can_be_put_behind_the_token(tmp_path):
     ({"rollout": {"temperature": 9}}, ["body", "rollout", "temperature"], "less_than_equal"),
     ({"resources": {"learner": {"gpus": 99}}}, ["body", "resources", "learner", "gpus"], "less_than_equal"),
     ({"schedule": {"max_runtime_s": 1}}, ["body", "schedule", "max_runtime_s"], "greater_than_equal"),
-    ({"env": {"name": "rejected-by-launcher"}}, ["body", "env", "name"], "launcher_rejected"),
+    ({"env": {"name": "babyai"}}, ["body", "env", "name"], "launcher_rejected"),
+    ({"algorithm": {"advantage": "grpoo"}}, ["body", "algorithm", "advantage"], "value_error"),
+    ({"env": {"name": "corridorr"}}, ["body", "env", "name"], "value_error"),
+    ({"env": {"options": {"lenght": 5}}}, ["body", "env", "options"], "value_error"),
+    ({"rollout": {"action_parser": "xml"}}, ["body", "rollout", "action_parser"], "value_error"),
+    ({"reward": {"components": {"goal": {"params": {"wieght": 2}}}}}, ["body", "reward", "components"], "value_error"),
+    ({"reward": {"components": {"goall": {}}}}, ["body", "reward", "components", "goall", "[key]"], "value_error"),
 ])
 def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
     response = api.http.post("/v1/jobs", json=spec)
     assert response.status_code == 422
     assert {"loc": loc, "type": kind}.items() <= response.json()["detail"][0].items()
+
+
+def test_a_misspelt_plugin_is_a_422_listing_the_choices(api):
+    response = api.http.post("/v1/jobs", json={"algorithm": {"advantage": "grpoo"}})
+    assert response.status_code == 422
+    assert "'grpoo' is not one of: gae, grpo, reinforce_plus_plus" in response.json()["detail"][0]["msg"]
 
 
 @pytest.mark.parametrize("body,loc", [

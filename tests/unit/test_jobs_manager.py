@@ -159,7 +159,7 @@ def test_recover_takes_up_unfinished_jobs_and_marks_them(store):
 def test_a_spec_the_launcher_cannot_run_is_not_stored(store):
     manager = JobManager(store, FakeLauncher())
     with pytest.raises(SpecRejected):
-        manager.submit(JobSpec.model_validate({"env": {"name": "rejected-by-launcher"}}))
+        manager.submit(JobSpec.model_validate({"env": {"name": "babyai"}}))
     assert store.list()[1] == 0
 
 
