@@ -1,4 +1,5 @@
-"""omrl: submit a training job from a YAML file, list jobs, show one, follow its events, cancel it.
+"""omrl: submit a training job from a YAML file, list jobs, show one, follow its events, cancel it;
+validate a spec offline.
 
 The API's address and token come from --api/--token or OMRL_API_URL/OMRL_API_TOKEN."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ import httpx
 
 from services.cli import render
 from services.cli.client import ApiError, JobsClient
+from services.common.config_errors import error_lines
 
 FAILED_STATES = {"failed", "interrupted", "cancelled"}
 
@@ -28,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("spec", help="YAML file (services.common.config.JobSpec)")
     submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     submit.add_argument("--follow", action="store_true", help="then follow its events until it ends")
+    validate = sub.add_parser("validate", help="check a job spec offline: prints ok, or one line per error")
+    validate.add_argument("spec", help="YAML file (services.common.config.JobSpec)")
+    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     lst = sub.add_parser("list", help="list jobs, newest first")
     lst.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
     lst.add_argument("--limit", type=int, default=50)
@@ -98,8 +103,27 @@ def run(args: argparse.Namespace, client: JobsClient) -> int:
     raise AssertionError(args.command)
 
 
+def print_config_error(exc: ValueError | OSError) -> None:
+    for line in error_lines(exc) if isinstance(exc, ValueError) else [str(exc)]:
+        print(f"omrl: {line}", file=sys.stderr)
+
+
+def validate_spec(args: argparse.Namespace) -> int:
+    from services.common.config import JobSpec, load_config
+
+    try:
+        load_config(args.spec, args.set, schema=JobSpec)
+    except (ValueError, OSError) as exc:
+        print_config_error(exc)
+        return 1
+    print("ok")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "validate":
+        return validate_spec(args)
     if not args.token:
         print("omrl: no token: pass --token or set OMRL_API_TOKEN", file=sys.stderr)
         return 2
@@ -110,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omrl: {exc}", file=sys.stderr)
         return 1
     except (ValueError, OSError) as exc:  # a bad spec file or override
-        print(f"omrl: {exc}", file=sys.stderr)
+        print_config_error(exc)
         return 2
     except httpx.HTTPError as exc:
         print(f"omrl: cannot reach {args.api}: {exc}", file=sys.stderr)

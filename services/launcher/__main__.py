@@ -4,6 +4,7 @@ import signal
 import sys
 
 from services.common.config import load_config
+from services.common.config_errors import error_lines
 
 
 def main() -> int:
@@ -19,7 +20,12 @@ def main() -> int:
     args = parser.parse_args()
     overrides = [f"{k}={v}" for k, v in (("model.path", args.model), ("env.name", args.env),
                                          ("learner.steps", args.steps), ("run", args.run)) if v is not None]
-    config = load_config(args.config, overrides + args.set)
+    try:
+        config = load_config(args.config, overrides + args.set)
+    except (ValueError, OSError) as exc:  # a bad config file or override: say which field, no traceback
+        for line in error_lines(exc) if isinstance(exc, ValueError) else [str(exc)]:
+            print(f"config error: {line}", file=sys.stderr)
+        return 2
     from services.launcher.local import LocalRun
 
     # SIGTERM unwinds like Ctrl-C, so the run stops every service it started; SIGINT is set explicitly
