@@ -37,7 +37,9 @@ class FlakyEnvClient(InProcessEnvClient):
 def make_loop(tokenizer, client, attempts=3, group_size=4, options=None):
     return AgentLoop(ScriptedPolicy(tokenizer, toward_exit), client, ChatFormatter(tokenizer),
                      PARSERS.create("xml_action"), RolloutConfig(group_size=group_size, max_new_tokens=16),
-                     EnvConfig(name="corridor", max_turns=6, max_episode_attempts=attempts, options=options or {}),
+                     # unchecked: the env service must handle options the config did not check (another version)
+                     EnvConfig.model_construct(name="corridor", max_turns=6, max_episode_attempts=attempts,
+                                               options=options or {}),
                      max_model_len=512)
 
 
