@@ -21,6 +21,7 @@ def main() -> None:
     import importlib
 
     from services.common.config import load_config
+    from services.common.config_errors import error_lines
     from services.common.grpc_server import serve
     from services.reward.composer import RewardComposer
     from services.reward.server import add_reward_service
@@ -32,7 +33,7 @@ def main() -> None:
         config = load_config(args.config, args.set).reward
         composer = RewardComposer.from_config(config)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error("; ".join(error_lines(exc)))
     service = RewardService(composer, timeout_s=config.timeout_s)
     asyncio.run(serve("reward", args.port, [add_reward_service(service)], host=args.host,
                       metrics_port=args.metrics_port, grace_s=args.grace_s))
