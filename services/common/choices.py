@@ -70,8 +70,13 @@ def _problems(exc: ValidationError, known: list[str], what: str) -> str:
 
 
 def check_env_options(env: str, options: dict[str, Any]) -> None:
-    """Validates `options` with the env's own `Options` model (the one its `reset` parses them with)."""
-    model: type[BaseModel] = registry("env").get(env).Options
+    """Validates `options` with the env's own `Options` model (the one its `reset` parses them with).
+    A process without the env's dependencies (the reward image has no httpx for `agentgym`) cannot run
+    it and leaves the check to the env service and to the job API, which has them."""
+    try:
+        model: type[BaseModel] = registry("env").get(env).Options
+    except ImportError:
+        return
     try:
         model.model_validate(options)
     except ValidationError as exc:

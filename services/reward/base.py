@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from services.common.protos import trajectory_pb2
+if TYPE_CHECKING:  # configs name reward functions and are parsed where no generated code is needed
+    from services.common.protos import trajectory_pb2
 
 
 class RewardFunction(abc.ABC):

@@ -10,6 +10,7 @@ from services.cli.main import main as omrl
 from services.common import choices
 from services.common.config import JobSpec, load_config
 from services.common.config_errors import error_lines
+from services.envs.registry import ENVS
 from services.reward.registry import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,3 +144,12 @@ def test_the_launcher_prints_one_line_naming_the_field(tmp_path):
     assert out.stderr.splitlines() == [
         "config error: algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, "
         "reinforce_plus_plus_baseline, rloo"]
+
+
+def test_an_env_whose_dependencies_are_missing_here_is_left_to_the_env_service():
+    ENVS.register_lazy("choices_needs_a_package", "omrl_package_not_installed_here")
+    try:
+        config = load_config(None, ["env.name=choices_needs_a_package", "env.options={anything: 1}"])
+        assert config.env.options == {"anything": 1}
+    finally:
+        ENVS.unregister("choices_needs_a_package")
