@@ -15,6 +15,7 @@ import typing
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from services.common.registry import Registry
 
@@ -58,15 +59,19 @@ def choice_validator(kind: str) -> Callable[[str], str]:
     return validate
 
 
-def _problems(exc: ValidationError, known: list[str], what: str) -> str:
-    problems = []
+def _located(exc: ValidationError, prefix: tuple, known: list[str], what: str, owner: str) -> ValidationError:
+    """The plugin's errors re-rooted at `prefix` (raised in a field validator, pydantic puts the field's
+    own path in front): each names the exact key, and an unknown key lists the known ones."""
+    details = []
     for error in exc.errors():
-        key = ".".join(map(str, error["loc"]))
         if error["type"] == "extra_forbidden":
-            problems.append(f"unknown {what} {key!r}; known: {', '.join(known) or 'none'}")
+            kind = f"unknown_{what}"
+            text = f"unknown {what} {error['loc'][-1]!r} of {owner}; known: {', '.join(known) or 'none'}"
         else:
-            problems.append(f"{key or what}: {error['msg']}")
-    return "; ".join(problems)
+            kind, text = f"invalid_{what}", error["msg"].removeprefix("Value error, ")
+        details.append(InitErrorDetails(type=PydanticCustomError(kind, "{message}", {"message": text}),
+                                        loc=prefix + tuple(error["loc"]), input=error["input"]))
+    return ValidationError.from_exception_data(owner, details)
 
 
 def check_env_options(env: str, options: dict[str, Any]) -> None:
@@ -80,7 +85,7 @@ def check_env_options(env: str, options: dict[str, Any]) -> None:
     try:
         model.model_validate(options)
     except ValidationError as exc:
-        raise ValueError(f"env {env!r}: {_problems(exc, sorted(model.model_fields), 'option')}") from None
+        raise _located(exc, (), sorted(model.model_fields), "option", f"env {env!r}") from None
 
 
 def reward_params_model(name: str) -> type[BaseModel]:
@@ -111,4 +116,5 @@ def check_reward_params(name: str, params: dict[str, Any]) -> None:
     try:
         model.model_validate(params)
     except ValidationError as exc:
-        raise ValueError(f"{name}.params: {_problems(exc, sorted(model.model_fields), 'param')}") from None
+        raise _located(exc, (name, "params"), sorted(model.model_fields), "param",
+                       f"reward function {name!r}") from None

@@ -105,9 +105,11 @@ def test_the_openapi_document_can_be_put_behind_the_token(tmp_path):
     ({"env": {"name": "babyai"}}, ["body", "env", "name"], "launcher_rejected"),
     ({"algorithm": {"advantage": "grpoo"}}, ["body", "algorithm", "advantage"], "value_error"),
     ({"env": {"name": "corridorr"}}, ["body", "env", "name"], "value_error"),
-    ({"env": {"options": {"lenght": 5}}}, ["body", "env", "options"], "value_error"),
+    ({"env": {"options": {"lenght": 5}}}, ["body", "env", "options", "lenght"], "unknown_option"),
+    ({"env": {"options": {"length": "many"}}}, ["body", "env", "options", "length"], "invalid_option"),
     ({"rollout": {"action_parser": "xml"}}, ["body", "rollout", "action_parser"], "value_error"),
-    ({"reward": {"components": {"goal": {"params": {"wieght": 2}}}}}, ["body", "reward", "components"], "value_error"),
+    ({"reward": {"components": {"goal": {"params": {"wieght": 2}}}}},
+     ["body", "reward", "components", "goal", "params", "wieght"], "unknown_param"),
     ({"reward": {"components": {"goall": {}}}}, ["body", "reward", "components", "goall", "[key]"], "value_error"),
 ])
 def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
