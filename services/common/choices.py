@@ -94,12 +94,14 @@ def reward_params_model(name: str) -> type[BaseModel]:
     from services.reward.base import RewardFunction
     from services.reward.registry import reward_class
 
-    _import_plugins()
     target = reward_class(name)
     init = target.__init__ if inspect.isclass(target) else target
     fields: dict[str, Any] = {}
     if init is not RewardFunction.__init__:  # the base takes **params only to reject them
-        hints = typing.get_type_hints(init)
+        try:
+            hints = typing.get_type_hints(init)
+        except (NameError, TypeError):  # an annotation this process cannot resolve: check names only
+            hints = {}
         params = list(inspect.signature(init).parameters.values())
         for param in params[1:] if inspect.isclass(target) else params:
             if param.kind is param.VAR_KEYWORD:
