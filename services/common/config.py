@@ -219,6 +219,8 @@ class LearnerConfig(Section):
     """Registered weight transport; `none` trains on the stream without rollout servers (recorded batches)."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
+    logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)
+    """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense."""
 
 
 class TrainConfig(Section):

@@ -76,7 +76,8 @@ class PolicyTrainer:
             self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
         self.reference = None
         if algo.use_kl_in_reward or algo.use_kl_loss:
-            self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed)
+            self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed,
+                                             config.learner.logprob_chunk_tokens)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
         self.policy_version = 0
@@ -107,11 +108,11 @@ class PolicyTrainer:
     # -- one step ---------------------------------------------------------------------------
     def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor]) -> None:
         """Old (pre-update) logprobs, reference logprobs, values and importance weights, without gradients."""
-        cap = self.config.algorithm.tis_cap
+        cap, chunk = self.config.algorithm.tis_cap, self.config.learner.logprob_chunk_tokens
         with torch.no_grad():
             for m in micro:
                 b, mask = m.batch, m.batch.response_mask
-                m.old_logprobs, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask)
+                m.old_logprobs, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
                 sums["mismatch_kl"] += (k3_kl(m.old_logprobs, b.rollout_logprobs) * mask).sum()
                 sums["entropy"] += (ent * mask).sum()
                 if self.reference is not None:
@@ -204,16 +205,16 @@ class PolicyTrainer:
 
     def _update_policy(self, micro: list[_Micro], sums: dict[str, torch.Tensor], norm: dict[str, float],
                        dry_run: bool = False) -> tuple[list[float], int]:
-        algo = self.config.algorithm
+        algo, chunk = self.config.algorithm, self.config.learner.logprob_chunk_tokens
         grad_norms, skipped = [], 0
         for epoch in range(1 if dry_run else algo.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for m in micro:
                 b, mask = m.batch, m.batch.response_mask
                 if algo.entropy_coeff > 0:
-                    lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask)
+                    lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
                 else:
-                    lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask), None
+                    lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk), None
                 pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
                                         algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
                                         is_weights=m.is_weights, **norm)

@@ -1,0 +1,92 @@
+"""Scale levers of the learner: each must leave the numbers as they are without it."""
+import pytest
+import torch
+
+from services.common.config import TrainConfig
+from services.learner.model import token_logprobs, token_logprobs_and_entropy
+from services.learner.smoke import build_tiny_llama, synthetic_trajectories
+from services.learner.trainer import PolicyTrainer
+
+
+def untimed(metrics):
+    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="module")
+def tiny64(model_dir):
+    from services.learner.model import load_model
+
+    return load_model(model_dir, "float32").double()
+
+
+def make_config(learner=None, **algorithm):
+    return TrainConfig.model_validate({
+        "seed": 1, "rollout": {"group_size": 4}, "learner": {"device": "cpu", **(learner or {})},
+        "algorithm": {"lr": 3e-3, "micro_batch_size": 3, "entropy_coeff": 0.01, **algorithm}})
+
+
+def _inputs(batch=3, length=8):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 64, (batch, length), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # a padded row
+    return ids, mask
+
+
+def _stats_and_grads(model, chunk):
+    ids, mask = _inputs()
+    model.zero_grad(set_to_none=True)
+    lp, ent = token_logprobs_and_entropy(model, ids, mask, chunk)
+    weights = torch.linspace(-1.0, 1.0, lp.numel(), dtype=lp.dtype).reshape(lp.shape)
+    ((lp * weights).sum() + (ent * weights.flip(-1)).sum()).backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 1000])  # 24 positions: divides, does not, larger than all
+def test_chunked_logprobs_entropy_and_gradients_equal_dense(tiny64, chunk):
+    lp, ent, grads = _stats_and_grads(tiny64, 0)
+    lp_c, ent_c, grads_c = _stats_and_grads(tiny64, chunk)
+    # a float64 model, but both paths take the log-softmax in float32: float32 rounding is the tolerance
+    torch.testing.assert_close(lp_c, lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent_c, ent, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == grads_c.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_c[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    ids, mask = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(tiny64, ids, mask, chunk), lp, rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_backward_keeps_no_full_logits(tmp_path):
+    """The autograd graph keeps no logits but the chunk's: each chunk's are recomputed in the backward."""
+    from services.learner.model import load_model
+
+    vocab, saved = 101, []
+    model = load_model(str(build_tiny_llama(tmp_path / "m", vocab_size=vocab)))
+    ids, mask = _inputs(batch=4, length=32)
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs_and_entropy(model, ids, mask, 16)
+        chunked_saved = list(saved)
+        saved.clear()
+        token_logprobs_and_entropy(model, ids, mask, 0)
+    assert any(s[-1:] == (vocab,) and s[0] * s[1] >= 4 * 31 for s in saved if len(s) == 3)  # the dense logits
+    assert not [s for s in chunked_saved if s[-1:] == (vocab,) and s[0] != vocab]
+
+
+def test_train_step_same_with_chunked_logprobs(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=5)
+    dense = PolicyTrainer(make_config({"logprob_chunk_tokens": 0}), model_dir).train_step(trajs)
+    chunked = PolicyTrainer(make_config({"logprob_chunk_tokens": 7}), model_dir).train_step(trajs)
+    assert untimed(chunked).keys() == untimed(dense).keys()
+    for key, value in untimed(dense).items():
+        assert chunked[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
