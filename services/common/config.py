@@ -221,6 +221,8 @@ class LearnerConfig(Section):
     """Longest wait for one step's trajectories before the learner gives up."""
     logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)
     """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
 
 
 class TrainConfig(Section):

@@ -11,6 +11,7 @@ from services.common.config import TrainConfig
 from services.learner import fsdp
 from services.learner.losses import value_loss
 from services.learner.model import load_value_model, token_values
+from services.learner.parallelize import parallelize
 from services.learner.schedule import build_scheduler
 
 
@@ -19,7 +20,8 @@ class Critic:
         algo = config.algorithm
         self.config = config
         self.model = load_value_model(model_path, dtype)
-        fsdp.shard_model(self.model, device, mixed_precision_bf16=mixed)
+        parallelize(self.model, device, mixed_precision_bf16=mixed,
+                    activation_checkpointing=config.learner.activation_checkpointing)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
 

@@ -7,6 +7,7 @@ import torch
 
 from services.learner import fsdp
 from services.learner.model import load_model, token_logprobs
+from services.learner.parallelize import parallelize
 
 
 class ReferencePolicy:
@@ -20,7 +21,7 @@ class ReferencePolicy:
         digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None
         self.identity: dict[str, Any] = {"path": str(model_path), "checksum": fsdp.broadcast_object(digest)}
         """Where the weights came from and their checksum; checkpoints record it, resume checks it."""
-        fsdp.shard_model(self.model, device, mixed_precision_bf16=mixed_precision_bf16)
+        parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

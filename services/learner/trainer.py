@@ -17,6 +17,7 @@ import torch
 from services.common.config import TrainConfig
 from services.common.trajectory import Trajectory
 from services.learner import checkpoint, fsdp
+from services.learner.parallelize import parallelize
 from services.learner.advantages import build_estimator
 from services.learner.batch import TrainBatch, collate
 from services.learner.critic import Critic
@@ -67,7 +68,8 @@ class PolicyTrainer:
         load_dtype = "float32" if mixed else config.model.dtype
         self.model = load_model(model_path, load_dtype)
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        fsdp.shard_model(self.model, self.device, mixed_precision_bf16=mixed)
+        parallelize(self.model, self.device, mixed_precision_bf16=mixed,
+                    activation_checkpointing=config.learner.activation_checkpointing)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)

@@ -90,3 +90,42 @@ def test_train_step_same_with_chunked_logprobs(model_dir):
     assert untimed(chunked).keys() == untimed(dense).keys()
     for key, value in untimed(dense).items():
         assert chunked[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_activation_checkpointing_same_gradients_fewer_saved_tensors(model_dir):
+    from services.learner import fsdp
+    from services.learner.model import load_model
+    from services.learner.parallelize import checkpoint_activations
+
+    plain, ckpt = load_model(model_dir), load_model(model_dir)
+    for layer in fsdp.decoder_layers(ckpt):
+        checkpoint_activations(layer)
+    assert [n for n, _ in ckpt.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    counts = []
+    for model in (plain, ckpt):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
+            _stats_and_grads(model, 0)
+        counts.append(len(saved))
+    assert counts[1] < counts[0] / 2
+    lp, ent, grads = _stats_and_grads(plain, 0)
+    lp_c, ent_c, grads_c = _stats_and_grads(ckpt, 0)
+    torch.testing.assert_close(lp_c, lp, rtol=0, atol=0)
+    for name in grads:
+        torch.testing.assert_close(grads_c[name], grads[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_train_step_same_with_activation_checkpointing(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=6)
+    settings = {"advantage": "gae", "lam": 0.9, "critic_lr": 1e-2, "ppo_epochs": 2}
+    runs = []
+    for on in (False, True):
+        trainer = PolicyTrainer(make_config({"activation_checkpointing": on}, **settings), model_dir)
+        runs.append((untimed(trainer.train_step(trajs)), trainer.named_weights_for_push()))
+    (plain, plain_w), (ckpt, ckpt_w) = runs
+    assert ckpt.keys() == plain.keys()
+    for key, value in plain.items():
+        assert ckpt[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert [n for n, _ in ckpt_w] == [n for n, _ in plain_w]
+    for (name, a), (_, b) in zip(plain_w, ckpt_w):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
