@@ -148,6 +148,8 @@ class AlgorithmConfig(Section):
     """Passes over each batch."""
     micro_batch_size: int = Field(16, ge=1, le=65536)
     """Sequences per forward/backward; gradients accumulate across micro-batches."""
+    ppo_mini_batch_size: int = Field(0, ge=0, le=1_000_000)
+    """Sequences per optimizer step (consecutive, in batch order); 0: the whole batch, one step per epoch."""
     max_staleness: int = Field(0, ge=0, le=1000)
     """Rollout may run this many policy versions ahead of the learner; 0 is synchronous on-policy."""
     clip_ratio_c: float = Field(3.0, gt=1, le=1e6)

@@ -3,7 +3,10 @@ and calls each public method with the same arguments (same trajectories, same or
 
 A step: collate the global batch; score it without gradients on this rank's share (old and reference
 logprobs, critic values), gather those to every rank; KL penalty into the rewards (optional); advantages
-on the whole batch; then `ppo_epochs` passes of the policy (and critic) over this rank's micro-batches."""
+on the whole batch; then `ppo_epochs` passes of the policy (and critic). A pass takes one optimizer step per
+mini-batch (`ppo_mini_batch_size` consecutive sequences of the batch, in order; the whole batch by default),
+its gradient accumulated over this rank's micro-batches of that mini-batch, its loss normalised by the
+mini-batch's own token and sequence counts. The learning-rate schedule advances once per step."""
 from __future__ import annotations
 
 import math
@@ -36,6 +39,12 @@ _SUMS = _TOKEN_SUMS + _LOSS_SUMS
 
 class NonFiniteUpdate(FloatingPointError):
     """The first update of a step met a non-finite loss gradient; nothing was applied."""
+
+
+@dataclass
+class _Mini:
+    micro: list["_Micro"]  # this rank's micro-batches of the mini-batch
+    norm: dict[str, float]  # its global num_tokens and num_seqs, the loss divisors
 
 
 @dataclass
@@ -85,11 +94,22 @@ class PolicyTrainer:
         self.policy_version = 0
 
     # -- batch layout ----------------------------------------------------------------------
-    def _local_micro_batches(self, batch: TrainBatch) -> list[_Micro]:
-        """This rank's share of the sequences in micro-batches, topped up with empty (mask 0) micro-batches
+    def _mini_batches(self, batch: TrainBatch) -> list[_Mini]:
+        """Consecutive mini-batches of `ppo_mini_batch_size` sequences (0 or more than the batch: one)."""
+        size = self.config.algorithm.ppo_mini_batch_size or batch.size
+        out = []
+        for rows in torch.arange(batch.size).split(max(size, 1)):
+            mask = batch.response_mask[rows]
+            norm = {"num_tokens": max(mask.sum().item(), 1.0),
+                    "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
+            out.append(_Mini(self._local_micro_batches(batch, rows), norm))
+        return out
+
+    def _local_micro_batches(self, batch: TrainBatch, rows: torch.Tensor) -> list[_Micro]:
+        """This rank's share of `rows` in micro-batches, topped up with empty (mask 0) micro-batches
         so that every rank runs the same number of forward/backward passes (FSDP's collectives)."""
         size = self.config.algorithm.micro_batch_size
-        shares = torch.arange(batch.size).tensor_split(self.world_size)
+        shares = rows.tensor_split(self.world_size)
         n_micro = math.ceil(len(shares[0]) / size)
         out = [_Micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in shares[self.rank].split(size)]
         while len(out) < n_micro:
@@ -167,8 +187,8 @@ class PolicyTrainer:
         algo, reward = self.config.algorithm, self.config.reward
         batch = collate(trajectories, self.pad_id, allocation=reward.allocation, gamma=reward.gamma)
         mask = batch.response_mask
-        norm = {"num_tokens": max(mask.sum().item(), 1.0), "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
-        micro = self._local_micro_batches(batch)
+        minis = self._mini_batches(batch)
+        micro = [m for mini in minis for m in mini.micro]
         sums = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in _SUMS}
         extra: dict[str, float] = {"lr": self.optimizer.param_groups[0]["lr"]}
 
@@ -190,67 +210,75 @@ class PolicyTrainer:
         scored = time.perf_counter()
         extra["time/score_s"] = scored - start  # these phases end in a host sync (gather, grad norm)
 
-        grad_norms, skipped = self._update_policy(micro, sums, norm, dry_run)
+        grad_norms, skipped = self._update_policy(minis, sums, dry_run)
         if dry_run:
             return {"grad_norm": grad_norms[-1]}
         extra["time/policy_update_s"] = time.perf_counter() - scored
         if self.critic is not None:
             extra["critic_lr"] = self.critic.optimizer.param_groups[0]["lr"]
             updated = time.perf_counter()
-            critic_norms = self.critic.update(micro, sums, **norm)
+            critic_norms = self.critic.update([(mini.micro, mini.norm) for mini in minis], sums)
             extra["time/critic_update_s"] = time.perf_counter() - updated
             extra.update(critic_grad_norm=critic_norms[-1], **self._value_stats(values, returns, mask))
         self.scheduler.step()
         self.step += 1
         totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
-        return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped), **extra}
+        return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
 
-    def _update_policy(self, micro: list[_Micro], sums: dict[str, torch.Tensor], norm: dict[str, float],
-                       dry_run: bool = False) -> tuple[list[float], int]:
-        algo, chunk = self.config.algorithm, self.config.learner.logprob_chunk_tokens
+    def _update_policy(self, minis: list[_Mini], sums: dict[str, torch.Tensor], dry_run: bool = False
+                       ) -> tuple[list[float], int]:
+        """One optimizer step per mini-batch and epoch; returns each step's gradient norm and how many steps
+        a non-finite norm skipped."""
+        algo = self.config.algorithm
         grad_norms, skipped = [], 0
-        for epoch in range(1 if dry_run else algo.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for m in micro:
-                b, mask = m.batch, m.batch.response_mask
-                if algo.entropy_coeff > 0:
-                    lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
+        for _ in range(1 if dry_run else algo.ppo_epochs):
+            for mini in minis:
+                norm_value = self._accumulate_policy_gradient(mini, sums)
+                grad_norms.append(norm_value)
+                if not math.isfinite(norm_value) and (len(grad_norms) == 1 or dry_run):  # nothing applied yet
+                    raise NonFiniteUpdate(f"non-finite gradient norm {norm_value} (loss {float(sums['loss']):.4g})")
+                if dry_run:
+                    break
+                if math.isfinite(norm_value):
+                    self.optimizer.step()
                 else:
-                    lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk), None
-                pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
-                                        algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
-                                        is_weights=m.is_weights, **norm)
-                loss = pg
-                if ent is not None:
-                    ent_loss = aggregate(ent, mask, algo.loss_agg_mode, **norm)
-                    loss = loss - algo.entropy_coeff * ent_loss
-                    sums["entropy_loss"] += ent_loss.detach()
-                if algo.use_kl_loss:
-                    kl_loss = aggregate(kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode,
-                                        **norm)
-                    loss = loss + algo.kl_loss_coef * kl_loss
-                    sums["kl_loss"] += kl_loss.detach()
-                # FSDP averages gradients over ranks; the partial losses already sum to the batch loss.
-                (loss * self.world_size).backward()
-                n = mask.sum()
-                sums["loss"] += loss.detach()
-                sums["pg_loss"] += pg.detach()
-                for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"):
-                    sums[key] += stats[key] * n
-                sums["update_tokens"] += n
-            norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
-            norm_value = float(norm_value.full_tensor() if hasattr(norm_value, "full_tensor") else norm_value)
-            grad_norms.append(norm_value)
-            if not math.isfinite(norm_value) and (epoch == 0 or dry_run):  # the input's fault: nothing applied yet
-                raise NonFiniteUpdate(f"non-finite gradient norm {norm_value} (loss {float(sums['loss']):.4g})")
-            if dry_run:
-                break
-            if math.isfinite(norm_value):
-                self.optimizer.step()
-            else:
-                skipped += 1
+                    skipped += 1
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norms, skipped
+
+    def _accumulate_policy_gradient(self, mini: _Mini, sums: dict[str, torch.Tensor]) -> float:
+        """Forward and backward over the mini-batch's micro-batches; returns the clipped gradient's norm."""
+        algo, chunk, norm = self.config.algorithm, self.config.learner.logprob_chunk_tokens, mini.norm
+        self.optimizer.zero_grad(set_to_none=True)
+        for m in mini.micro:
+            b, mask = m.batch, m.batch.response_mask
+            if algo.entropy_coeff > 0:
+                lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
+            else:
+                lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk), None
+            pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
+                                    algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
+                                    is_weights=m.is_weights, **norm)
+            loss = pg
+            if ent is not None:
+                ent_loss = aggregate(ent, mask, algo.loss_agg_mode, **norm)
+                loss = loss - algo.entropy_coeff * ent_loss
+                sums["entropy_loss"] += ent_loss.detach()
+            if algo.use_kl_loss:
+                kl_loss = aggregate(kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode,
+                                    **norm)
+                loss = loss + algo.kl_loss_coef * kl_loss
+                sums["kl_loss"] += kl_loss.detach()
+            # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss.
+            (loss * self.world_size).backward()
+            n = mask.sum()
+            sums["loss"] += loss.detach()
+            sums["pg_loss"] += pg.detach()
+            for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"):
+                sums[key] += stats[key] * n
+            sums["update_tokens"] += n
+        norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
+        return float(norm_value.full_tensor() if hasattr(norm_value, "full_tensor") else norm_value)
 
     @staticmethod
     def _value_stats(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -261,9 +289,9 @@ class PolicyTrainer:
         return {"values_mean": v.mean().item() if v.numel() else 0.0,
                 "returns_mean": r.mean().item() if r.numel() else 0.0, "vf_explained_var": explained}
 
-    def _metrics(self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int
-                 ) -> dict[str, float]:
-        epochs = self.config.algorithm.ppo_epochs
+    def _metrics(self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int,
+                 n_mini: int) -> dict[str, float]:
+        epochs = self.config.algorithm.ppo_epochs * n_mini  # loss sums hold one normalised loss per optimizer step
         tokens = max(batch.response_mask.sum().item(), 1.0)
         update_tokens = max(s["update_tokens"], 1.0)
         versions = batch.policy_versions[batch.response_mask > 0]

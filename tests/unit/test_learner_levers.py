@@ -129,3 +129,50 @@ def test_train_step_same_with_activation_checkpointing(model_dir):
     assert [n for n, _ in ckpt_w] == [n for n, _ in plain_w]
     for (name, a), (_, b) in zip(plain_w, ckpt_w):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_one_mini_batch_is_the_whole_batch(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=7)
+    whole = PolicyTrainer(make_config(ppo_epochs=2), model_dir).train_step(trajs)
+    for size in (8, 100):
+        same = PolicyTrainer(make_config(ppo_epochs=2, ppo_mini_batch_size=size), model_dir).train_step(trajs)
+        assert untimed(same) == untimed(whole)
+
+
+def test_mini_batches_match_a_hand_written_loop(model_dir):
+    """2 mini-batches x 2 epochs = 4 optimizer steps, each on its mini-batch's mean loss; the learning-rate
+    schedule advances once per learner step (warm-up: every optimizer step of step 0 runs at lr / 4)."""
+    from services.learner.advantages import build_estimator
+    from services.learner.batch import collate
+    from services.learner.losses import policy_loss
+    from services.learner.model import load_model
+
+    trajs = synthetic_trajectories(8, 4, seed=7)
+    config = make_config(ppo_epochs=2, ppo_mini_batch_size=4, entropy_coeff=0.0, tis_cap=0.0, lr_warmup_steps=4)
+    algo = config.algorithm
+    trainer = PolicyTrainer(config, model_dir)
+    metrics = trainer.train_step(trajs)
+    assert trainer.step == 1 and trainer.scheduler.last_epoch == 1
+    assert {int(s["step"]) for s in trainer.optimizer.state.values()} == {4}
+    assert metrics["lr"] == pytest.approx(algo.lr / 4)
+
+    model = load_model(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr / 4, weight_decay=algo.weight_decay)
+    batch = collate(trajs, 0, allocation=config.reward.allocation, gamma=config.reward.gamma)
+    with torch.no_grad():
+        old = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    advantages, _ = build_estimator(algo).advantages_and_returns(
+        batch.token_rewards, batch.response_mask, batch.group_index, values=None, gamma=algo.gamma, lam=algo.lam)
+    for _ in range(2):
+        for rows in (slice(0, 4), slice(4, 8)):
+            mini = batch.select(rows)
+            optimizer.zero_grad()
+            logprobs = token_logprobs(model, mini.input_ids, mini.attention_mask)
+            loss, _ = policy_loss(logprobs, old[rows], advantages[rows], mini.response_mask, algo.clip_ratio_low,
+                                  algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), algo.grad_clip)
+            optimizer.step()
+    expected = model.state_dict()
+    for name, weight in trainer.named_weights_for_push():
+        torch.testing.assert_close(weight, expected[name], rtol=1e-4, atol=1e-5, msg=name)
