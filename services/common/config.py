@@ -225,6 +225,8 @@ class LearnerConfig(Section):
     """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
+    compile: bool = False
+    """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP)."""
 
 
 class TrainConfig(Section):

@@ -21,7 +21,8 @@ class Critic:
         self.config = config
         self.model = load_value_model(model_path, dtype)
         parallelize(self.model, device, mixed_precision_bf16=mixed,
-                    activation_checkpointing=config.learner.activation_checkpointing)
+                    activation_checkpointing=config.learner.activation_checkpointing,
+                    compile_layers=config.learner.compile)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
 

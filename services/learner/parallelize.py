@@ -13,11 +13,15 @@ from services.learner import fsdp
 
 
 def parallelize(model: nn.Module, device: torch.device, *, mixed_precision_bf16: bool = False,
-                activation_checkpointing: bool = False) -> nn.Module:
+                activation_checkpointing: bool = False, compile_layers: bool = False) -> nn.Module:
     """Applies the levers to `model` in place and returns it sharded on `device`."""
-    if activation_checkpointing:
-        for layer in fsdp.decoder_layers(model):
+    for layer in fsdp.decoder_layers(model):
+        if activation_checkpointing:
             checkpoint_activations(layer)
+        if compile_layers:
+            # per layer, not the whole model: FSDP's hooks between layers stay outside the compiled graphs,
+            # and identical layers reuse one compiled graph
+            layer.compile()
     return fsdp.shard_model(model, device, mixed_precision_bf16=mixed_precision_bf16)
 
 

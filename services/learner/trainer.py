@@ -78,7 +78,8 @@ class PolicyTrainer:
         self.model = load_model(model_path, load_dtype)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(self.model, self.device, mixed_precision_bf16=mixed,
-                    activation_checkpointing=config.learner.activation_checkpointing)
+                    activation_checkpointing=config.learner.activation_checkpointing,
+                    compile_layers=config.learner.compile)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
@@ -111,7 +112,9 @@ class PolicyTrainer:
         size = self.config.algorithm.micro_batch_size
         shares = rows.tensor_split(self.world_size)
         n_micro = math.ceil(len(shares[0]) / size)
-        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in shares[self.rank].split(size)]
+        # a share may be empty (a mini-batch smaller than the world): then this rank runs fillers only
+        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk)
+               for chunk in shares[self.rank].split(size) if len(chunk)]
         while len(out) < n_micro:
             mb = batch.select(slice(0, 1)).trim()
             mb.response_mask = torch.zeros_like(mb.response_mask)

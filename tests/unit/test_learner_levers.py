@@ -176,3 +176,16 @@ def test_mini_batches_match_a_hand_written_loop(model_dir):
     expected = model.state_dict()
     for name, weight in trainer.named_weights_for_push():
         torch.testing.assert_close(weight, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # inductor compiles the layer graphs with a C++ compiler: tens of seconds on CPU
+def test_train_step_same_with_compiled_layers(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=8)
+    plain = untimed(PolicyTrainer(make_config({"activation_checkpointing": True}), model_dir).train_step(trajs))
+    trainer = PolicyTrainer(make_config({"activation_checkpointing": True, "compile": True}), model_dir)
+    compiled = untimed(trainer.train_step(trajs))
+    assert [n for n, _ in trainer.named_weights_for_push()][:3] == ["model.embed_tokens.weight",
+                                                                      "model.layers.0.self_attn.q_proj.weight",
+                                                                      "model.layers.0.self_attn.k_proj.weight"]
+    for key, value in plain.items():
+        assert compiled[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
