@@ -20,13 +20,13 @@ import torch
 from services.common.config import TrainConfig
 from services.common.trajectory import Trajectory
 from services.learner import checkpoint, fsdp
-from services.learner.parallelize import parallelize
 from services.learner.advantages import build_estimator
 from services.learner.batch import TrainBatch, collate
 from services.learner.critic import Critic
 from services.learner.kl import build_kl_controller, kl_estimate
 from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, truncated_is_weights
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
+from services.learner.parallelize import parallelize
 from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_scheduler, restore_scheduler
 
@@ -42,12 +42,6 @@ class NonFiniteUpdate(FloatingPointError):
 
 
 @dataclass
-class _Mini:
-    micro: list["_Micro"]  # this rank's micro-batches of the mini-batch
-    norm: dict[str, float]  # its global num_tokens and num_seqs, the loss divisors
-
-
-@dataclass
 class _Micro:
     batch: TrainBatch
     rows: Optional[torch.Tensor]  # its rows in the global batch; None for a filler (all-masked) micro-batch
@@ -57,6 +51,12 @@ class _Micro:
     is_weights: Optional[torch.Tensor] = None
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
+
+
+@dataclass
+class _Mini:
+    micro: list[_Micro]  # this rank's micro-batches of the mini-batch
+    norm: dict[str, float]  # its global num_tokens and num_seqs, the loss divisors
 
 
 class PolicyTrainer:
