@@ -170,6 +170,8 @@ class AlgorithmConfig(Section):
     """Passes over each batch."""
     micro_batch_size: int = Field(16, ge=1, le=65536)
     """Sequences per forward/backward; gradients accumulate across micro-batches."""
+    ppo_mini_batch_size: int = Field(0, ge=0, le=1_000_000)
+    """Sequences per optimizer step (consecutive, in batch order); 0: the whole batch, one step per epoch."""
     max_staleness: int = Field(0, ge=0, le=1000)
     """Rollout may run this many policy versions ahead of the learner; 0 is synchronous on-policy."""
     clip_ratio_c: float = Field(3.0, gt=1, le=1e6)
@@ -241,6 +243,12 @@ class LearnerConfig(Section):
     """Registered weight transport; `none` trains on the stream without rollout servers (recorded batches)."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
+    logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)
+    """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
+    compile: bool = False
+    """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP)."""
 
 
 class TrainConfig(Section):

@@ -3,7 +3,7 @@ FSDP-sharded, with its own AdamW and learning-rate schedule, trained on the clip
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Sequence
 
 import torch
 
@@ -11,6 +11,7 @@ from services.common.config import TrainConfig
 from services.learner import fsdp
 from services.learner.losses import value_loss
 from services.learner.model import load_value_model, token_values
+from services.learner.parallelize import parallelize
 from services.learner.schedule import build_scheduler
 
 
@@ -19,7 +20,9 @@ class Critic:
         algo = config.algorithm
         self.config = config
         self.model = load_value_model(model_path, dtype)
-        fsdp.shard_model(self.model, device, mixed_precision_bf16=mixed)
+        parallelize(self.model, device, mixed_precision_bf16=mixed,
+                    activation_checkpointing=config.learner.activation_checkpointing,
+                    compile_layers=config.learner.compile)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
 
@@ -27,28 +30,30 @@ class Critic:
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return token_values(self.model, input_ids, attention_mask)
 
-    def update(self, micro: Iterable, sums: dict[str, torch.Tensor], *, num_tokens: float, num_seqs: float
+    def update(self, minis: Sequence[tuple[Sequence[Any], dict[str, float]]], sums: dict[str, torch.Tensor]
                ) -> list[float]:
-        """`ppo_epochs` passes over the micro-batches (each with .batch, .values, .returns); accumulates
-        vf_loss and per-token stats into `sums`; returns the gradient norm of each pass."""
+        """`ppo_epochs` passes over the mini-batches, each (micro-batches with .batch, .values, .returns; its
+        num_tokens and num_seqs) one optimizer step; accumulates vf_loss and per-token stats into `sums`;
+        returns the gradient norm of each optimizer step. The schedule advances once."""
         algo, world = self.config.algorithm, fsdp.world_size()
-        micro, norms = list(micro), []
+        norms = []
         for _ in range(algo.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for m in micro:
-                mask = m.batch.response_mask
-                v = token_values(self.model, m.batch.input_ids, m.batch.attention_mask)
-                loss, stats = value_loss(v, m.values, m.returns, mask, algo.value_clip, algo.loss_agg_mode,
-                                         num_tokens=num_tokens, num_seqs=num_seqs)
-                (loss * world).backward()
-                n = mask.sum()
-                sums["vf_loss"] += loss.detach()
-                sums["vf_clip_frac"] += stats["vf_clip_frac"] * n
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
-            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            norms.append(norm)
-            if math.isfinite(norm):
-                self.optimizer.step()
+            for micro, norm in minis:
+                self.optimizer.zero_grad(set_to_none=True)
+                for m in micro:
+                    mask = m.batch.response_mask
+                    v = token_values(self.model, m.batch.input_ids, m.batch.attention_mask)
+                    loss, stats = value_loss(v, m.values, m.returns, mask, algo.value_clip, algo.loss_agg_mode,
+                                             **norm)
+                    (loss * world).backward()
+                    n = mask.sum()
+                    sums["vf_loss"] += loss.detach()
+                    sums["vf_clip_frac"] += stats["vf_clip_frac"] * n
+                total = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
+                total = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+                norms.append(total)
+                if math.isfinite(total):
+                    self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return norms

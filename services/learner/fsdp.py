@@ -89,7 +89,9 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision_bf16: bo
     """FSDP2: `fully_shard` on each decoder layer, then on the root (embeddings and head). Moves the
     model to `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    from services.learner.model import TOKEN_STATS_METHOD
 
     mesh = init_device_mesh(device.type, (world_size(),))
     mp = MixedPrecisionPolicy()
@@ -99,6 +101,8 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision_bf16: bo
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    if hasattr(model, TOKEN_STATS_METHOD):  # it runs the root's layers and head outside `forward`
+        register_fsdp_forward_method(model, TOKEN_STATS_METHOD)
     return model
 
 

@@ -1,9 +1,21 @@
-"""The policy network: a Hugging Face causal LM, and its per-token logprobs."""
+"""The policy network: a Hugging Face causal LM, and its per-token logprobs.
+
+Two paths to the logprobs: dense (the model's [B, T, V] logits, then log-softmax in fp32) and chunked
+(`chunk_tokens` > 0: the final hidden states, then the LM head and an fp32 log-softmax on `chunk_tokens`
+positions at a time, each chunk recomputed in the backward pass rather than kept), so no [B, T, V]
+fp32 tensor ever exists. Both give the same values and gradients up to float rounding."""
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from services.learner.batch import entropy_from_logits, logprobs_from_logits
+
+TOKEN_STATS_METHOD = "token_stats"
+"""The model method that computes chunked logprobs; FSDP must treat it as a forward (`fsdp.shard_model`)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -14,6 +26,7 @@ def load_model(path: str, dtype: str = "float32") -> torch.nn.Module:
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     model.config.use_cache = False
+    setattr(model, TOKEN_STATS_METHOD, functools.partial(_chunked_token_stats, model))
     return model.eval()
 
 
@@ -21,15 +34,68 @@ def _logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   chunk_tokens: int = 0) -> torch.Tensor:
     """[B, T] float32: position t = log p(token t | tokens < t), position 0 = 0."""
+    if _chunkable(model, chunk_tokens):
+        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, False)[0]
     return logprobs_from_logits(_logits(model, input_ids, attention_mask), input_ids)
 
 
-def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                               chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    if _chunkable(model, chunk_tokens):
+        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, True)
     logits = _logits(model, input_ids, attention_mask)
     return logprobs_from_logits(logits, input_ids), entropy_from_logits(logits)
+
+
+def _chunkable(model: torch.nn.Module, chunk_tokens: int) -> bool:
+    """Models that transform the head's output (soft-capping, logit scaling) keep the dense path."""
+    cfg = model.config
+    plain = getattr(cfg, "final_logit_softcapping", None) is None and getattr(cfg, "logit_scale", None) is None
+    return chunk_tokens > 0 and plain
+
+
+def _token_stats(model: torch.nn.Module):
+    return getattr(model, TOKEN_STATS_METHOD, None) or functools.partial(_chunked_token_stats, model)
+
+
+def _chunked_token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         chunk_tokens: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    head = model.get_output_embeddings()
+    b, t = input_ids.shape
+    flat = hidden.reshape(b * t, -1)
+    # position t's hidden state predicts token t + 1; the last column's target is a placeholder, dropped below
+    targets = F.pad(input_ids[:, 1:], (0, 1)).reshape(-1)
+    logps, ents = [], []
+    for start in range(0, b * t, chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        args = (flat[rows], head.weight, head.bias, targets[rows], with_entropy)
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        logps.append(lp)
+        ents.append(ent)
+
+    def unflatten(parts: list[torch.Tensor]) -> torch.Tensor:
+        return F.pad(torch.cat(parts).reshape(b, t)[:, :-1], (1, 0))
+
+    return unflatten(logps), unflatten(ents)
+
+
+def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, with_entropy: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(hidden, weight, bias).float()
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = picked - torch.logsumexp(logits, dim=-1)
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
 
 
 def load_value_model(path: str, dtype: str = "float32") -> torch.nn.Module:

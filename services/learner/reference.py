@@ -7,22 +7,25 @@ import torch
 
 from services.learner import fsdp
 from services.learner.model import load_model, token_logprobs
+from services.learner.parallelize import parallelize
 
 
 class ReferencePolicy:
-    def __init__(self, model_path: str, dtype: str, device: torch.device, mixed_precision_bf16: bool):
+    def __init__(self, model_path: str, dtype: str, device: torch.device, mixed_precision_bf16: bool,
+                 chunk_tokens: int = 0):
         from services.common.weights import checksum
 
         self.model = load_model(model_path, dtype)
+        self.chunk_tokens = chunk_tokens
         self.model.requires_grad_(False)
         digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None
         self.identity: dict[str, Any] = {"path": str(model_path), "checksum": fsdp.broadcast_object(digest)}
         """Where the weights came from and their checksum; checkpoints record it, resume checks it."""
-        fsdp.shard_model(self.model, device, mixed_precision_bf16=mixed_precision_bf16)
+        parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return token_logprobs(self.model, input_ids, attention_mask)
+        return token_logprobs(self.model, input_ids, attention_mask, self.chunk_tokens)
 
     def check(self, saved: dict[str, Any]) -> None:
         """Refuses to resume against other reference weights than the checkpointed run used."""

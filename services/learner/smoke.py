@@ -18,6 +18,11 @@ PPO_CASE = "ppo"
 """A case beside the aggregation modes: GAE with a critic, KL in the reward and as a loss, entropy bonus."""
 PPO_SETTINGS = {"advantage": "gae", "lam": 0.9, "critic_lr": 1e-2, "use_kl_in_reward": True, "kl_ctrl": "adaptive",
                 "use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coeff": 0.01, "lr_warmup_steps": 1}
+LEVERS_CASE = "levers"
+"""The PPO case with every scale lever on: mini-batches (one of a single sequence), activation checkpointing
+and chunked logprobs whose chunks do not divide the token count."""
+LEVERS_SETTINGS = {**PPO_SETTINGS, "ppo_mini_batch_size": 3}
+LEVERS_LEARNER = {"activation_checkpointing": True, "logprob_chunk_tokens": 5}
 
 
 def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, tie: bool = False) -> Path:
@@ -66,9 +71,10 @@ def run(model_path: str, *, agg_modes: list[str], steps: int = 2, num: int = 7, 
 
     results: dict[str, Any] = {}
     for mode in agg_modes:
-        extra = PPO_SETTINGS if mode == PPO_CASE else {"loss_agg_mode": mode}
+        extra = {PPO_CASE: PPO_SETTINGS, LEVERS_CASE: LEVERS_SETTINGS}.get(mode, {"loss_agg_mode": mode})
+        learner = LEVERS_LEARNER if mode == LEVERS_CASE else {}
         config = TrainConfig.model_validate({
-            "rollout": {"group_size": group_size}, "learner": {"device": device}, "model": {"dtype": dtype},
+            "rollout": {"group_size": group_size}, "learner": {"device": device, **learner}, "model": {"dtype": dtype},
             "algorithm": {"micro_batch_size": micro_batch_size, "ppo_epochs": ppo_epochs,
                           "lr": 1e-2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.15, **extra}})
         trainer = PolicyTrainer(config, model_path)
@@ -93,7 +99,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--model", help="model directory (default: build a tiny random Llama)")
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
     parser.add_argument("--agg-modes", default=",".join(ALL_AGG_MODES),
-                        help=f"comma-separated aggregation modes, and/or `{PPO_CASE}` (critic + KL terms)")
+                        help=f"comma-separated aggregation modes, and/or `{PPO_CASE}` (critic + KL terms), "
+                             f"`{LEVERS_CASE}` (the same with the scale levers on)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--checkpoint-dir", help="also check a save/load round trip under this folder")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])

@@ -3,7 +3,10 @@ and calls each public method with the same arguments (same trajectories, same or
 
 A step: collate the global batch; score it without gradients on this rank's share (old and reference
 logprobs, critic values), gather those to every rank; KL penalty into the rewards (optional); advantages
-on the whole batch; then `ppo_epochs` passes of the policy (and critic) over this rank's micro-batches."""
+on the whole batch; then `ppo_epochs` passes of the policy (and critic). A pass takes one optimizer step per
+mini-batch (`ppo_mini_batch_size` consecutive sequences of the batch, in order; the whole batch by default),
+its gradient accumulated over this rank's micro-batches of that mini-batch, its loss normalised by the
+mini-batch's own token and sequence counts. The learning-rate schedule advances once per step."""
 from __future__ import annotations
 
 import math
@@ -23,6 +26,7 @@ from services.learner.critic import Critic
 from services.learner.kl import build_kl_controller, kl_estimate
 from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, truncated_is_weights
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
+from services.learner.parallelize import parallelize
 from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_scheduler, restore_scheduler
 
@@ -49,6 +53,12 @@ class _Micro:
     returns: Optional[torch.Tensor] = None
 
 
+@dataclass
+class _Mini:
+    micro: list[_Micro]  # this rank's micro-batches of the mini-batch
+    norm: dict[str, float]  # its global num_tokens and num_seqs, the loss divisors
+
+
 class PolicyTrainer:
     """FSDP-sharded policy, AdamW with its schedule, and the PPO/GRPO-family update; a critic when the
     estimator needs values, a frozen reference when a KL term is on. `step` counts completed `train_step`
@@ -67,7 +77,9 @@ class PolicyTrainer:
         load_dtype = "float32" if mixed else config.model.dtype
         self.model = load_model(model_path, load_dtype)
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        fsdp.shard_model(self.model, self.device, mixed_precision_bf16=mixed)
+        parallelize(self.model, self.device, mixed_precision_bf16=mixed,
+                    activation_checkpointing=config.learner.activation_checkpointing,
+                    compile_layers=config.learner.compile)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
@@ -76,19 +88,33 @@ class PolicyTrainer:
             self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
         self.reference = None
         if algo.use_kl_in_reward or algo.use_kl_loss:
-            self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed)
+            self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed,
+                                             config.learner.logprob_chunk_tokens)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
         self.policy_version = 0
 
     # -- batch layout ----------------------------------------------------------------------
-    def _local_micro_batches(self, batch: TrainBatch) -> list[_Micro]:
-        """This rank's share of the sequences in micro-batches, topped up with empty (mask 0) micro-batches
+    def _mini_batches(self, batch: TrainBatch) -> list[_Mini]:
+        """Consecutive mini-batches of `ppo_mini_batch_size` sequences (0 or more than the batch: one)."""
+        size = self.config.algorithm.ppo_mini_batch_size or batch.size
+        out = []
+        for rows in torch.arange(batch.size).split(max(size, 1)):
+            mask = batch.response_mask[rows]
+            norm = {"num_tokens": max(mask.sum().item(), 1.0),
+                    "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
+            out.append(_Mini(self._local_micro_batches(batch, rows), norm))
+        return out
+
+    def _local_micro_batches(self, batch: TrainBatch, rows: torch.Tensor) -> list[_Micro]:
+        """This rank's share of `rows` in micro-batches, topped up with empty (mask 0) micro-batches
         so that every rank runs the same number of forward/backward passes (FSDP's collectives)."""
         size = self.config.algorithm.micro_batch_size
-        shares = torch.arange(batch.size).tensor_split(self.world_size)
+        shares = rows.tensor_split(self.world_size)
         n_micro = math.ceil(len(shares[0]) / size)
-        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in shares[self.rank].split(size)]
+        # a share may be empty (a mini-batch smaller than the world): then this rank runs fillers only
+        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk)
+               for chunk in shares[self.rank].split(size) if len(chunk)]
         while len(out) < n_micro:
             mb = batch.select(slice(0, 1)).trim()
             mb.response_mask = torch.zeros_like(mb.response_mask)
@@ -107,11 +133,11 @@ class PolicyTrainer:
     # -- one step ---------------------------------------------------------------------------
     def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor]) -> None:
         """Old (pre-update) logprobs, reference logprobs, values and importance weights, without gradients."""
-        cap = self.config.algorithm.tis_cap
+        cap, chunk = self.config.algorithm.tis_cap, self.config.learner.logprob_chunk_tokens
         with torch.no_grad():
             for m in micro:
                 b, mask = m.batch, m.batch.response_mask
-                m.old_logprobs, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask)
+                m.old_logprobs, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
                 sums["mismatch_kl"] += (k3_kl(m.old_logprobs, b.rollout_logprobs) * mask).sum()
                 sums["entropy"] += (ent * mask).sum()
                 if self.reference is not None:
@@ -164,8 +190,8 @@ class PolicyTrainer:
         algo, reward = self.config.algorithm, self.config.reward
         batch = collate(trajectories, self.pad_id, allocation=reward.allocation, gamma=reward.gamma)
         mask = batch.response_mask
-        norm = {"num_tokens": max(mask.sum().item(), 1.0), "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
-        micro = self._local_micro_batches(batch)
+        minis = self._mini_batches(batch)
+        micro = [m for mini in minis for m in mini.micro]
         sums = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in _SUMS}
         extra: dict[str, float] = {"lr": self.optimizer.param_groups[0]["lr"]}
 
@@ -187,67 +213,75 @@ class PolicyTrainer:
         scored = time.perf_counter()
         extra["time/score_s"] = scored - start  # these phases end in a host sync (gather, grad norm)
 
-        grad_norms, skipped = self._update_policy(micro, sums, norm, dry_run)
+        grad_norms, skipped = self._update_policy(minis, sums, dry_run)
         if dry_run:
             return {"grad_norm": grad_norms[-1]}
         extra["time/policy_update_s"] = time.perf_counter() - scored
         if self.critic is not None:
             extra["critic_lr"] = self.critic.optimizer.param_groups[0]["lr"]
             updated = time.perf_counter()
-            critic_norms = self.critic.update(micro, sums, **norm)
+            critic_norms = self.critic.update([(mini.micro, mini.norm) for mini in minis], sums)
             extra["time/critic_update_s"] = time.perf_counter() - updated
             extra.update(critic_grad_norm=critic_norms[-1], **self._value_stats(values, returns, mask))
         self.scheduler.step()
         self.step += 1
         totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
-        return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped), **extra}
+        return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
 
-    def _update_policy(self, micro: list[_Micro], sums: dict[str, torch.Tensor], norm: dict[str, float],
-                       dry_run: bool = False) -> tuple[list[float], int]:
+    def _update_policy(self, minis: list[_Mini], sums: dict[str, torch.Tensor], dry_run: bool = False
+                       ) -> tuple[list[float], int]:
+        """One optimizer step per mini-batch and epoch; returns each step's gradient norm and how many steps
+        a non-finite norm skipped."""
         algo = self.config.algorithm
         grad_norms, skipped = [], 0
-        for epoch in range(1 if dry_run else algo.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for m in micro:
-                b, mask = m.batch, m.batch.response_mask
-                if algo.entropy_coeff > 0:
-                    lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask)
+        for _ in range(1 if dry_run else algo.ppo_epochs):
+            for mini in minis:
+                norm_value = self._accumulate_policy_gradient(mini, sums)
+                grad_norms.append(norm_value)
+                if not math.isfinite(norm_value) and (len(grad_norms) == 1 or dry_run):  # nothing applied yet
+                    raise NonFiniteUpdate(f"non-finite gradient norm {norm_value} (loss {float(sums['loss']):.4g})")
+                if dry_run:
+                    break
+                if math.isfinite(norm_value):
+                    self.optimizer.step()
                 else:
-                    lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask), None
-                pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
-                                        algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
-                                        is_weights=m.is_weights, **norm)
-                loss = pg
-                if ent is not None:
-                    ent_loss = aggregate(ent, mask, algo.loss_agg_mode, **norm)
-                    loss = loss - algo.entropy_coeff * ent_loss
-                    sums["entropy_loss"] += ent_loss.detach()
-                if algo.use_kl_loss:
-                    kl_loss = aggregate(kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode,
-                                        **norm)
-                    loss = loss + algo.kl_loss_coef * kl_loss
-                    sums["kl_loss"] += kl_loss.detach()
-                # FSDP averages gradients over ranks; the partial losses already sum to the batch loss.
-                (loss * self.world_size).backward()
-                n = mask.sum()
-                sums["loss"] += loss.detach()
-                sums["pg_loss"] += pg.detach()
-                for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"):
-                    sums[key] += stats[key] * n
-                sums["update_tokens"] += n
-            norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
-            norm_value = float(norm_value.full_tensor() if hasattr(norm_value, "full_tensor") else norm_value)
-            grad_norms.append(norm_value)
-            if not math.isfinite(norm_value) and (epoch == 0 or dry_run):  # the input's fault: nothing applied yet
-                raise NonFiniteUpdate(f"non-finite gradient norm {norm_value} (loss {float(sums['loss']):.4g})")
-            if dry_run:
-                break
-            if math.isfinite(norm_value):
-                self.optimizer.step()
-            else:
-                skipped += 1
+                    skipped += 1
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norms, skipped
+
+    def _accumulate_policy_gradient(self, mini: _Mini, sums: dict[str, torch.Tensor]) -> float:
+        """Forward and backward over the mini-batch's micro-batches; returns the clipped gradient's norm."""
+        algo, chunk, norm = self.config.algorithm, self.config.learner.logprob_chunk_tokens, mini.norm
+        self.optimizer.zero_grad(set_to_none=True)
+        for m in mini.micro:
+            b, mask = m.batch, m.batch.response_mask
+            if algo.entropy_coeff > 0:
+                lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
+            else:
+                lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk), None
+            pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
+                                    algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
+                                    is_weights=m.is_weights, **norm)
+            loss = pg
+            if ent is not None:
+                ent_loss = aggregate(ent, mask, algo.loss_agg_mode, **norm)
+                loss = loss - algo.entropy_coeff * ent_loss
+                sums["entropy_loss"] += ent_loss.detach()
+            if algo.use_kl_loss:
+                kl_loss = aggregate(kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode,
+                                    **norm)
+                loss = loss + algo.kl_loss_coef * kl_loss
+                sums["kl_loss"] += kl_loss.detach()
+            # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss.
+            (loss * self.world_size).backward()
+            n = mask.sum()
+            sums["loss"] += loss.detach()
+            sums["pg_loss"] += pg.detach()
+            for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"):
+                sums[key] += stats[key] * n
+            sums["update_tokens"] += n
+        norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
+        return float(norm_value.full_tensor() if hasattr(norm_value, "full_tensor") else norm_value)
 
     @staticmethod
     def _value_stats(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -258,9 +292,9 @@ class PolicyTrainer:
         return {"values_mean": v.mean().item() if v.numel() else 0.0,
                 "returns_mean": r.mean().item() if r.numel() else 0.0, "vf_explained_var": explained}
 
-    def _metrics(self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int
-                 ) -> dict[str, float]:
-        epochs = self.config.algorithm.ppo_epochs
+    def _metrics(self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int,
+                 n_mini: int) -> dict[str, float]:
+        epochs = self.config.algorithm.ppo_epochs * n_mini  # loss sums hold one normalised loss per optimizer step
         tokens = max(batch.response_mask.sum().item(), 1.0)
         update_tokens = max(s["update_tokens"], 1.0)
         versions = batch.policy_versions[batch.response_mask > 0]

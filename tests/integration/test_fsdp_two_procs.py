@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from services.learner.smoke import ALL_AGG_MODES, PPO_CASE, build_tiny_llama, run
+from services.learner.smoke import ALL_AGG_MODES, LEVERS_CASE, PPO_CASE, build_tiny_llama, run
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = ALL_AGG_MODES + [PPO_CASE]
+CASES = ALL_AGG_MODES + [PPO_CASE, LEVERS_CASE]
 
 
 def untimed(metrics):
@@ -50,12 +50,13 @@ def test_two_processes_match_one(results, mode):
     one, two, _ = results
     assert close(two[mode]["checksum"], one[mode]["checksum"])
     keys = ["loss", "grad_norm", "clip_frac", "approx_kl", "ratio_mean", "mismatch_kl", "entropy"]
-    if mode == PPO_CASE:  # critic, reference and KL controller are sharded and gathered the same way
+    if mode in (PPO_CASE, LEVERS_CASE):  # critic, reference and KL controller: sharded, gathered the same way
         keys += ["vf_loss", "critic_grad_norm", "vf_explained_var", "kl_ref", "kl_loss", "kl_in_reward", "kl_coef",
                  "entropy_loss", "values_mean"]
+    rel = 1e-4 if mode == LEVERS_CASE else 1e-5  # 3x the optimizer steps: Adam compounds the rounding
     for m1, m2 in zip(one[mode]["metrics"], two[mode]["metrics"], strict=True):
         for key in keys:
-            assert close(m2[key], m1[key]), (key, m1[key], m2[key])
+            assert close(m2[key], m1[key], rel=rel), (key, m1[key], m2[key])
         for key in ("num_trajectories", "num_tokens", "reward_mean", "policy_version_max"):
             assert m2[key] == m1[key]
     assert one[mode]["metrics"][0]["clip_frac"] > 0  # the second PPO epoch clips: the path is exercised

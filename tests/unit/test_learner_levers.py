@@ -1,0 +1,191 @@
+"""Scale levers of the learner: each must leave the numbers as they are without it."""
+import pytest
+import torch
+
+from services.common.config import TrainConfig
+from services.learner.model import token_logprobs, token_logprobs_and_entropy
+from services.learner.smoke import build_tiny_llama, synthetic_trajectories
+from services.learner.trainer import PolicyTrainer
+
+
+def untimed(metrics):
+    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="module")
+def tiny64(model_dir):
+    from services.learner.model import load_model
+
+    return load_model(model_dir, "float32").double()
+
+
+def make_config(learner=None, **algorithm):
+    return TrainConfig.model_validate({
+        "seed": 1, "rollout": {"group_size": 4}, "learner": {"device": "cpu", **(learner or {})},
+        "algorithm": {"lr": 3e-3, "micro_batch_size": 3, "entropy_coeff": 0.01, **algorithm}})
+
+
+def _inputs(batch=3, length=8):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 64, (batch, length), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # a padded row
+    return ids, mask
+
+
+def _stats_and_grads(model, chunk):
+    ids, mask = _inputs()
+    model.zero_grad(set_to_none=True)
+    lp, ent = token_logprobs_and_entropy(model, ids, mask, chunk)
+    weights = torch.linspace(-1.0, 1.0, lp.numel(), dtype=lp.dtype).reshape(lp.shape)
+    ((lp * weights).sum() + (ent * weights.flip(-1)).sum()).backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 1000])  # 24 positions: divides, does not, larger than all
+def test_chunked_logprobs_entropy_and_gradients_equal_dense(tiny64, chunk):
+    lp, ent, grads = _stats_and_grads(tiny64, 0)
+    lp_c, ent_c, grads_c = _stats_and_grads(tiny64, chunk)
+    # a float64 model, but both paths take the log-softmax in float32: float32 rounding is the tolerance
+    torch.testing.assert_close(lp_c, lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent_c, ent, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == grads_c.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_c[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    ids, mask = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(tiny64, ids, mask, chunk), lp, rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_backward_keeps_no_full_logits(tmp_path):
+    """The autograd graph keeps no logits but the chunk's: each chunk's are recomputed in the backward."""
+    from services.learner.model import load_model
+
+    vocab, saved = 101, []
+    model = load_model(str(build_tiny_llama(tmp_path / "m", vocab_size=vocab)))
+    ids, mask = _inputs(batch=4, length=32)
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs_and_entropy(model, ids, mask, 16)
+        chunked_saved = list(saved)
+        saved.clear()
+        token_logprobs_and_entropy(model, ids, mask, 0)
+    assert any(s[-1:] == (vocab,) and s[0] * s[1] >= 4 * 31 for s in saved if len(s) == 3)  # the dense logits
+    assert not [s for s in chunked_saved if s[-1:] == (vocab,) and s[0] != vocab]
+
+
+def test_train_step_same_with_chunked_logprobs(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=5)
+    dense = PolicyTrainer(make_config({"logprob_chunk_tokens": 0}), model_dir).train_step(trajs)
+    chunked = PolicyTrainer(make_config({"logprob_chunk_tokens": 7}), model_dir).train_step(trajs)
+    assert untimed(chunked).keys() == untimed(dense).keys()
+    for key, value in untimed(dense).items():
+        assert chunked[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_activation_checkpointing_same_gradients_fewer_saved_tensors(model_dir):
+    from services.learner import fsdp
+    from services.learner.model import load_model
+    from services.learner.parallelize import checkpoint_activations
+
+    plain, ckpt = load_model(model_dir), load_model(model_dir)
+    for layer in fsdp.decoder_layers(ckpt):
+        checkpoint_activations(layer)
+    assert [n for n, _ in ckpt.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    counts = []
+    for model in (plain, ckpt):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
+            _stats_and_grads(model, 0)
+        counts.append(len(saved))
+    assert counts[1] < counts[0] / 2
+    lp, ent, grads = _stats_and_grads(plain, 0)
+    lp_c, ent_c, grads_c = _stats_and_grads(ckpt, 0)
+    torch.testing.assert_close(lp_c, lp, rtol=0, atol=0)
+    for name in grads:
+        torch.testing.assert_close(grads_c[name], grads[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_train_step_same_with_activation_checkpointing(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=6)
+    settings = {"advantage": "gae", "lam": 0.9, "critic_lr": 1e-2, "ppo_epochs": 2}
+    runs = []
+    for on in (False, True):
+        trainer = PolicyTrainer(make_config({"activation_checkpointing": on}, **settings), model_dir)
+        runs.append((untimed(trainer.train_step(trajs)), trainer.named_weights_for_push()))
+    (plain, plain_w), (ckpt, ckpt_w) = runs
+    assert ckpt.keys() == plain.keys()
+    for key, value in plain.items():
+        assert ckpt[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert [n for n, _ in ckpt_w] == [n for n, _ in plain_w]
+    for (name, a), (_, b) in zip(plain_w, ckpt_w):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_one_mini_batch_is_the_whole_batch(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=7)
+    whole = PolicyTrainer(make_config(ppo_epochs=2), model_dir).train_step(trajs)
+    for size in (8, 100):
+        same = PolicyTrainer(make_config(ppo_epochs=2, ppo_mini_batch_size=size), model_dir).train_step(trajs)
+        assert untimed(same) == untimed(whole)
+
+
+def test_mini_batches_match_a_hand_written_loop(model_dir):
+    """2 mini-batches x 2 epochs = 4 optimizer steps, each on its mini-batch's mean loss; the learning-rate
+    schedule advances once per learner step (warm-up: every optimizer step of step 0 runs at lr / 4)."""
+    from services.learner.advantages import build_estimator
+    from services.learner.batch import collate
+    from services.learner.losses import policy_loss
+    from services.learner.model import load_model
+
+    trajs = synthetic_trajectories(8, 4, seed=7)
+    config = make_config(ppo_epochs=2, ppo_mini_batch_size=4, entropy_coeff=0.0, tis_cap=0.0, lr_warmup_steps=4)
+    algo = config.algorithm
+    trainer = PolicyTrainer(config, model_dir)
+    metrics = trainer.train_step(trajs)
+    assert trainer.step == 1 and trainer.scheduler.last_epoch == 1
+    assert {int(s["step"]) for s in trainer.optimizer.state.values()} == {4}
+    assert metrics["lr"] == pytest.approx(algo.lr / 4)
+
+    model = load_model(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=algo.lr / 4, weight_decay=algo.weight_decay)
+    batch = collate(trajs, 0, allocation=config.reward.allocation, gamma=config.reward.gamma)
+    with torch.no_grad():
+        old = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    advantages, _ = build_estimator(algo).advantages_and_returns(
+        batch.token_rewards, batch.response_mask, batch.group_index, values=None, gamma=algo.gamma, lam=algo.lam)
+    for _ in range(2):
+        for rows in (slice(0, 4), slice(4, 8)):
+            mini = batch.select(rows)
+            optimizer.zero_grad()
+            logprobs = token_logprobs(model, mini.input_ids, mini.attention_mask)
+            loss, _ = policy_loss(logprobs, old[rows], advantages[rows], mini.response_mask, algo.clip_ratio_low,
+                                  algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), algo.grad_clip)
+            optimizer.step()
+    expected = model.state_dict()
+    for name, weight in trainer.named_weights_for_push():
+        torch.testing.assert_close(weight, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # inductor compiles the layer graphs with a C++ compiler: tens of seconds on CPU
+def test_train_step_same_with_compiled_layers(model_dir):
+    trajs = synthetic_trajectories(8, 4, seed=8)
+    plain = untimed(PolicyTrainer(make_config({"activation_checkpointing": True}), model_dir).train_step(trajs))
+    trainer = PolicyTrainer(make_config({"activation_checkpointing": True, "compile": True}), model_dir)
+    compiled = untimed(trainer.train_step(trajs))
+    assert [n for n, _ in trainer.named_weights_for_push()][:3] == ["model.embed_tokens.weight",
+                                                                      "model.layers.0.self_attn.q_proj.weight",
+                                                                      "model.layers.0.self_attn.k_proj.weight"]
+    for key, value in plain.items():
+        assert compiled[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
