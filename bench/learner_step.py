@@ -100,11 +100,13 @@ def main() -> None:
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one extra step")
     parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 on CPU: checks the script, measures nothing")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a run-config override, e.g. learner.activation_checkpointing=true (repeatable)")
     args = parser.parse_args()
 
     import torch
 
-    from services.common.config import TrainConfig
+    from services.common.config import load_config
     from services.learner import fsdp
     from services.learner.trainer import PolicyTrainer
 
@@ -117,12 +119,11 @@ def main() -> None:
         if fsdp.is_rank0() and not (Path(model_dir) / "config.json").is_file():
             build_model(Path(model_dir), TINY if args.tiny else QWEN25_05B)
         fsdp.barrier()
-    config = TrainConfig.model_validate({
-        "seed": 0, "model": {"dtype": "float32" if args.tiny else "bfloat16"},
-        "rollout": {"group_size": args.group_size},
-        "learner": {"device": device_name, "steps": 1000},
-        "algorithm": {"advantage": args.advantage, "micro_batch_size": args.micro_batch, "ppo_epochs": args.ppo_epochs,
-                      "lr": 1e-6, "critic_lr": 1e-6, "use_kl_loss": args.kl_loss}})
+    config = load_config(None, [
+        "seed=0", f"model.dtype={'float32' if args.tiny else 'bfloat16'}", f"rollout.group_size={args.group_size}",
+        f"learner.device={device_name}", "learner.steps=1000", f"algorithm.advantage={args.advantage}",
+        f"algorithm.micro_batch_size={args.micro_batch}", f"algorithm.ppo_epochs={args.ppo_epochs}", "algorithm.lr=1e-6",
+        "algorithm.critic_lr=1e-6", f"algorithm.use_kl_loss={str(args.kl_loss).lower()}", *args.set])
     trainer = PolicyTrainer(config, model_dir)
     hf_config = trainer.model.config
     vocab = hf_config.vocab_size
@@ -170,7 +171,7 @@ def main() -> None:
         "max_memory_gib_per_rank": mem, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
         "torch": torch.__version__,
         "phase_seconds_median": {k.removeprefix("time/"): statistics.median(v) for k, v in phases.items()},
-        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "overrides": args.set,
     }
     if args.profile and cuda:
         from torch.profiler import ProfilerActivity, profile
