@@ -5,6 +5,7 @@ rollout server takes no work before the learner has pushed it the current policy
 resumes from its last committed checkpoint."""
 import os
 import random
+import time
 
 import pytest
 
@@ -14,18 +15,27 @@ pytestmark = [pytest.mark.faults, pytest.mark.e2e]
 STEPS, GROUPS, GROUP_SIZE = 9, 4, 4
 KILLS = {2: "envs", 3: "reward", 4: "rollout", 6: "learner"}
 """After the launcher has printed step n, the service that dies: the next step's groups are in flight."""
-RESTART_DELAY_S = 5.0
+RESTART_DELAY_S, KILL_AFTER_S = 5.0, {}
 if os.environ.get("OMRL_DRILL_SEED"):  # scripts/drills.sh: kill points and the restart delay drawn at random
     _rng = random.Random(int(os.environ["OMRL_DRILL_SEED"]))
     KILLS = dict(zip(sorted(_rng.sample(range(1, STEPS - 1), 4)), _rng.sample(list(KILLS.values()), 4)))
+    KILL_AFTER_S = {step: _rng.uniform(0.0, 8.0) for step in KILLS}  # somewhere inside the next step
     RESTART_DELAY_S = _rng.uniform(5.0, 60.0)
+
+
+def _kill_later(name: str, after_s: float):
+    def fault(run):
+        time.sleep(after_s)
+        kill_service(run, name)
+    return fault
 
 
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory, redis_url):
-    faults = {step: (lambda run, name=name: kill_service(run, name)) for step, name in KILLS.items()}
-    return run_drill("service restarts", tmp_path_factory.mktemp("restarts"), redis_url, faults, STEPS, GROUPS, GROUP_SIZE,
-                     restart_delay_s=RESTART_DELAY_S, overrides=("rollout.lease_ttl_s=15",))
+    faults = {step: _kill_later(name, KILL_AFTER_S.get(step, 0.0)) for step, name in KILLS.items()}
+    print(f"kills after steps {KILLS}, {KILL_AFTER_S or 'at once'}; restart delay {RESTART_DELAY_S:.0f}s")
+    return run_drill("service restarts", tmp_path_factory.mktemp("restarts"), redis_url, faults, STEPS, GROUPS,
+                     GROUP_SIZE, restart_delay_s=RESTART_DELAY_S, overrides=("rollout.lease_ttl_s=15",))
 
 
 def test_every_service_was_killed_and_restarted_once(drill):
