@@ -234,6 +234,16 @@ class LearnerConfig(Section):
     checkpoint_every: int = Field(1, ge=1, le=100_000_000)
     """Checkpoint (and acknowledge consumed batches) every this many steps."""
     keep_checkpoints: int = Field(2, ge=1, le=10_000)
+    checkpoint_format: Literal["sharded", "full"] = "sharded"
+    """`sharded`: torch.distributed.checkpoint, every learner process writes its own shards (the folder must be
+    shared by all of them) and a resume may use another number of processes; `full`: rank 0 writes whole state
+    dicts. A resume reads either."""
+    checkpoint_async: bool = False
+    """Write sharded checkpoints in the background while the next steps train; consumed batches are acknowledged
+    once their checkpoint is committed (at the next checkpoint, or at the end)."""
+    export_dir: str = ""
+    """At the end of training, write the policy as a Hugging Face model directory (weights, config, tokenizer)
+    that vLLM and transformers load; empty: `policy_hf` beside `checkpoint_dir`."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nproc: int = Field(1, ge=1, le=1024)
     """Learner processes (torchrun); FSDP shards over them."""

@@ -38,8 +38,8 @@ class JobsSettings(BaseSettings):
     reconcile_backoff_s: float = Field(1.0, gt=0, le=600)
     """First wait before a crashed reconcile loop is restarted; doubles per crash, up to 60 s."""
     allowed_data_roots: list[Path] = Field(default_factory=lambda: [Path("data")])
-    """Folders a spec's paths (env.data_dir, env.dataset, model.path, output_dir, learner.checkpoint_dir) must
-    lie in, besides output_dir; JSON list in the environment, e.g. OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
+    """Folders a spec's paths (env.data_dir, env.dataset, model.path, output_dir, learner.checkpoint_dir,
+    learner.export_dir) must lie in, besides output_dir; JSON list in the environment, e.g. OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
     redis_url: Optional[str] = None
     """Redis of the jobs (local launcher; the kubernetes launcher uses k8s_redis_url); empty: the config default."""
     allow_spec_redis_url: bool = False

@@ -46,7 +46,8 @@ class SpecPolicy:
     @staticmethod
     def _caller_paths(spec: JobSpec) -> Iterator[tuple[tuple[str, ...], str]]:
         fields = [(("env", "data_dir"), spec.env, "data_dir"), (("env", "dataset"), spec.env, "dataset"),
-                  (("output_dir",), spec, "output_dir"), (("learner", "checkpoint_dir"), spec.learner, "checkpoint_dir")]
+                  (("output_dir",), spec, "output_dir"), (("learner", "checkpoint_dir"), spec.learner, "checkpoint_dir"),
+                  (("learner", "export_dir"), spec.learner, "export_dir")]
         for loc, section, name in fields:
             value = getattr(section, name)
             if value and _set_away_from_default(section, name):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -64,6 +65,8 @@ class LearnerService:
         self._pushed = None
         """The weights of the last push, kept for servers that come back (rank 0)."""
         self._catch_up_after: dict[str, float] = {}
+        self._pending: Any = None
+        """(checkpoint being written in the background, the entry ids it covers)"""
         self.guard = PoisonGuard(config, trainer, state, stream)  # see its module for the poison-input policy
 
     # -- start-up ----------------------------------------------------------------------------
@@ -238,13 +241,36 @@ class LearnerService:
         if not force and self.step % self.config.learner.checkpoint_every:
             return 0.0
         start = time.perf_counter()
-        self.trainer.save_checkpoint(self.config.learner.checkpoint_dir, {
+        self._commit_pending()
+        background = self.config.learner.checkpoint_async and not force
+        pending = self.trainer.start_checkpoint(self.config.learner.checkpoint_dir, {
             "step": self.step, "policy_version": self.version, "unacked_entry_ids": self._unacked,
-            "dropped_stale_total": self.dropped_stale_total, "groups_lost_to_redis": self.groups_lost_to_redis})
-        if self.stream is not None:
-            self.stream.ack(self._unacked)
+            "dropped_stale_total": self.dropped_stale_total, "groups_lost_to_redis": self.groups_lost_to_redis},
+            background=background)
+        self._pending = (pending, self._unacked)
         self._unacked = []
+        if not background:
+            self._commit_pending()
         return time.perf_counter() - start
+
+    def _commit_pending(self) -> None:
+        """Commits the checkpoint in flight, then acknowledges the entries it covers: a batch is acked only
+        once a committed checkpoint holds its update."""
+        if self._pending is None:
+            return
+        pending, entry_ids = self._pending
+        self._pending = None
+        pending.commit()
+        if self.stream is not None:
+            self.stream.ack(entry_ids)
+
+    def export_policy(self) -> None:
+        """Collective: the trained policy as a Hugging Face model directory (`learner.export_dir`)."""
+        learner = self.config.learner
+        out = learner.export_dir or str(Path(learner.checkpoint_dir).parent / "policy_hf")
+        start = time.perf_counter()
+        if self.trainer.export_hf(out) is not None:
+            log.info("policy exported as a Hugging Face model to %s (%.1fs)", out, time.perf_counter() - start)
 
     def run_step(self) -> dict[str, Any]:
         start = time.perf_counter()
@@ -292,6 +318,9 @@ class LearnerService:
                 log.info("step %d: reward %.3f success %.2f kl %.4f %.1fs v%d", summary["step"],
                          summary.get("reward_mean", float("nan")), summary.get("success_rate", float("nan")),
                          summary.get("approx_kl", float("nan")), summary["step_seconds"], summary["policy_version"])
+        self._commit_pending()
+        if self.step >= self.config.learner.steps:
+            self.export_policy()
         if fsdp.is_rank0():
             self.state.mark_done()
         return self.history

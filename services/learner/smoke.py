@@ -63,20 +63,28 @@ def param_checksum(trainer) -> float:
     return float(sum(t.double().abs().sum() for _, t in trainer.named_weights_for_push()))
 
 
+def case_config(mode: str, *, group_size: int = 2, micro_batch_size: int = 3, ppo_epochs: int = 2,
+                device: str = "cpu", dtype: str = "float32"):
+    """The learner config of one smoke case (an aggregation mode, `ppo` or `levers`)."""
+    from services.common.config import TrainConfig
+
+    extra = {PPO_CASE: PPO_SETTINGS, LEVERS_CASE: LEVERS_SETTINGS}.get(mode, {"loss_agg_mode": mode})
+    learner = LEVERS_LEARNER if mode == LEVERS_CASE else {}
+    return TrainConfig.model_validate({
+        "rollout": {"group_size": group_size}, "learner": {"device": device, **learner}, "model": {"dtype": dtype},
+        "algorithm": {"micro_batch_size": micro_batch_size, "ppo_epochs": ppo_epochs,
+                      "lr": 1e-2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.15, **extra}})
+
+
 def run(model_path: str, *, agg_modes: list[str], steps: int = 2, num: int = 7, group_size: int = 2,
         micro_batch_size: int = 3, ppo_epochs: int = 2, checkpoint_dir: Optional[str] = None,
         device: str = "cpu", dtype: str = "float32") -> dict[str, Any]:
-    from services.common.config import TrainConfig
     from services.learner.trainer import PolicyTrainer
 
     results: dict[str, Any] = {}
     for mode in agg_modes:
-        extra = {PPO_CASE: PPO_SETTINGS, LEVERS_CASE: LEVERS_SETTINGS}.get(mode, {"loss_agg_mode": mode})
-        learner = LEVERS_LEARNER if mode == LEVERS_CASE else {}
-        config = TrainConfig.model_validate({
-            "rollout": {"group_size": group_size}, "learner": {"device": device, **learner}, "model": {"dtype": dtype},
-            "algorithm": {"micro_batch_size": micro_batch_size, "ppo_epochs": ppo_epochs,
-                          "lr": 1e-2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.15, **extra}})
+        config = case_config(mode, group_size=group_size, micro_batch_size=micro_batch_size, ppo_epochs=ppo_epochs,
+                             device=device, dtype=dtype)
         trainer = PolicyTrainer(config, model_path)
         metrics = [trainer.train_step(synthetic_trajectories(num, group_size, seed=s)) for s in range(steps)]
         results[mode] = {"metrics": metrics, "checksum": param_checksum(trainer)}

@@ -75,6 +75,7 @@ class PolicyTrainer:
         algo = config.algorithm
         mixed = config.model.dtype != "float32" and self.device.type == "cuda"
         load_dtype = "float32" if mixed else config.model.dtype
+        self.model_path = model_path
         self.model = load_model(model_path, load_dtype)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(self.model, self.device, mixed_precision_bf16=mixed,
@@ -344,8 +345,14 @@ class PolicyTrainer:
         return parts
 
     def save_checkpoint(self, directory: str | Path, extra: Optional[dict[str, Any]] = None) -> Path:
-        """Collective. Writes `<directory>/step_<step>` and keeps the newest `keep_checkpoints` there.
-        `extra` (JSON-serialisable, e.g. stream offsets) comes back from `load_checkpoint`."""
+        """Collective. Writes and commits `<directory>/step_<step>`, keeping the newest `keep_checkpoints`
+        there. `extra` (JSON-serialisable, e.g. stream offsets) comes back from `load_checkpoint`."""
+        return self.start_checkpoint(directory, extra, background=False).commit()
+
+    def start_checkpoint(self, directory: str | Path, extra: Optional[dict[str, Any]] = None,
+                         background: bool = False) -> checkpoint.PendingCheckpoint:
+        """Collective. Like `save_checkpoint`, but with `background` (and the sharded format) the shards are
+        written by a thread while training goes on; the caller commits the returned checkpoint later."""
         path = checkpoint.checkpoint_path(directory, self.step)
         meta = {"step": self.step, "policy_version": self.policy_version, "extra": extra or {},
                 "advantage": self.config.algorithm.advantage,
@@ -353,8 +360,21 @@ class PolicyTrainer:
         state: dict[str, Any] = {"scheduler": self.scheduler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         if self.critic is not None:
             state["critic_scheduler"] = self.critic.scheduler.state_dict()
-        checkpoint.save(path, self._parts(), meta, keep=self.config.learner.keep_checkpoints, state=state)
-        return path
+        learner = self.config.learner
+        return checkpoint.save(path, self._parts(), meta, keep=learner.keep_checkpoints, state=state,
+                               fmt=learner.checkpoint_format,
+                               background=background and learner.checkpoint_format == "sharded")
+
+    def export_hf(self, out_dir: str | Path, tokenizer_from: Optional[str | Path] = None) -> Optional[Path]:
+        """Collective. Writes the policy as a Hugging Face model directory (config, safetensors weights in
+        the configured dtype, tokenizer and generation config when the source has them) on rank 0."""
+        weights = dict(self.named_weights_for_push())
+        if not fsdp.is_rank0():
+            return None
+        from services.learner.hf_export import write_hf_model
+
+        return write_hf_model(out_dir, weights, self.model_path, tokenizer_from or self.model_path,
+                              dtype=self.config.model.dtype)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Collective. Restores weights, optimizer, scheduler and KL-controller state, RNG and

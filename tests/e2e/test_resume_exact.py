@@ -19,7 +19,7 @@ from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch, encode_batch
 from services.launcher.processes import ServiceProcess, python_module
-from services.learner.checkpoint import checkpoint_path
+from services.learner.checkpoint import checkpoint_path, full_model_state
 from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 
 pytestmark = [pytest.mark.e2e]
@@ -167,11 +167,12 @@ def test_final_weights_match(runs):
     for name in ("straight", "killed"):
         config = runs[name][0]
         ckpt = checkpoint_path(config.learner.checkpoint_dir, STEPS)
-        states.append({f: torch.load(ckpt / f, weights_only=True) for f in ("model.pt", "critic_model.pt")})
+        states.append({part: full_model_state(ckpt, part) for part in ("policy", "critic")})
         assert json.loads((ckpt / "meta.json").read_text())["reference"]["checksum"]
-    for f in ("model.pt", "critic_model.pt"):
-        for name, value in states[0][f].items():
-            torch.testing.assert_close(states[1][f][name], value, rtol=1e-5, atol=1e-7)
+    for part in ("policy", "critic"):
+        assert states[0][part].keys() == states[1][part].keys()
+        for name, value in states[0][part].items():
+            torch.testing.assert_close(states[1][part][name], value, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", ["straight", "killed"])

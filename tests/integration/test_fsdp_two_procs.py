@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.learner.smoke import ALL_AGG_MODES, LEVERS_CASE, PPO_CASE, build_tiny_llama, run
+from services.learner.smoke import (ALL_AGG_MODES, LEVERS_CASE, PPO_CASE, build_tiny_llama, case_config, run,
+                                    synthetic_trajectories)
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = ALL_AGG_MODES + [PPO_CASE, LEVERS_CASE]
@@ -42,12 +43,12 @@ def results(tmp_path_factory):
     assert proc.returncode == 0, log[-4000:]
     two = json.loads(out.read_text())
     assert two["world_size"] == 2
-    return one, two["results"], tmp
+    return one, two["results"], tmp, model
 
 
 @pytest.mark.parametrize("mode", CASES)
 def test_two_processes_match_one(results, mode):
-    one, two, _ = results
+    one, two, _, _ = results
     assert close(two[mode]["checksum"], one[mode]["checksum"])
     keys = ["loss", "grad_norm", "clip_frac", "approx_kl", "ratio_mean", "mismatch_kl", "entropy"]
     if mode in (PPO_CASE, LEVERS_CASE):  # critic, reference and KL controller: sharded, gathered the same way
@@ -64,9 +65,28 @@ def test_two_processes_match_one(results, mode):
 
 @pytest.mark.parametrize("mode", CASES)
 def test_two_process_checkpoint_resume(results, mode):
-    _, two, tmp = results
+    _, two, tmp, _ = results
     resume = two[mode]["resume"]
     assert resume["extra"] == {"mode": mode} and resume["version"] == 2 and resume["step"] == 2
     assert untimed(resume["continued"]) == untimed(resume["resumed"])
     assert resume["checksums"][0] == resume["checksums"][1]
     assert (tmp / "ckpt" / mode / "step_00000002" / "COMMITTED").is_file()
+
+
+@pytest.mark.parametrize("mode", [PPO_CASE, LEVERS_CASE])
+def test_sharded_checkpoint_of_two_processes_resumes_in_one(results, mode):
+    """The two processes wrote their own shards (the default format); one process reshards them on load and
+    takes the same next step as the two did."""
+    from services.learner.trainer import PolicyTrainer
+
+    _, two, tmp, model = results
+    path = tmp / "ckpt" / mode / "step_00000002"
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["format"] == "sharded" and meta["world_size"] == 2
+    assert sorted(p.name for p in (path / "shards").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    trainer = PolicyTrainer(case_config(mode), model)
+    assert trainer.load_checkpoint(path) == {"mode": mode} and trainer.step == 2
+    resumed = trainer.train_step(synthetic_trajectories(7, 2, seed=2))
+    continued = two[mode]["resume"]["continued"]
+    for key in ("loss", "grad_norm", "vf_loss", "kl_ref", "entropy"):
+        assert close(resumed[key], continued[key], rel=1e-4), (key, resumed[key], continued[key])

@@ -1,6 +1,7 @@
 """LearnerService's stream contract on the real Redis, with a recording stand-in for the trainer:
 groups per step, checkpoint-then-ack, and exactly-once application across a crash."""
 import json
+from types import SimpleNamespace
 import math
 from pathlib import Path
 
@@ -20,6 +21,7 @@ class RecordingTrainer:
 
     def __init__(self):
         self.applied: list[list[str]] = []
+        self.background: list[bool] = []
 
     @staticmethod
     def latest_checkpoint(directory):
@@ -31,10 +33,21 @@ class RecordingTrainer:
         self.applied = meta["applied"]
         return meta["extra"]
 
-    def save_checkpoint(self, directory, extra):
+    def start_checkpoint(self, directory, extra, background=False):
+        """Writes at commit time, as a background checkpoint lands only when committed."""
         path = Path(directory) / f"step_{len(self.applied):08d}"
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "meta.json").write_text(json.dumps({"applied": self.applied, "extra": extra}))
+        meta = json.dumps({"applied": self.applied, "extra": extra})
+        self.background.append(background)
+
+        def commit():
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "meta.json").write_text(meta)
+            return path
+
+        return SimpleNamespace(commit=commit)
+
+    def export_hf(self, out_dir):
+        return None
 
     def train_step(self, trajectories):
         self.applied.append(sorted({t.group_id for t in trajectories}))
@@ -296,3 +309,23 @@ def test_entries_whose_delivery_was_lost_are_read_again(setup):
     learner.run()
     assert [e.batch.trajectories[0].group_id for e in pusher.lost] == ["g4", "g5"]
     assert trainer.applied == [["g0", "g1"], ["g2", "g3"], ["g4", "g5"]] and stream.pending_count() == 0
+
+
+def test_background_checkpoints_ack_their_entries_once_committed(setup):
+    config, state, stream = setup
+    config.learner.checkpoint_async = True
+    first_trainer = RecordingTrainer()
+    first = service(config, state, stream, first_trainer)
+    first.resume()
+    first.run_step()
+    assert stream.pending_count() == 2 and not list(Path(config.learner.checkpoint_dir).glob("step_*"))
+    first.run_step()  # commits step 1's checkpoint, then acks step 1's entries; step 2's is in flight
+    assert stream.pending_count() == 2
+    assert [p.name for p in Path(config.learner.checkpoint_dir).glob("step_*")] == ["step_00000001"]
+    assert first_trainer.background == [True, True]
+    # the process dies with step 2's checkpoint unwritten: the restart resumes at step 1 and trains g2, g3 again
+    trainer = RecordingTrainer()
+    service(config, state, stream, trainer).run()
+    assert trainer.applied == [["g0", "g1"], ["g2", "g3"], ["g4", "g5"]]
+    assert trainer.background == [True, False]  # the last step's checkpoint is written before the run ends
+    assert stream.pending_count() == 0

@@ -8,6 +8,8 @@ engine must be driven from the loop it was started in (pytest-asyncio is not use
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -97,11 +99,35 @@ def vllm_children() -> list[psutil.Process]:
     return out
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+EXPORT = """
+import sys
+from services.common.config import TrainConfig
+from services.learner.smoke import synthetic_trajectories
+from services.learner.trainer import PolicyTrainer
+config = TrainConfig.model_validate({"learner": {"device": "cpu"}, "algorithm": {"lr": 1e-2}})
+trainer = PolicyTrainer(config, sys.argv[1])
+trainer.train_step(synthetic_trajectories(8, 4, seed=0))
+trainer.export_hf(sys.argv[2])
+"""
+
+
+def learner_export(base: Path, out: Path) -> Path:
+    """`base` after one learner step, as the learner exports a trained policy (its own process: the learner
+    sets up torch.distributed)."""
+    subprocess.run([sys.executable, "-c", EXPORT, str(base), str(out)], check=True, timeout=300,
+                   cwd=Path(__file__).resolve().parents[2])
+    return out
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied-learner-export"])
 def engine(request, tmp_path_factory):
+    """The tied variant serves the learner's Hugging Face export of a trained tiny model, so every test here
+    also checks that vLLM and transformers load an export alike."""
     tied = request.param
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny_tied" if tied else "tiny"), CORPUS,
                                  seed=1, tie_word_embeddings=tied)
+    if tied:
+        model_dir = learner_export(model_dir, tmp_path_factory.mktemp("export") / "policy_hf")
     eng = Engine(model_dir, tied)
     eng.run(eng.backend.start())
     try:

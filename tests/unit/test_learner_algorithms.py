@@ -1,6 +1,8 @@
 """The learner's algorithm options through PolicyTrainer on a tiny random Llama: critic (GAE), every
 estimator, KL to the reference (in the reward and as a loss), entropy bonus, truncated importance
 sampling, LR schedule, and checkpoints that carry all of it."""
+import json
+
 import pytest
 import torch
 
@@ -151,16 +153,23 @@ def test_lr_schedule_warmup_is_reported_and_applied(model_dir):
     assert [b for _, b in lrs] == pytest.approx([2 * a for a, _ in lrs])
 
 
-def test_checkpoint_with_critic_reference_schedule_and_controller_resumes_exactly(model_dir, tmp_path):
+CHECKPOINT_FILES = {"full": {"model.pt", "optimizer.pt", "critic_model.pt", "critic_optimizer.pt"},
+                    "sharded": {"shards"}}
+
+
+@pytest.mark.parametrize("fmt", sorted(CHECKPOINT_FILES))
+def test_checkpoint_with_critic_reference_schedule_and_controller_resumes_exactly(model_dir, tmp_path, fmt):
     config = make_config(advantage="gae", use_kl_in_reward=True, kl_ctrl="adaptive", kl_target=0.01,
                          kl_horizon=50, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, ppo_epochs=2,
                          lr_warmup_steps=2, lr_schedule="cosine", critic_lr=5e-3)
+    config.learner.checkpoint_format = fmt
     trainer = PolicyTrainer(config, model_dir)
     for seed in range(3):
         trainer.train_step(synthetic_trajectories(6, 3, seed=seed))
     path = trainer.save_checkpoint(tmp_path, {"k": 1})
-    assert {p.name for p in path.iterdir()} >= {"model.pt", "optimizer.pt", "critic_model.pt", "critic_optimizer.pt",
-                                                "trainer_state.pt", "rng.pt", "meta.json", "COMMITTED"}
+    assert {p.name for p in path.iterdir()} == CHECKPOINT_FILES[fmt] | {"trainer_state.pt", "rng.pt", "meta.json",
+                                                                         "COMMITTED"}
+    assert json.loads((path / "meta.json").read_text())["format"] == fmt
     fresh = PolicyTrainer(config, model_dir)
     assert fresh.load_checkpoint(path) == {"k": 1}
     assert fresh.kl_ctrl.value == trainer.kl_ctrl.value != config.algorithm.kl_coef

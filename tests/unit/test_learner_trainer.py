@@ -139,6 +139,24 @@ def test_pushed_weights_in_configured_dtype(model_dir):
     assert {t.dtype for _, t in trainer.named_weights_for_push()} == {torch.bfloat16}
 
 
+def test_background_checkpoint_holds_the_weights_of_its_step_and_commits_last(model_dir, tmp_path):
+    config = make_config()
+    config.learner.checkpoint_async = True
+    trainer = PolicyTrainer(config, model_dir)
+    trainer.train_step(synthetic_trajectories(6, 4, seed=0))
+    at_save = {k: v.clone() for k, v in full_params(trainer).items()}
+    pending = trainer.start_checkpoint(tmp_path, {"step": 1}, background=True)
+    trainer.train_step(synthetic_trajectories(6, 4, seed=1))  # trains on while the shards are written
+    assert latest_checkpoint(tmp_path) is None  # nothing counts before the commit
+    path = pending.commit()
+    assert pending.commit() == path == latest_checkpoint(tmp_path)  # committing twice is harmless
+    fresh = PolicyTrainer(config, model_dir)
+    assert fresh.load_checkpoint(path) == {"step": 1}
+    loaded = full_params(fresh)
+    assert all(torch.equal(loaded[k], at_save[k]) for k in at_save)
+    assert not all(torch.equal(full_params(trainer)[k], at_save[k]) for k in at_save)
+
+
 def test_latest_checkpoint_ignores_unfinished_and_keeps_last_k(model_dir, tmp_path):
     config = make_config()
     config.learner.keep_checkpoints = 2
@@ -179,3 +197,28 @@ def test_micro_batching_equals_full_batch(model_dir, mode):
             assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
         for name, value in params.items():
             torch.testing.assert_close(value, p_full[name], rtol=1e-4, atol=5e-5)  # Adam magnifies fp noise
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_export_is_a_hugging_face_model_with_the_trained_weights(tmp_path, tie):
+    from transformers import AutoModelForCausalLM
+
+    from services.learner.hf_export import main as export_main
+
+    base = str(build_tiny_llama(tmp_path / "base", tie=tie))
+    trainer = PolicyTrainer(make_config(), base)
+    trainer.train_step(synthetic_trajectories(6, 4, seed=0))
+    out = trainer.export_hf(tmp_path / "hf")
+    assert {"config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        want = trainer.model(input_ids=ids).logits
+        assert torch.allclose(exported(input_ids=ids).logits, want, atol=1e-6)
+        assert not torch.allclose(AutoModelForCausalLM.from_pretrained(base)(input_ids=ids).logits, want, atol=1e-3)
+
+    path = trainer.save_checkpoint(tmp_path / "ckpt")  # the same weights, exported offline from the shards
+    export_main(["--checkpoint", str(path), "--base", base, "--out", str(tmp_path / "offline"), "--dtype", "float32"])
+    offline = AutoModelForCausalLM.from_pretrained(tmp_path / "offline")
+    a, b = exported.state_dict(), offline.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
