@@ -82,12 +82,10 @@ def crd_validator(api_version: str, kind: str):
 
 def check_json_schema(doc: dict, version: str) -> list[str]:
     """A custom resource against its vendored schema; a JobSet's Job templates against Kubernetes' Job schema."""
-    from jsonschema.exceptions import best_match
-
     problems = []
     for err in crd_validator(doc["apiVersion"], doc["kind"]).iter_errors(doc):
-        while err.context:  # an optional field is anyOf [its schema, null]: report the branch that explains it
-            err = best_match(err.context)
+        while err.context:  # an optional field is anyOf [its schema, null]: report the deepest reason
+            err = max(err.context, key=lambda e: len(e.absolute_path))
         problems.append(f"{'.'.join(str(p) for p in err.absolute_path)}: {err.message}")
     if doc["kind"] == "JobSet" and not problems:
         for i, rjob in enumerate(doc["spec"].get("replicatedJobs") or []):

@@ -1,6 +1,7 @@
 """CI's offline deployment checks, as scripts/ci_deploy_checks.sh runs them: helm lint --strict and helm
-template (default, GPU and other value sets), every rendered object against the Kubernetes schemas of
-the oldest and newest supported versions, values.schema.json up to date, the compose files against the
+template (default, GPU, Kueue with a Job and a JobSet, and other value sets), every rendered object against
+the Kubernetes schemas of the oldest and newest supported versions and the custom resources against their
+vendored schemas, values.schema.json and the chart README up to date, the compose files against the
 Compose specification, promtool on the Prometheus config and alert rules."""
 import os
 import subprocess
@@ -14,9 +15,9 @@ def test_ci_deploy_checks_pass():
     proc = subprocess.run(["bash", "scripts/ci_deploy_checks.sh"], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    for case in ("default", "gpu", "external-redis", "monitoring", "multinode"):
+    for case in ("default", "gpu", "external-redis", "monitoring", "multinode", "kueue-job", "kueue-jobset"):
         assert f"helm lint + template ({case})" in proc.stdout
-    assert proc.stdout.count("objects valid against Kubernetes") == 10
+    assert proc.stdout.count("objects valid against Kubernetes") == 14
     assert "compose OK: docker-compose.yml + docker-compose.gpu.yml" in proc.stdout
     assert proc.stdout.rstrip().endswith("deploy checks passed")
 
