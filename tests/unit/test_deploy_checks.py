@@ -55,3 +55,63 @@ spec:
     assert "Deployment/bad-value: spec.replicas" in proc.stderr
     assert "Deployment/good" not in proc.stderr
     assert "ServiceMonitor/m: spec.endpoints[0].intervall: unknown field" in proc.stderr
+
+
+def test_manifest_check_holds_custom_resources_to_their_schemas(tmp_path):
+    path = tmp_path / "crds.yaml"
+    path.write_text("""
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: typo}
+spec:
+  successPolicy: {operator: All, targetReplicatedJob: [learner]}
+  replicatedJobs: []
+---
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: bad-pod}
+spec:
+  replicatedJobs:
+    - name: learner
+      template:
+        spec:
+          template:
+            spec:
+              restartPolicy: Never
+              containers: [{name: c, image: i, gpus: 1}]
+---
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: good}
+spec:
+  successPolicy: {operator: All, targetReplicatedJobs: [learner]}
+  replicatedJobs:
+    - name: learner
+      replicas: 1
+      template:
+        spec:
+          template:
+            spec:
+              restartPolicy: Never
+              containers: [{name: c, image: i}]
+---
+apiVersion: kueue.x-k8s.io/v1beta1
+kind: LocalQueue
+metadata: {name: q}
+spec: {clusterQueue: Cluster_Queue}
+---
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata: {name: r}
+spec:
+  groups: [{name: g, rules: [{alert: A, expr: up == 0, forr: 5m}]}]
+""")
+    proc = subprocess.run([sys.executable, "scripts/check_manifests.py", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "JobSet/typo: spec.successPolicy: Additional properties are not allowed ('targetReplicatedJob'" in proc.stderr
+    assert "JobSet/bad-pod: spec.replicatedJobs.0.template.spec.template.spec.containers.0: " in proc.stderr
+    assert "'gpus' was unexpected" in proc.stderr
+    assert "JobSet/good" not in proc.stderr
+    assert "LocalQueue/q: spec.clusterQueue: 'Cluster_Queue' does not match" in proc.stderr
+    assert "PrometheusRule/r: spec.groups[0].rules[0].forr: unknown field" in proc.stderr
