@@ -203,7 +203,13 @@ class JobObjects:
         env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env,
             self._token_env()]
-        container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env)
+        probes = None
+        if nodes == 1:  # rank 0 serves /metrics once the model is loaded; with more pods it is in one of them
+            metrics = {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 5}
+            probes = {"startupProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 180},
+                      "livenessProbe": {**metrics, "periodSeconds": 30, "failureThreshold": 4}}
+        container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env,
+                                    probes)
         spec: dict[str, Any] = {
             "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
             "backoffLimit": sched.backoff_limit, "ttlSecondsAfterFinished": sched.ttl_after_finished_s,

@@ -4,9 +4,9 @@ server lets helm patch: no change to a field Kubernetes keeps immutable (a Job's
 claim templates, selectors, a Service's cluster IP, a claim's spec). What does change is listed exactly."""
 from __future__ import annotations
 
+import io
 import subprocess
 import tarfile
-import io
 from pathlib import Path
 
 import pytest
@@ -58,12 +58,12 @@ def previous_chart_commit() -> str | None:
     current = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     proc = subprocess.run(["git", "log", "--format=%H", "--", f"{CHART_PATH}/Chart.yaml"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    bump = "HEAD~0"
+    bump = None  # the oldest commit seen so far with the current version
     for commit in proc.stdout.split():
         text = subprocess.run(["git", "show", f"{commit}:{CHART_PATH}/Chart.yaml"], cwd=ROOT, capture_output=True,
                               text=True, timeout=60).stdout
         if yaml.safe_load(text)["version"] != current:
-            return f"{bump}^" if bump != "HEAD~0" else "HEAD"
+            return f"{bump}^" if bump else "HEAD"
         bump = commit
     return None
 

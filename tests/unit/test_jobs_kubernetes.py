@@ -385,3 +385,16 @@ def test_a_relative_data_dir_moves_onto_the_writable_data_volume():
     spec = cpu_spec()
     spec.env.data_dir = "/data/tasks"
     assert run_config(JOB, spec, OPTIONS).env.data_dir == "/data/tasks"
+
+
+def test_a_one_pod_learner_is_probed_on_its_metrics_port():
+    def container(spec):
+        return by_kind(JobObjects(JOB, spec, OPTIONS).all(), "Job")[f"{JOB}-learner"]["spec"]["template"]["spec"][
+            "containers"][0]
+
+    one = container(cpu_spec())
+    assert "--metrics-port" in one["command"] and {"name": "metrics", "containerPort": 9100} in one["ports"]
+    assert one["startupProbe"]["httpGet"] == one["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    spec = gpu_spec()
+    assert spec.resources.learner.replicas > 1
+    assert "livenessProbe" not in container(spec)
