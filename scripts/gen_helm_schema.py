@@ -114,7 +114,8 @@ def build() -> dict:
                 "workload": {"enum": ["Job", "JobSet"]},
                 "activeDeadlineSeconds": {"type": ["integer", "null"], "minimum": 1},
                 "probes": obj({"startupPeriodSeconds": count(1), "startupFailureThreshold": count(1),
-                               "livenessPeriodSeconds": count(1), "livenessFailureThreshold": count(1)}),
+                               "livenessPeriodSeconds": count(1), "livenessFailureThreshold": count(1),
+                               "timeoutSeconds": count(1)}),
                 "persistence": obj({"enabled": BOOL, "existingClaim": STRING, "storageClass": STRING,
                                     "volume": OBJECT,
                                     "accessModes": {"type": "array", "items": {

@@ -205,7 +205,8 @@ class JobObjects:
             self._token_env()]
         probes = None
         if nodes == 1:  # rank 0 serves /metrics once the model is loaded; with more pods it is in one of them
-            metrics = {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 5}
+            # a scrape reads the stream backlog from Redis (up to 3 reads of 2 s when it hangs): a 10 s deadline
+            metrics = {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 10}
             probes = {"startupProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 180},
                       "livenessProbe": {**metrics, "periodSeconds": 30, "failureThreshold": 4}}
         container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env,

@@ -84,14 +84,14 @@ template:
             port: metrics
           periodSeconds: {{ $v.probes.startupPeriodSeconds }}
           failureThreshold: {{ $v.probes.startupFailureThreshold }}
-          timeoutSeconds: {{ $root.Values.probes.timeoutSeconds }}
+          timeoutSeconds: {{ $v.probes.timeoutSeconds }}
         livenessProbe:
           httpGet:
             path: /metrics
             port: metrics
           periodSeconds: {{ $v.probes.livenessPeriodSeconds }}
           failureThreshold: {{ $v.probes.livenessFailureThreshold }}
-          timeoutSeconds: {{ $root.Values.probes.timeoutSeconds }}
+          timeoutSeconds: {{ $v.probes.timeoutSeconds }}
         {{- end }}
         resources:
           {{- include "omrl.resources" (dict "root" $root "values" $v "gpus" $v.gpus) | nindent 10 }}
