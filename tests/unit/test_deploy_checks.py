@@ -109,7 +109,8 @@ spec:
     proc = subprocess.run([sys.executable, "scripts/check_manifests.py", str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
-    assert "JobSet/typo: spec.successPolicy: Additional properties are not allowed ('targetReplicatedJob'" in proc.stderr
+    assert ("JobSet/typo: spec.successPolicy: Additional properties are not allowed ('targetReplicatedJob'"
+            in proc.stderr)
     assert "JobSet/bad-pod: spec.replicatedJobs.0.template.spec.template.spec.containers.0: " in proc.stderr
     assert "'gpus' was unexpected" in proc.stderr
     assert "JobSet/good" not in proc.stderr

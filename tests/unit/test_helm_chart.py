@@ -17,8 +17,18 @@ import pytest
 from services.common.config import load_config
 from services.common.grpc_server import LIVENESS
 from tests import redis_start_script
-from tests.helm_chart import (CHART, GPU, ROOT, component_of, learner_job, main_container, objects, render, run_helm,
-                              workloads)
+from tests.helm_chart import (
+    CHART,
+    GPU,
+    ROOT,
+    component_of,
+    learner_job,
+    main_container,
+    objects,
+    render,
+    run_helm,
+    workloads,
+)
 
 SERVICE_MODULES = {"envs": "services.envs", "reward": "services.reward", "rollout": "services.rollout",
                    "learner": "services.learner", "jobs-api": "services.jobs"}

@@ -10,8 +10,18 @@ import pytest
 import yaml
 
 from services.common.config import load_config
-from tests.helm_chart import (CHART, GPU, ROOT, component_of, learner_job, main_container, objects, render, run_helm,
-                              workloads)
+from tests.helm_chart import (
+    CHART,
+    GPU,
+    ROOT,
+    component_of,
+    learner_job,
+    main_container,
+    objects,
+    render,
+    run_helm,
+    workloads,
+)
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 JOBSET = ("--set", "learner.workload=JobSet")
@@ -103,8 +113,8 @@ def test_datasets_live_on_an_absolute_path_mounted_where_they_are_read(tmp_path)
         assert "readOnly" not in mounts(pods[component])["/datasets"]
         assert volumes(pods[component])["datasets"] == {"name": "datasets", "emptyDir": {}}
     claim = {"persistentVolumeClaim": {"claimName": "task-data"}}
-    docs = render("--set", "datasets.volume.persistentVolumeClaim.claimName=task-data", "--set", "datasets.readOnly=true",
-                  "--set", "config.env.dataset=/datasets/my-tasks")
+    docs = render("--set", "datasets.volume.persistentVolumeClaim.claimName=task-data",
+                  "--set", "datasets.readOnly=true", "--set", "config.env.dataset=/datasets/my-tasks")
     rollout = workloads(docs)["rollout"]
     assert volumes(rollout)["datasets"] == {"name": "datasets", **claim}
     assert mounts(rollout)["/datasets"]["readOnly"] is True
@@ -196,7 +206,8 @@ def test_the_workload_name_follows_its_spec(workload):
 def test_the_job_api_launches_jobs_with_the_same_gpu_and_queue_settings(monkeypatch):
     from services.jobs.settings import JobsSettings
 
-    docs = render(*GPU, *KUEUE, "--set", "gpu.runtimeClassName=nvidia", "--set", "gpu.resourceName=nvidia.com/mig-1g.10gb")
+    docs = render(*GPU, *KUEUE, "--set", "gpu.runtimeClassName=nvidia",
+                  "--set", "gpu.resourceName=nvidia.com/mig-1g.10gb")
     for env in main_container(workloads(docs)["jobs-api"])["env"]:
         if "value" in env and env["name"].startswith("OMRL_API_K8S_"):
             monkeypatch.setenv(env["name"], env["value"])

@@ -30,10 +30,8 @@ def immutable_changes(old: list[dict], new: list[dict]) -> list[str]:
             continue
         a, b, label = before[key].get("spec") or {}, doc.get("spec") or {}, "/".join(key)
 
-        def same(*fields: str) -> None:
-            for field in fields:
-                if a.get(field) != b.get(field):
-                    problems.append(f"{label}: spec.{field} changed")
+        def same(*fields: str, a=a, b=b, label=label) -> None:
+            problems.extend(f"{label}: spec.{field} changed" for field in fields if a.get(field) != b.get(field))
 
         if doc["kind"] == "Job":
             same("template", "completionMode", "completions", "selector", "podFailurePolicy", "successPolicy")
