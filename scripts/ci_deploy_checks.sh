@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Deployment checks that need no cluster and no Docker engine (CI runs this through
-# tests/unit/test_deploy_checks.py): values.schema.json up to date; helm lint --strict and helm template
-# for the default values, the GPU values and other representative value sets; every rendered object
-# against Kubernetes' schemas (the chart's oldest and newest supported versions); the compose files
-# against the Compose specification; the Prometheus config and alert rules with promtool.
+# tests/unit/test_deploy_checks.py): values.schema.json and the chart README up to date; helm lint --strict
+# and helm template for the default values, the GPU values, Kueue with a Job and with a JobSet, and other
+# representative value sets; every rendered object against Kubernetes' schemas (the chart's oldest and
+# newest supported versions) and the custom resources against theirs (scripts/check_manifests.py); the
+# compose files against the Compose specification; the Prometheus config and alert rules with promtool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -14,13 +15,16 @@ trap 'rm -rf "$out"' EXIT
 quiet() { "$@" 2> >(grep -v "found symbolic link in path" >&2); }
 
 "$PY" scripts/gen_helm_schema.py --check
+"$PY" scripts/gen_chart_readme.py --check
 
 cases=(
   "default|"
   "gpu|-f $CHART/values-gpu.yaml"
   "external-redis|--set redis.enabled=false --set externalRedis.host=redis.example.internal --set externalRedis.existingSecret=redis-auth --set externalRedis.tls=true"
-  "monitoring|--set metrics.serviceMonitor.enabled=true --set redis.persistence.enabled=true --set jobsApi.auth.existingSecret=api-token"
+  "monitoring|--set metrics.serviceMonitor.enabled=true --set alerts.enabled=true --set redis.persistence.enabled=true --set jobsApi.auth.existingSecret=api-token"
   "multinode|-f $CHART/values-gpu.yaml --set learner.nodes=2 --set learner.persistence.accessModes={ReadWriteMany} --set networkPolicy.enabled=false --set jobsApi.enabled=false"
+  "kueue-job|-f $CHART/values-gpu.yaml --set kueue.queueName=omrl-gpu --set kueue.clusterQueue=gpu-cluster --set gpu.resourceName=nvidia.com/mig-3g.40gb --set gpu.runtimeClassName=nvidia --set rollout.gpus=2"
+  "kueue-jobset|-f $CHART/values-gpu.yaml --set learner.workload=JobSet --set learner.nodes=2 --set kueue.queueName=omrl-gpu --set kueue.priorityClass=training"
 )
 for case in "${cases[@]}"; do
   name=${case%%|*}

@@ -37,6 +37,9 @@ def count(minimum: int = 0, maximum: int | None = None) -> dict:
     return out
 
 
+# an extended resource name: nvidia.com/gpu, nvidia.com/mig-1g.10gb, amd.com/gpu; empty: the chart-wide one
+GPU_RESOURCE = {"type": "string", "pattern": r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"}
+DNS_NAME_OR_EMPTY = {"type": "string", "pattern": r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)?$"}
 RESOURCES = obj({key: {"type": "object", "additionalProperties": QUANTITY} for key in ("requests", "limits")})
 IMAGE_OVERRIDE = obj({"repository": STRING, "tag": STRING})
 
@@ -47,12 +50,13 @@ def component(*, grpc: bool, gpu: bool = False, extra: dict | None = None) -> di
         "extraArgs": {"type": "array", "items": STRING}, "extraEnv": {"type": "array", "items": OBJECT},
         "readOnlyRootFilesystem": BOOL, "nodeSelector": {"type": "object", "additionalProperties": STRING},
         "tolerations": {"type": "array", "items": OBJECT}, "affinity": OBJECT,
-        "podAnnotations": {"type": "object", "additionalProperties": STRING},
+        "podAnnotations": {"type": "object", "additionalProperties": STRING}, "runtimeClassName": STRING,
     }
     if grpc:
         props.update(replicas=count(0), port=PORT)
     if gpu:
-        props.update(flavor={"enum": ["cpu", "cuda"]}, gpus=count(0, 16), shmSizeLimit=QUANTITY)
+        props.update(flavor={"enum": ["cpu", "cuda"]}, gpus=count(0, 16), shmSizeLimit=QUANTITY,
+                     gpuResourceName=GPU_RESOURCE)
     props.update(extra or {})
     return obj(props)
 
@@ -91,6 +95,14 @@ def build() -> dict:
             "nodeSelector": {"type": "object", "additionalProperties": STRING},
             "tolerations": {"type": "array", "items": OBJECT},
             "priorityClassName": STRING,
+            "gpu": obj({"resourceName": {**GPU_RESOURCE, "minLength": 1},
+                        "tolerations": {"type": "array", "items": OBJECT},
+                        "nodeSelector": {"type": "object", "additionalProperties": STRING},
+                        "runtimeClassName": STRING}),
+            "datasets": obj({"volume": OBJECT, "readOnly": BOOL}),
+            "kueue": obj({"queueName": DNS_NAME_OR_EMPTY, "priorityClass": DNS_NAME_OR_EMPTY,
+                          "clusterQueue": DNS_NAME_OR_EMPTY}),
+            "alerts": obj({"enabled": BOOL, "labels": {"type": "object", "additionalProperties": STRING}}),
             "probes": obj({"timeoutSeconds": count(1), "startup": probe_timing(), "readiness": probe_timing(),
                            "liveness": probe_timing()}),
             "envs": component(grpc=True),
@@ -99,7 +111,13 @@ def build() -> dict:
             "learner": component(grpc=False, gpu=True, extra={
                 "nodes": count(1, 512), "rendezvousPort": PORT, "backoffLimit": count(0),
                 "ttlSecondsAfterFinished": {"type": ["integer", "null"], "minimum": 0},
+                "workload": {"enum": ["Job", "JobSet"]},
+                "activeDeadlineSeconds": {"type": ["integer", "null"], "minimum": 1},
+                "probes": obj({"startupPeriodSeconds": count(1), "startupFailureThreshold": count(1),
+                               "livenessPeriodSeconds": count(1), "livenessFailureThreshold": count(1),
+                               "timeoutSeconds": count(1)}),
                 "persistence": obj({"enabled": BOOL, "existingClaim": STRING, "storageClass": STRING,
+                                    "volume": OBJECT,
                                     "accessModes": {"type": "array", "items": {
                                         "enum": ["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]}},
                                     "size": QUANTITY})}),

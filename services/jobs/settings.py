@@ -64,6 +64,16 @@ class JobsSettings(BaseSettings):
     """Kubernetes launcher: namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
     k8s_network_policies: bool = True
     """Kubernetes launcher: give every job NetworkPolicies (its components reachable only by their callers)."""
+    k8s_gpu_resource: str = "nvidia.com/gpu"
+    """Kubernetes launcher: extended resource GPUs are requested as (a MIG profile: nvidia.com/mig-1g.10gb)."""
+    k8s_gpu_tolerations: list[dict] = Field(default_factory=list)
+    """Kubernetes launcher: tolerations added to pods with GPUs only (JSON list in the environment)."""
+    k8s_gpu_node_selector: dict[str, str] = Field(default_factory=dict)
+    """Kubernetes launcher: node labels pods with GPUs require, over the spec's (JSON object in the environment)."""
+    k8s_gpu_runtime_class: Optional[str] = None
+    """Kubernetes launcher: RuntimeClass of pods with GPUs; empty: none."""
+    k8s_queue_name: Optional[str] = None
+    """Kubernetes launcher: Kueue LocalQueue the learner Job and rollout Deployment are submitted to; empty: none."""
 
     def jobs_redis_url(self) -> Optional[str]:
         return self.k8s_redis_url if self.launcher == "kubernetes" and self.k8s_redis_url else self.redis_url

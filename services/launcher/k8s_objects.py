@@ -6,12 +6,14 @@ lets the garbage collector delete the rest. Rollout servers are a Deployment (GP
 advertised so the learner can push weights to each replica); envs and reward are Deployments with
 Services; the run config is a ConfigMap mounted at /etc/omrl. A Secret holds the job's own weight-push
 token (rollout and learner get it as OMRL_WEIGHT_TOKEN), and NetworkPolicies let each component be
-reached only by the components of the same job that call it (metrics: from the monitoring namespace)."""
+reached only by the components of the same job that call it (metrics: from the monitoring namespace).
+Pods with GPUs request them as `K8sOptions.gpu_resource` and alone get the GPU tolerations, node labels and
+RuntimeClass; with a Kueue queue, the learner Job and the rollout Deployment carry its queue-name label."""
 from __future__ import annotations
 
 import base64
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,6 +46,16 @@ class K8sOptions:
     """Namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
     network_policies: bool = True
     """Create the jobs' NetworkPolicies."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource GPUs are requested as (e.g. a MIG profile, nvidia.com/mig-1g.10gb)."""
+    gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """Tolerations added to pods with GPUs only (the spec's schedule.tolerations go on every pod)."""
+    gpu_node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels pods with GPUs require, merged over the spec's schedule.node_selector."""
+    gpu_runtime_class: Optional[str] = None
+    """RuntimeClass of pods with GPUs."""
+    queue_name: Optional[str] = None
+    """Kueue LocalQueue the learner Job and the rollout Deployment are submitted to (kueue.x-k8s.io/queue-name)."""
 
 
 def names(job_id: str) -> dict[str, str]:
@@ -59,6 +71,8 @@ def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
     config.reward.address = f"{n['reward']}:{PORTS['reward']}"
     config.rollout.addresses = []  # rollout pods register their pod IPs in Redis; the learner pushes to each
     config.learner.checkpoint_dir = f"/data/runs/{job_id}/checkpoints"
+    if not config.env.data_dir.startswith("/"):  # the pods' root is read-only; /data is their writable volume
+        config.env.data_dir = f"/data/{config.env.data_dir}"
     if options.redis_url:
         config.stream.redis_url = options.redis_url
     return config
@@ -103,8 +117,11 @@ class JobObjects:
             self.redis_env = [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
                 "name": options.redis_password_secret, "key": options.redis_password_key}}}]
 
-    def _meta(self, name: str, component: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _meta(self, name: str, component: str, owner: dict[str, Any] | None = None, queued: bool = False
+              ) -> dict[str, Any]:
         meta = {"name": name, "namespace": self.options.namespace, "labels": labels(self.job_id, component)}
+        if queued and self.options.queue_name:
+            meta["labels"]["kueue.x-k8s.io/queue-name"] = self.options.queue_name
         if owner is not None:
             meta["ownerReferences"] = [owner_reference(owner)]
         return meta
@@ -112,7 +129,7 @@ class JobObjects:
     def _resources(self, res: ComponentResources) -> dict[str, Any]:
         amounts = {"cpu": res.cpu, "memory": res.memory}
         if res.gpus:
-            amounts["nvidia.com/gpu"] = str(res.gpus)
+            amounts[self.options.gpu_resource] = str(res.gpus)
         return {"requests": dict(amounts), "limits": dict(amounts)}
 
     def _container(self, component: str, command: list[str], res: ComponentResources,
@@ -136,7 +153,7 @@ class JobObjects:
         container.update(probes or {})
         return container
 
-    def _pod_spec(self, containers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    def _pod_spec(self, containers: list[dict[str, Any]], gpus: int = 0, **extra: Any) -> dict[str, Any]:
         sched, res = self.spec.schedule, self.spec.resources
         data = ({"persistentVolumeClaim": {"claimName": res.volume_claim}} if res.volume_claim else {"emptyDir": {}})
         pod = {
@@ -151,10 +168,15 @@ class JobObjects:
             "enableServiceLinks": False,
             **extra,
         }
-        if sched.node_selector:
-            pod["nodeSelector"] = dict(sched.node_selector)
-        if sched.tolerations:
-            pod["tolerations"] = [t.model_dump(exclude_none=True) for t in sched.tolerations]
+        selector = {**sched.node_selector, **(self.options.gpu_node_selector if gpus else {})}
+        if selector:
+            pod["nodeSelector"] = selector
+        tolerations = [t.model_dump(exclude_none=True) for t in sched.tolerations]
+        tolerations += [dict(t) for t in self.options.gpu_tolerations] if gpus else []
+        if tolerations:
+            pod["tolerations"] = tolerations
+        if gpus and self.options.gpu_runtime_class:
+            pod["runtimeClassName"] = self.options.gpu_runtime_class
         if sched.priority_class:
             pod["priorityClassName"] = sched.priority_class
         if self.options.service_account:
@@ -181,16 +203,25 @@ class JobObjects:
         env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env,
             self._token_env()]
-        container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env)
+        probes = None
+        if nodes == 1:  # rank 0 serves /metrics once the model is loaded; with more pods it is in one of them
+            # a scrape reads the stream backlog from Redis (up to 3 reads of 2 s when it hangs): a 10 s deadline
+            metrics = {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 10}
+            probes = {"startupProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 180},
+                      "livenessProbe": {**metrics, "periodSeconds": 30, "failureThreshold": 4}}
+        container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env,
+                                    probes)
         spec: dict[str, Any] = {
             "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
             "backoffLimit": sched.backoff_limit, "ttlSecondsAfterFinished": sched.ttl_after_finished_s,
             "template": {"metadata": {"labels": labels(self.job_id, "learner"), "annotations": SCRAPE},
                          # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
-                         "spec": self._pod_spec([container], restartPolicy="Never", subdomain=n["learner"])}}
+                         "spec": self._pod_spec([container], res.gpus, restartPolicy="Never",
+                                                subdomain=n["learner"])}}
         if sched.max_runtime_s:
             spec["activeDeadlineSeconds"] = sched.max_runtime_s
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(n["learner"], "learner"), "spec": spec}
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(n["learner"], "learner", queued=True),
+                "spec": spec}
 
     # -- owned by the root -----------------------------------------------------------------------
     def dependents(self, root: dict[str, Any]) -> list[dict[str, Any]]:
@@ -271,10 +302,10 @@ class JobObjects:
         container = self._container(component, command, res, [{"name": "grpc", "containerPort": port}], env,
                                     self._grpc_probes(port, startup_s))
         return {"apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": self._meta(self.names[component], component, root),
+                "metadata": self._meta(self.names[component], component, root, queued=component == "rollout"),
                 "spec": {"replicas": res.replicas, "selector": {"matchLabels": selector(self.job_id, component)},
                          "template": {"metadata": {"labels": labels(self.job_id, component), "annotations": SCRAPE},
-                                      "spec": self._pod_spec([container])}}}
+                                      "spec": self._pod_spec([container], res.gpus)}}}
 
     def all(self, uid: str = "00000000-0000-0000-0000-000000000000") -> list[dict[str, Any]]:
         """Every manifest, the root first (with a placeholder uid in owner references when not created yet)."""

@@ -52,7 +52,9 @@ class KubernetesLauncher(Launcher):
             redis_url=settings.k8s_redis_url, redis_password_secret=settings.k8s_redis_password_secret,
             redis_password_key=settings.k8s_redis_password_key, service_account=settings.k8s_service_account,
             run_as_user=settings.k8s_run_as_user, monitoring_namespace=settings.k8s_monitoring_namespace or None,
-            network_policies=settings.k8s_network_policies))
+            network_policies=settings.k8s_network_policies, gpu_resource=settings.k8s_gpu_resource,
+            gpu_tolerations=settings.k8s_gpu_tolerations, gpu_node_selector=settings.k8s_gpu_node_selector,
+            gpu_runtime_class=settings.k8s_gpu_runtime_class or None, queue_name=settings.k8s_queue_name or None))
 
     def close(self) -> None:
         self.api.close()

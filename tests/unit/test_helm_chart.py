@@ -6,7 +6,6 @@ same renders against the Kubernetes schemas."""
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import re
 import subprocess
@@ -14,56 +13,25 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from services.common.config import load_config
 from services.common.grpc_server import LIVENESS
 from tests import redis_start_script
+from tests.helm_chart import (
+    CHART,
+    GPU,
+    ROOT,
+    component_of,
+    learner_job,
+    main_container,
+    objects,
+    render,
+    run_helm,
+    workloads,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "deploy/helm/openmanus-rl"
-GPU = ("-f", str(CHART / "values-gpu.yaml"))
 SERVICE_MODULES = {"envs": "services.envs", "reward": "services.reward", "rollout": "services.rollout",
                    "learner": "services.learner", "jobs-api": "services.jobs"}
-
-
-@functools.lru_cache(maxsize=None)
-def helm() -> str:
-    proc = subprocess.run(["bash", "scripts/get_helm.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return str(ROOT / proc.stdout.strip().splitlines()[-1])
-
-
-def run_helm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([helm(), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
-@functools.lru_cache(maxsize=None)
-def render(*args: str) -> tuple[dict, ...]:
-    proc = run_helm("template", "omrl", str(CHART), "--namespace", "ml", *args)
-    assert proc.returncode == 0, proc.stderr
-    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
-
-
-def objects(docs, kind: str) -> dict[str, dict]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
-
-
-def component_of(doc: dict) -> str:
-    return doc["metadata"]["labels"]["app.kubernetes.io/component"]
-
-
-def workloads(docs) -> dict[str, dict]:
-    """component -> pod template of every Deployment, StatefulSet and Job."""
-    out = {}
-    for doc in docs:
-        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
-            out[component_of(doc)] = doc["spec"]["template"]
-    return out
-
-
-def main_container(pod: dict) -> dict:
-    return pod["spec"]["containers"][0]
 
 
 def run_config_of(docs, component: str, tmp_path: Path):
@@ -100,8 +68,9 @@ def test_gpu_values_give_a_bf16_run_with_one_gpu_per_learner_process(tmp_path):
     assert f"--nproc_per_node={config.learner.nproc}" in learner["command"]
     assert rollout["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert learner["image"].endswith("-cuda") and rollout["image"].endswith("-cuda")
-    tolerations = pods["rollout"]["spec"]["tolerations"]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    for component, pod in pods.items():  # GPU tolerations on the GPU pods only
+        assert (gpu_taint in pod["spec"].get("tolerations", [])) == (component in ("rollout", "learner")), component
 
 
 def test_learner_gpus_must_match_its_processes():
@@ -112,7 +81,7 @@ def test_learner_gpus_must_match_its_processes():
 
 def test_multinode_learner_is_an_indexed_job_with_torchrun_rendezvous_on_pod_0():
     docs = render(*GPU, "--set", "learner.nodes=2")
-    job = objects(docs, "Job")["omrl-openmanus-rl-learner"]
+    job = learner_job(docs)
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
     pod = job["spec"]["template"]["spec"]
     headless = objects(docs, "Service")[pod["subdomain"]]
@@ -120,7 +89,9 @@ def test_multinode_learner_is_an_indexed_job_with_torchrun_rendezvous_on_pod_0()
     command = main_container(job["spec"]["template"])["command"]
     assert command[0] == "torchrun" and "--nnodes=2" in command
     assert "--node_rank=$(JOB_COMPLETION_INDEX)" in command
-    assert f"--master_addr=omrl-openmanus-rl-learner-0.{pod['subdomain']}" in command
+    assert f"--master_addr={job['metadata']['name']}-0.{pod['subdomain']}" in command  # pod 0's DNS name
+    # pod 0 holds rank 0, the only metrics server: several pods get no probes
+    assert "livenessProbe" not in main_container(job["spec"]["template"])
 
 
 @pytest.mark.parametrize("values", [(), GPU], ids=["default", "gpu"])

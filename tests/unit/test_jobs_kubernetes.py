@@ -351,3 +351,50 @@ def test_rollout_and_learner_share_a_weight_token_of_their_own_job_and_every_ser
                                                                             "key": "weight-token"}
         else:
             assert "OMRL_WEIGHT_TOKEN" not in env
+
+
+def test_cluster_gpu_settings_reach_the_pods_with_gpus_only():
+    taint = {"key": "example.com/a100", "operator": "Exists", "effect": "NoSchedule"}
+    options = K8sOptions(namespace="rl", gpu_resource="nvidia.com/mig-3g.40gb", gpu_tolerations=[taint],
+                         gpu_node_selector={"pool": "a100"}, gpu_runtime_class="nvidia")
+    objects = JobObjects(JOB, gpu_spec(), options).all()
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.31.0", strict=True)
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("Job", "Deployment")}
+    for name, pod in pods.items():
+        gpu = name in (f"{JOB}-learner", f"{JOB}-rollout")
+        limits = pod["containers"][0]["resources"]["limits"]
+        assert ("nvidia.com/mig-3g.40gb" in limits) == gpu and "nvidia.com/gpu" not in limits, name
+        assert (taint in pod["tolerations"]) == gpu, name  # the spec's own tolerations stay on every pod
+        assert pod["nodeSelector"] == ({"nvidia.com/gpu.present": "true", "pool": "a100"} if gpu
+                                       else {"nvidia.com/gpu.present": "true"}), name
+        assert pod.get("runtimeClassName") == ("nvidia" if gpu else None), name
+
+
+def test_a_kueue_queue_labels_the_learner_job_and_the_rollout_deployment():
+    def queued(options):
+        return {o["metadata"]["name"] for o in JobObjects(JOB, gpu_spec(), options).all()
+                if o["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpus"}
+
+    assert queued(OPTIONS) == set()
+    assert queued(K8sOptions(namespace="rl", queue_name="gpus")) == {f"{JOB}-learner", f"{JOB}-rollout"}
+
+
+def test_a_relative_data_dir_moves_onto_the_writable_data_volume():
+    assert run_config(JOB, cpu_spec(), OPTIONS).env.data_dir == "/data/data"
+    spec = cpu_spec()
+    spec.env.data_dir = "/data/tasks"
+    assert run_config(JOB, spec, OPTIONS).env.data_dir == "/data/tasks"
+
+
+def test_a_one_pod_learner_is_probed_on_its_metrics_port():
+    def container(spec):
+        return by_kind(JobObjects(JOB, spec, OPTIONS).all(), "Job")[f"{JOB}-learner"]["spec"]["template"]["spec"][
+            "containers"][0]
+
+    one = container(cpu_spec())
+    assert "--metrics-port" in one["command"] and {"name": "metrics", "containerPort": 9100} in one["ports"]
+    assert one["startupProbe"]["httpGet"] == one["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    spec = gpu_spec()
+    assert spec.resources.learner.replicas > 1
+    assert "livenessProbe" not in container(spec)

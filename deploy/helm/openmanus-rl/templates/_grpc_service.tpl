@@ -1,5 +1,5 @@
 {{/* Workload and Service of a CPU-only gRPC service (envs, reward):
-     omrl.grpcService (dict "root" $ "component" "envs" "module" "services.envs" ["peers" true])
+     omrl.grpcService (dict "root" $ "component" "envs" "module" "services.envs" ["peers" true] ["datasets" true])
      With "peers", a StatefulSet: each replica has a stable name on a headless Service, and every
      replica is given the others' direct addresses, as an episode lives on the replica that created it
      and calls reaching another replica are forwarded to it (services/envs/replicas.py). */}}
@@ -73,13 +73,19 @@ spec:
               containerPort: {{ $v.metricsPort }}
           {{- include "omrl.grpcProbes" (dict "port" $v.port "probes" $root.Values.probes) | nindent 10 }}
           resources:
-            {{- include "omrl.resources" (dict "values" $v "gpus" 0) | nindent 12 }}
+            {{- include "omrl.resources" (dict "root" $root "values" $v "gpus" 0) | nindent 12 }}
           securityContext:
             {{- include "omrl.containerSecurityContext" (dict "readOnlyRootFilesystem" $v.readOnlyRootFilesystem) | nindent 12 }}
           volumeMounts:
             {{- include "omrl.scratchMounts" $root | nindent 12 }}
+            {{- if .datasets }}
+            {{- include "omrl.datasetMount" $root | nindent 12 }}
+            {{- end }}
       volumes:
         {{- include "omrl.scratchVolumes" $root | nindent 8 }}
+        {{- if .datasets }}
+        {{- include "omrl.datasetVolume" $root | nindent 8 }}
+        {{- end }}
 ---
 {{- if .peers }}
 # Headless: the replicas' stable direct addresses, for forwarding calls to an episode's owner.

@@ -149,6 +149,14 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ = set $cfg "rollout" (merge (dict "addresses" (list (printf "%s:%d" $rollout (int .Values.rollout.port)))) ($cfg.rollout | default dict)) -}}
 {{- $_ = set $cfg "stream" (merge (dict "redis_url" (include "omrl.redis.url" .)) ($cfg.stream | default dict)) -}}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
+{{- $_ = set $cfg "env" (merge $cfg.env (dict "data_dir" "/datasets/generated")) -}}
+{{- /* relative paths would land on the pods' read-only root */ -}}
+{{- range $field := list "data_dir" "dataset" -}}
+{{- $path := index $cfg.env $field | default "" -}}
+{{- if and $path (not (hasPrefix "/" $path)) -}}
+{{- fail (printf "config.env.%s (%s) must be an absolute path: the pods' root filesystem is read-only (datasets are mounted at /datasets)" $field $path) -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -201,32 +209,47 @@ livenessProbe:
   timeoutSeconds: {{ .probes.timeoutSeconds }}
 {{- end -}}
 
-{{/* Resources with the component's GPUs added as nvidia.com/gpu limits */}}
+{{/* The extended resource a component's GPUs are requested as: omrl.gpuResource (dict "root" $ "values" $v) */}}
+{{- define "omrl.gpuResource" -}}
+{{- .values.gpuResourceName | default .root.Values.gpu.resourceName -}}
+{{- end -}}
+
+{{/* Resources with the component's GPUs added as limits of its GPU resource:
+     omrl.resources (dict "root" $ "values" $v "gpus" N) */}}
 {{- define "omrl.resources" -}}
 {{- $res := deepCopy (.values.resources | default dict) -}}
 {{- if gt (int .gpus) 0 -}}
 {{- $limits := $res.limits | default dict -}}
-{{- $_ := set $limits "nvidia.com/gpu" (int .gpus) -}}
+{{- $_ := set $limits (include "omrl.gpuResource" .) (int .gpus) -}}
 {{- $_ = set $res "limits" $limits -}}
 {{- end -}}
 {{- toYaml $res -}}
 {{- end -}}
 
-{{/* Scheduling fields shared by every pod of a component */}}
+{{/* Scheduling fields shared by every pod of a component: omrl.scheduling (dict "root" $ "values" $v ["gpus" N]).
+     Only pods that request GPUs get gpu.tolerations, gpu.nodeSelector and gpu.runtimeClassName. */}}
 {{- define "omrl.scheduling" -}}
+{{- $gpu := gt (int (.gpus | default 0)) 0 -}}
 {{- with .root.Values.image.pullSecrets }}
 imagePullSecrets:
   {{- range . }}
   - name: {{ . }}
   {{- end }}
 {{- end }}
-{{- with (.values.nodeSelector | default .root.Values.nodeSelector) }}
+{{- $selector := deepCopy (.values.nodeSelector | default .root.Values.nodeSelector | default dict) -}}
+{{- if $gpu }}{{ $selector = merge (deepCopy (.root.Values.gpu.nodeSelector | default dict)) $selector }}{{ end -}}
+{{- with $selector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with (concat (.root.Values.tolerations | default list) (.values.tolerations | default list)) }}
+{{- $tolerations := concat (.root.Values.tolerations | default list) (.values.tolerations | default list) -}}
+{{- if $gpu }}{{ $tolerations = concat $tolerations (.root.Values.gpu.tolerations | default list) }}{{ end -}}
+{{- with $tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with (.values.runtimeClassName | default (ternary .root.Values.gpu.runtimeClassName "" $gpu)) }}
+runtimeClassName: {{ . }}
 {{- end }}
 {{- with .values.affinity }}
 affinity:
@@ -279,6 +302,34 @@ priorityClassName: {{ . }}
 - name: models
   mountPath: /models
   readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Task datasets at /datasets (config.env.data_dir and env.dataset live there) */}}
+{{- define "omrl.datasetVolume" -}}
+- name: datasets
+  {{- with .Values.datasets.volume }}
+  {{- toYaml . | nindent 2 }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+{{- end -}}
+
+{{- define "omrl.datasetMount" -}}
+- name: datasets
+  mountPath: /datasets
+  {{- if .Values.datasets.readOnly }}
+  readOnly: true
+  {{- end }}
+{{- end -}}
+
+{{/* Kueue labels of a workload submitted to the queue (none without kueue.queueName) */}}
+{{- define "omrl.kueueLabels" -}}
+{{- with .Values.kueue.queueName }}
+kueue.x-k8s.io/queue-name: {{ . }}
+{{- with $.Values.kueue.priorityClass }}
+kueue.x-k8s.io/priority-class: {{ . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
