@@ -170,6 +170,9 @@ class AlgorithmConfig(Section):
     """Passes over each batch."""
     micro_batch_size: int = Field(16, ge=1, le=65536)
     """Sequences per forward/backward; gradients accumulate across micro-batches."""
+    micro_batch_tokens: int = Field(0, ge=0, le=16_777_216)
+    """Tokens per forward/backward instead (verl's dynamic batch size): consecutive sequences up to this many
+    real tokens (a longer sequence alone); 0: count by `micro_batch_size`."""
     ppo_mini_batch_size: int = Field(0, ge=0, le=1_000_000)
     """Sequences per optimizer step (consecutive, in batch order); 0: the whole batch, one step per epoch."""
     max_staleness: int = Field(0, ge=0, le=1000)
@@ -259,6 +262,15 @@ class LearnerConfig(Section):
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
     compile: bool = False
     """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP)."""
+    fuse_scoring: bool = True
+    """With one optimizer step per batch (one epoch, one mini-batch) and no KL in the reward, take the pre-update
+    logprobs from the update's own forward pass instead of a separate scoring pass (the same values)."""
+    pack_sequences: bool = False
+    """Each micro-batch's real tokens as one row, positions restarting per sequence and attention kept within
+    each (no compute on padding); the same losses and gradients as padded rows. Pair with `micro_batch_tokens`."""
+    attention: Literal["sdpa", "eager", "flex_attention", "flash_attention_2"] = "sdpa"
+    """Attention kernel of the policy, critic and reference (transformers' attn_implementation). Packed rows
+    use a block-diagonal mask with sdpa/eager, a document mask with flex_attention, varlen flash_attention_2."""
 
 
 class TrainConfig(Section):

@@ -19,7 +19,8 @@ class Critic:
     def __init__(self, config: TrainConfig, model_path: str, device: torch.device, dtype: str, mixed: bool):
         algo = config.algorithm
         self.config = config
-        self.model = load_value_model(model_path, dtype)
+        self.pack = config.learner.pack_sequences
+        self.model = load_value_model(model_path, dtype, config.learner.attention)
         parallelize(self.model, device, mixed_precision_bf16=mixed,
                     activation_checkpointing=config.learner.activation_checkpointing,
                     compile_layers=config.learner.compile)
@@ -28,7 +29,7 @@ class Critic:
 
     @torch.no_grad()
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return token_values(self.model, input_ids, attention_mask)
+        return token_values(self.model, input_ids, attention_mask, self.pack)
 
     def update(self, minis: Sequence[tuple[Sequence[Any], dict[str, float]]], sums: dict[str, torch.Tensor]
                ) -> list[float]:
@@ -42,7 +43,7 @@ class Critic:
                 self.optimizer.zero_grad(set_to_none=True)
                 for m in micro:
                     mask = m.batch.response_mask
-                    v = token_values(self.model, m.batch.input_ids, m.batch.attention_mask)
+                    v = token_values(self.model, m.batch.input_ids, m.batch.attention_mask, self.pack)
                     loss, stats = value_loss(v, m.values, m.returns, mask, algo.value_clip, algo.loss_agg_mode,
                                              **norm)
                     (loss * world).backward()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.batch import entropy_from_logits, logprobs_from_logits
+from services.learner.packing import pack_rows
 
 TOKEN_STATS_METHOD = "token_stats"
 """The model method that computes chunked logprobs; FSDP must treat it as a forward (`fsdp.shard_model`)."""
@@ -20,33 +21,50 @@ TOKEN_STATS_METHOD = "token_stats"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_model(path: str, dtype: str = "float32") -> torch.nn.Module:
+def load_model(path: str, dtype: str = "float32", attention: str = "sdpa") -> torch.nn.Module:
     """Loads on CPU with dropout off (eval mode), so PPO's first-epoch ratio is exactly 1."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
     model.config.use_cache = False
     setattr(model, TOKEN_STATS_METHOD, functools.partial(_chunked_token_stats, model))
     return model.eval()
 
 
-def _logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+def _logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask, position_ids=None) -> torch.Tensor:
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                 use_cache=False).logits
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   chunk_tokens: int = 0) -> torch.Tensor:
-    """[B, T] float32: position t = log p(token t | tokens < t), position 0 = 0."""
-    if _chunkable(model, chunk_tokens):
-        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, False)[0]
-    return logprobs_from_logits(_logits(model, input_ids, attention_mask), input_ids)
+                   chunk_tokens: int = 0, pack: bool = False) -> torch.Tensor:
+    """[B, T] float32: position t = log p(token t | tokens < t), position 0 = 0. `pack`: one forward pass
+    over the real tokens only (`packing`), the same values."""
+    if pack:
+        rows = pack_rows(input_ids, attention_mask)
+        return rows.unpack(_token_logprobs(model, rows.input_ids, None, chunk_tokens, rows.position_ids))
+    return _token_logprobs(model, input_ids, attention_mask, chunk_tokens)
 
 
 def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                               chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                               chunk_tokens: int = 0, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if pack:
+        rows = pack_rows(input_ids, attention_mask)
+        lp, ent = _token_logprobs_and_entropy(model, rows.input_ids, None, chunk_tokens, rows.position_ids)
+        return rows.unpack(lp), rows.unpack(ent)
+    return _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens)
+
+
+def _token_logprobs(model, input_ids, attention_mask, chunk_tokens, position_ids=None) -> torch.Tensor:
     if _chunkable(model, chunk_tokens):
-        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, True)
-    logits = _logits(model, input_ids, attention_mask)
+        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, False, position_ids)[0]
+    return logprobs_from_logits(_logits(model, input_ids, attention_mask, position_ids), input_ids)
+
+
+def _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens, position_ids=None):
+    if _chunkable(model, chunk_tokens):
+        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, True, position_ids)
+    logits = _logits(model, input_ids, attention_mask, position_ids)
     return logprobs_from_logits(logits, input_ids), entropy_from_logits(logits)
 
 
@@ -61,10 +79,11 @@ def _token_stats(model: torch.nn.Module):
     return getattr(model, TOKEN_STATS_METHOD, None) or functools.partial(_chunked_token_stats, model)
 
 
-def _chunked_token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         chunk_tokens: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunked_token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask, chunk_tokens: int,
+                         with_entropy: bool, position_ids=None) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state
     head = model.get_output_embeddings()
     b, t = input_ids.shape
     flat = hidden.reshape(b * t, -1)
@@ -98,12 +117,13 @@ def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch
     return logp, -(log_probs.exp() * log_probs).sum(-1)
 
 
-def load_value_model(path: str, dtype: str = "float32") -> torch.nn.Module:
+def load_value_model(path: str, dtype: str = "float32", attention: str = "sdpa") -> torch.nn.Module:
     """The critic: the policy's architecture and initial weights with a scalar head in place of the LM head.
     The head starts at zero (every value 0), so its first updates fit the head before the trunk moves."""
     from transformers import AutoModelForTokenClassification
 
-    model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=DTYPES[dtype])
+    model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=DTYPES[dtype],
+                                                            attn_implementation=attention)
     with torch.no_grad():
         model.score.weight.zero_()
         if model.score.bias is not None:
@@ -112,8 +132,17 @@ def load_value_model(path: str, dtype: str = "float32") -> torch.nn.Module:
     return model.eval()
 
 
-def token_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def token_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 pack: bool = False) -> torch.Tensor:
     """[B, T] float32: position t = V(tokens < t), the value of the state token t was sampled in (read
     from the head at position t - 1, the same shift as the logprobs); position 0 = 0."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[..., 0].float()
+    if pack:
+        rows = pack_rows(input_ids, attention_mask)
+        return rows.unpack(_token_values(model, rows.input_ids, None, rows.position_ids))
+    return _token_values(model, input_ids, attention_mask)
+
+
+def _token_values(model, input_ids, attention_mask, position_ids=None) -> torch.Tensor:
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=False).logits[..., 0].float()
     return torch.nn.functional.pad(out[:, :-1], (1, 0))

@@ -12,11 +12,11 @@ from services.learner.parallelize import parallelize
 
 class ReferencePolicy:
     def __init__(self, model_path: str, dtype: str, device: torch.device, mixed_precision_bf16: bool,
-                 chunk_tokens: int = 0):
+                 chunk_tokens: int = 0, pack: bool = False, attention: str = "sdpa"):
         from services.common.weights import checksum
 
-        self.model = load_model(model_path, dtype)
-        self.chunk_tokens = chunk_tokens
+        self.model = load_model(model_path, dtype, attention)
+        self.chunk_tokens, self.pack = chunk_tokens, pack
         self.model.requires_grad_(False)
         digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None
         self.identity: dict[str, Any] = {"path": str(model_path), "checksum": fsdp.broadcast_object(digest)}
@@ -25,7 +25,7 @@ class ReferencePolicy:
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return token_logprobs(self.model, input_ids, attention_mask, self.chunk_tokens)
+        return token_logprobs(self.model, input_ids, attention_mask, self.chunk_tokens, self.pack)
 
     def check(self, saved: dict[str, Any]) -> None:
         """Refuses to resume against other reference weights than the checkpointed run used."""

@@ -19,10 +19,10 @@ PPO_CASE = "ppo"
 PPO_SETTINGS = {"advantage": "gae", "lam": 0.9, "critic_lr": 1e-2, "use_kl_in_reward": True, "kl_ctrl": "adaptive",
                 "use_kl_loss": True, "kl_loss_coef": 0.1, "entropy_coeff": 0.01, "lr_warmup_steps": 1}
 LEVERS_CASE = "levers"
-"""The PPO case with every scale lever on: mini-batches (one of a single sequence), activation checkpointing
-and chunked logprobs whose chunks do not divide the token count."""
-LEVERS_SETTINGS = {**PPO_SETTINGS, "ppo_mini_batch_size": 3}
-LEVERS_LEARNER = {"activation_checkpointing": True, "logprob_chunk_tokens": 5}
+"""The PPO case with every scale lever on: mini-batches (one of a single sequence), packed micro-batches formed
+by a token budget, activation checkpointing and chunked logprobs whose chunks do not divide the token count."""
+LEVERS_SETTINGS = {**PPO_SETTINGS, "ppo_mini_batch_size": 3, "micro_batch_tokens": 24}
+LEVERS_LEARNER = {"activation_checkpointing": True, "logprob_chunk_tokens": 5, "pack_sequences": True}
 
 
 def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, tie: bool = False) -> Path:

@@ -26,6 +26,7 @@ from services.learner.critic import Critic
 from services.learner.kl import build_kl_controller, kl_estimate
 from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, truncated_is_weights
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
+from services.learner.packing import token_budget_chunks
 from services.learner.parallelize import parallelize
 from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_scheduler, restore_scheduler
@@ -76,7 +77,8 @@ class PolicyTrainer:
         mixed = config.model.dtype != "float32" and self.device.type == "cuda"
         load_dtype = "float32" if mixed else config.model.dtype
         self.model_path = model_path
-        self.model = load_model(model_path, load_dtype)
+        self.pack = config.learner.pack_sequences
+        self.model = load_model(model_path, load_dtype, config.learner.attention)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(self.model, self.device, mixed_precision_bf16=mixed,
                     activation_checkpointing=config.learner.activation_checkpointing,
@@ -90,7 +92,8 @@ class PolicyTrainer:
         self.reference = None
         if algo.use_kl_in_reward or algo.use_kl_loss:
             self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed,
-                                             config.learner.logprob_chunk_tokens)
+                                             config.learner.logprob_chunk_tokens, pack=self.pack,
+                                             attention=config.learner.attention)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
         self.policy_version = 0
@@ -110,17 +113,27 @@ class PolicyTrainer:
     def _local_micro_batches(self, batch: TrainBatch, rows: torch.Tensor) -> list[_Micro]:
         """This rank's share of `rows` in micro-batches, topped up with empty (mask 0) micro-batches
         so that every rank runs the same number of forward/backward passes (FSDP's collectives)."""
-        size = self.config.algorithm.micro_batch_size
         shares = rows.tensor_split(self.world_size)
-        n_micro = math.ceil(len(shares[0]) / size)
+        chunks = [self._micro_rows(batch, share) for share in shares]
+        n_micro = max(len(c) for c in chunks)
         # a share may be empty (a mini-batch smaller than the world): then this rank runs fillers only
-        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk)
-               for chunk in shares[self.rank].split(size) if len(chunk)]
+        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in chunks[self.rank]]
         while len(out) < n_micro:
             mb = batch.select(slice(0, 1)).trim()
             mb.response_mask = torch.zeros_like(mb.response_mask)
             out.append(_Micro(mb.to(self.device), None))
         return out
+
+    def _micro_rows(self, batch: TrainBatch, share: torch.Tensor) -> list[torch.Tensor]:
+        """A rank's share of rows in micro-batches: by `micro_batch_tokens` real tokens when set, else by
+        `micro_batch_size` sequences. Every rank computes every share's split, so all agree on the count."""
+        algo = self.config.algorithm
+        if not len(share):
+            return []
+        if algo.micro_batch_tokens:
+            lengths = batch.attention_mask[share].sum(-1).tolist()
+            return [share[group] for group in token_budget_chunks(lengths, algo.micro_batch_tokens)]
+        return list(share.split(algo.micro_batch_size))
 
     def _gather(self, micro: list[_Micro], field: str, shape: torch.Size) -> torch.Tensor:
         """The per-micro-batch tensors `field` of every rank, as one [B, T] CPU tensor on every rank."""
@@ -132,25 +145,44 @@ class PolicyTrainer:
         return fsdp.all_reduce_sum(full).to("cpu", torch.float32)
 
     # -- one step ---------------------------------------------------------------------------
-    def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor]) -> None:
-        """Old (pre-update) logprobs, reference logprobs, values and importance weights, without gradients."""
-        cap, chunk = self.config.algorithm.tis_cap, self.config.learner.logprob_chunk_tokens
+    def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor], fused: bool = False) -> None:
+        """Old (pre-update) logprobs (unless `fused`: the update pass takes them), reference logprobs, values
+        and importance weights, without gradients."""
+        chunk = self.config.learner.logprob_chunk_tokens
         with torch.no_grad():
             for m in micro:
                 b, mask = m.batch, m.batch.response_mask
-                m.old_logprobs, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
-                sums["mismatch_kl"] += (k3_kl(m.old_logprobs, b.rollout_logprobs) * mask).sum()
-                sums["entropy"] += (ent * mask).sum()
                 if self.reference is not None:
                     m.ref_logprobs = self.reference.logprobs(b.input_ids, b.attention_mask)
-                    sums["kl_ref"] += (kl_estimate(m.old_logprobs, m.ref_logprobs, "low_var_kl") * mask).sum()
                 if self.critic is not None:
                     m.values = self.critic.values(b.input_ids, b.attention_mask)
-                if cap > 0:
-                    m.is_weights = truncated_is_weights(m.old_logprobs, b.rollout_logprobs, cap)
-                    raw = torch.exp((m.old_logprobs - b.rollout_logprobs).clamp(-20.0, 20.0))
-                    sums["tis_weight"] += (m.is_weights * mask).sum()
-                    sums["tis_clipped"] += ((raw > cap).to(mask.dtype) * mask).sum()
+                if not fused:
+                    old, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk, self.pack)
+                    self._set_old_logprobs(m, old, ent, sums)
+
+    def _set_old_logprobs(self, m: _Micro, old: torch.Tensor, ent: torch.Tensor, sums: dict[str, torch.Tensor]
+                          ) -> None:
+        """The pre-update logprobs of a micro-batch and what derives from them: rollout mismatch, entropy,
+        KL to the reference, truncated importance weights."""
+        b, mask, cap = m.batch, m.batch.response_mask, self.config.algorithm.tis_cap
+        m.old_logprobs = old
+        sums["mismatch_kl"] += (k3_kl(old, b.rollout_logprobs) * mask).sum()
+        sums["entropy"] += (ent * mask).sum()
+        if m.ref_logprobs is not None:
+            sums["kl_ref"] += (kl_estimate(old, m.ref_logprobs, "low_var_kl") * mask).sum()
+        if cap > 0:
+            m.is_weights = truncated_is_weights(old, b.rollout_logprobs, cap)
+            raw = torch.exp((old - b.rollout_logprobs).clamp(-20.0, 20.0))
+            sums["tis_weight"] += (m.is_weights * mask).sum()
+            sums["tis_clipped"] += ((raw > cap).to(mask.dtype) * mask).sum()
+
+    def _fused_scoring(self, n_mini: int) -> bool:
+        """Whether the update's own forward pass can give the pre-update logprobs: a single optimizer step (one
+        epoch, one mini-batch) sees the weights that scoring would, and nothing needs the logprobs before it
+        (KL in the reward does). Saves one forward pass over the batch."""
+        algo = self.config.algorithm
+        return (self.config.learner.fuse_scoring and algo.ppo_epochs == 1 and n_mini == 1
+                and not algo.use_kl_in_reward)
 
     def _kl_penalised_rewards(self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float],
                               update_controller: bool = True) -> torch.Tensor:
@@ -197,7 +229,8 @@ class PolicyTrainer:
         extra: dict[str, float] = {"lr": self.optimizer.param_groups[0]["lr"]}
 
         start = time.perf_counter()
-        self._score(micro, sums)
+        fused = self._fused_scoring(len(minis)) and not dry_run
+        self._score(micro, sums, fused)
         token_rewards = batch.token_rewards
         if algo.use_kl_in_reward:
             token_rewards = self._kl_penalised_rewards(batch, micro, extra, update_controller=not dry_run)
@@ -256,10 +289,15 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         for m in mini.micro:
             b, mask = m.batch, m.batch.response_mask
-            if algo.entropy_coeff > 0:
-                lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk)
+            scoring = m.old_logprobs is None  # fused scoring: this pass gives the pre-update logprobs
+            if algo.entropy_coeff > 0 or scoring:
+                lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk, self.pack)
             else:
-                lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk), None
+                lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk, self.pack), None
+            if scoring:
+                self._set_old_logprobs(m, lp.detach(), ent.detach(), sums)
+                if algo.entropy_coeff <= 0:
+                    ent = None
             pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
                                     algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
                                     is_weights=m.is_weights, **norm)

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from services.common.config import TrainConfig
+from services.learner.batch import collate
 from services.learner.model import token_logprobs, token_logprobs_and_entropy
 from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
@@ -90,6 +91,75 @@ def test_train_step_same_with_chunked_logprobs(model_dir):
     assert untimed(chunked).keys() == untimed(dense).keys()
     for key, value in untimed(dense).items():
         assert chunked[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def _ragged_inputs():
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 64, (4, 9), generator=gen)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate((9, 2, 6, 1)):  # full, short, middle, a lone token
+        mask[row, :n] = 1
+    return ids, mask
+
+
+def _packed_stats_and_grads(model, pack, chunk=0):
+    ids, mask = _ragged_inputs()
+    model.zero_grad(set_to_none=True)
+    lp, ent = token_logprobs_and_entropy(model, ids, mask, chunk, pack)
+    weights = torch.linspace(-1.0, 1.0, lp.numel(), dtype=lp.dtype).reshape(lp.shape)
+    ((lp * weights * mask).sum() + (ent * weights.flip(-1) * mask).sum()).backward()
+    return lp.detach() * mask, ent.detach() * mask, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_packed_rows_give_the_padded_logprobs_entropy_and_gradients(tiny64, chunk):
+    from services.learner.packing import pack_rows
+
+    ids, mask = _ragged_inputs()
+    rows = pack_rows(ids, mask)
+    assert rows.input_ids.shape == (1, 18) and rows.position_ids[0].tolist()[:11] == [*range(9), 0, 1]
+    lp, ent, grads = _packed_stats_and_grads(tiny64, False, chunk)
+    lp_p, ent_p, grads_p = _packed_stats_and_grads(tiny64, True, chunk)
+    assert (lp_p[:, 0] == 0).all() and (lp_p[mask == 0] == 0).all()
+    torch.testing.assert_close(lp_p, lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent_p, ent, rtol=1e-6, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads_p[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_packed_values_equal_padded(model_dir):
+    from services.learner.model import load_value_model, token_values
+
+    critic = load_value_model(model_dir).double()
+    torch.nn.init.normal_(critic.score.weight, generator=torch.Generator().manual_seed(1))
+    ids, mask = _ragged_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(token_values(critic, ids, mask, pack=True) * mask,
+                                   token_values(critic, ids, mask) * mask, rtol=1e-6, atol=1e-6)
+
+
+def test_token_budget_groups_consecutive_rows():
+    from services.learner.packing import token_budget_chunks
+
+    assert token_budget_chunks([3, 4, 2, 9, 1, 1], 7) == [[0, 1], [2], [3], [4, 5]]
+    assert token_budget_chunks([5], 1) == [[0]]
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "gae"])
+def test_train_step_same_with_packing_and_token_budget(model_dir, advantage):
+    """Packed micro-batches formed by a token budget: the same step as padded micro-batches of 3 sequences
+    (policy, critic and reference, two epochs, two mini-batches)."""
+    trajs = synthetic_trajectories(9, 3, seed=8)
+    settings = {"advantage": advantage, "ppo_epochs": 2, "ppo_mini_batch_size": 6, "use_kl_loss": True,
+                "kl_loss_coef": 0.1, **({"lam": 0.9, "critic_lr": 1e-2} if advantage == "gae" else {})}
+    padded = PolicyTrainer(make_config({}, **settings), model_dir).train_step(trajs)
+    packed_trainer = PolicyTrainer(make_config({"pack_sequences": True}, micro_batch_tokens=24, **settings),
+                                   model_dir)
+    sizes = [len(m.rows) for mini in packed_trainer._mini_batches(collate(trajs, 0)) for m in mini.micro]
+    assert sizes != [3, 3, 3] and max(sizes) > 1  # the budget, not the sequence count, formed them
+    packed = packed_trainer.train_step(trajs)
+    for key, value in untimed(padded).items():
+        assert packed[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 def test_activation_checkpointing_same_gradients_fewer_saved_tensors(model_dir):
