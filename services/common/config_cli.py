@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -50,7 +53,7 @@ class Parser(argparse.ArgumentParser):
 def _suggest(message: str, parser: argparse.ArgumentParser) -> str:
     if not message.startswith("unrecognized arguments: "):
         return message
-    known = [opt for action in parser._actions for opt in action.option_strings]
+    known = _options(parser)
     flags = [arg.split("=", 1)[0] for arg in message.removeprefix("unrecognized arguments: ").split()
              if arg.startswith("--")]
     for flag in flags:
@@ -59,6 +62,18 @@ def _suggest(message: str, parser: argparse.ArgumentParser) -> str:
             return f"unknown flag {flag}; did you mean {close[0]}?"
         return f"unknown flag {flag}; see --help or `omrl config explain SECTION`"
     return message
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of `parser` and its sub-commands (argparse reports a sub-command's unknown flags
+    from the root parser)."""
+    found = []
+    for action in parser._actions:
+        found += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                found += _options(sub)
+    return found
 
 
 # -- the schema, walked ------------------------------------------------------------------------------
@@ -130,10 +145,21 @@ def plugin_names(kind: str) -> list[str]:
 
 
 def type_name(annotation: Any) -> str:
-    if isinstance(annotation, type):
-        return annotation.__name__
-    text = str(annotation).replace("typing.", "").replace("NoneType", "None")
-    return text.split("[", 1)[0] if text.startswith("Annotated") else text
+    """`int`, `Optional[str]`, `dict[str, RewardComponentConfig]`: the type as a user writes a value of it."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return type(args[0]).__name__
+    if origin is Union or origin is UnionType:
+        rest = [a for a in args if a is not type(None)]
+        inner = " | ".join(type_name(a) for a in rest)
+        return f"Optional[{inner}]" if len(rest) < len(args) else inner
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
+    if annotation is Any:
+        return "Any"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 # -- flags -----------------------------------------------------------------------------------------------
@@ -145,22 +171,28 @@ class ConfigFlags:
     """Adds `--config`, `--set` and one flag per field of `schema` to `parser`; `resolve` merges the layers."""
 
     def __init__(self, parser: argparse.ArgumentParser, schema: type[TrainConfig] = TrainConfig,
-                 shortcuts: bool = False, config_required: bool = False, positional_config: bool = False):
+                 shortcuts: bool = False, spec: Literal["--config", "SPEC", "SPEC?"] = "--config"):
+        """`spec`: the file as `--config FILE`, or as a positional argument, required or optional."""
         self.schema = schema
-        if positional_config:
-            parser.add_argument("config", metavar="SPEC", help=f"YAML file ({schema.__module__}.{schema.__name__})")
+        what = f"YAML file ({schema.__module__}.{schema.__name__})"
+        if spec == "--config":
+            parser.add_argument("--config", metavar="FILE", help=what)
         else:
-            parser.add_argument("--config", required=config_required, metavar="FILE",
-                                help=f"YAML run config ({schema.__module__}.{schema.__name__})")
+            parser.add_argument("config", metavar="SPEC", nargs="?" if spec == "SPEC?" else None, help=what)
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="override one field, the value read as YAML (e.g. --set 'env.options={size: 6}')")
-        self._plugins = {f"--{d.path}": d.plugin for d in walk(schema) if d.plugin}
+        docs = list(walk(schema))
+        self._plugins = {f"--{d.path}": d.plugin for d in docs if d.plugin}
+        defaults = {f"--{d.path}": d.default for d in docs if not d.section}
         short = SHORTCUTS if shortcuts else {}
 
         def add_argument(group: Any, *names: str, **kwargs: Any) -> Any:
             if short and kwargs.get("const") == "{}" and names[0] in short.values():
                 kwargs["help"] = argparse.SUPPRESS  # the section's JSON flag, renamed: its name is a shortcut
                 names = tuple(f"--{n.lstrip('-')}-json" for n in names)
+            if names and names[0] in defaults and "(default factory:" in str(kwargs.get("help")):
+                kwargs["help"] = re.sub(r"\(default factory: [^)]*\)", lambda _: f"(default: {_inline(defaults[names[0]])})",
+                                        kwargs["help"]).replace("%", "%%")
             if names and names[0] in self._plugins and kwargs.get("help") not in (None, argparse.SUPPRESS):
                 names_ = ", ".join(plugin_names(self._plugins[names[0]]))
                 kwargs["help"] = f"{kwargs['help']} One of: {names_}." if names_ else kwargs["help"]
@@ -181,6 +213,14 @@ class ConfigFlags:
 
     def resolve(self, args: argparse.Namespace, environ: dict[str, str] | None = None) -> "Resolved":
         return resolve(self.schema, args.config, args.set, self.flag_layer(args), environ)
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    elif isinstance(value, dict):
+        value = {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in value.items()}
+    return json.dumps(value)
 
 
 def _settings_error(exc: SettingsError) -> str:
