@@ -47,7 +47,8 @@ def explain(schema: type[BaseModel], path: str) -> str:
                          for d in walk(schema) if "." not in d.path)
     doc = find_field(schema, path)
     if doc.section:
-        fields = [d for d in walk(schema) if d.path.startswith(doc.path + ".") and d.path.count(".") == path.count(".") + 1]
+        depth = doc.path.count(".") + 1
+        fields = [d for d in walk(schema) if d.path.startswith(doc.path + ".") and d.path.count(".") == depth]
         width = max(len(d.path) for d in fields)
         return "\n".join([f"{doc.path}: {doc.doc or type_name(doc.annotation)}", ""] +
                          [f"  {d.path:<{width}}  {_first_sentence(d.doc) or type_name(d.annotation)}" for d in fields] +

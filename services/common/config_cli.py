@@ -191,8 +191,8 @@ class ConfigFlags:
                 kwargs["help"] = argparse.SUPPRESS  # the section's JSON flag, renamed: its name is a shortcut
                 names = tuple(f"--{n.lstrip('-')}-json" for n in names)
             if names and names[0] in defaults and "(default factory:" in str(kwargs.get("help")):
-                kwargs["help"] = re.sub(r"\(default factory: [^)]*\)", lambda _: f"(default: {_inline(defaults[names[0]])})",
-                                        kwargs["help"]).replace("%", "%%")
+                shown = f"(default: {_inline(defaults[names[0]])})".replace("%", "%%")
+                kwargs["help"] = re.sub(r"\(default factory: [^)]*\)", lambda _: shown, kwargs["help"])
             if names and names[0] in self._plugins and kwargs.get("help") not in (None, argparse.SUPPRESS):
                 names_ = ", ".join(plugin_names(self._plugins[names[0]]))
                 kwargs["help"] = f"{kwargs['help']} One of: {names_}." if names_ else kwargs["help"]
