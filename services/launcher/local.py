@@ -139,11 +139,15 @@ class LocalRun:
                 self._wait_healthy(proc)
         self.stage("run", "healthy", "all services healthy; the learner waits for the first step's episodes")
 
-    def _wait_healthy(self, proc: ServiceProcess) -> None:
+    def _wait_healthy(self, proc: ServiceProcess, first_s: float = 5.0, every_s: float = 15.0) -> None:
+        """Says what a service does while it is not serving yet: after `first_s`, then every `every_s`."""
         what = "loading the vLLM engine" if proc.name == "rollout" else "starting"
+        due = [first_s]
 
         def waiting(elapsed: float) -> None:
-            self.stage(proc.name, "loading", f"{proc.name}: {what} ({elapsed:.0f}s)", elapsed_s=round(elapsed, 1))
+            if elapsed + 0.5 >= due[0]:  # the health check ticks about every 5 s
+                due[0] = elapsed + every_s
+                self.stage(proc.name, "loading", f"{proc.name}: {what} ({elapsed:.0f}s)", elapsed_s=round(elapsed, 1))
 
         took = proc.wait_healthy(self.health_timeout_s, on_wait=waiting)
         self.stage(proc.name, "healthy", f"{proc.name}: healthy after {took:.0f}s", elapsed_s=round(took, 1))

@@ -2,6 +2,7 @@
 job (vLLM on CPU, every service a process) shows each start-up stage as it happens, then live step lines
 with reward, success, KL, step time and ETA; the services' logs are JSON lines (OMRL_LOG_FORMAT=json)
 without progress bars. Every process the run started is gone at the end, or is stopped here by PID."""
+import io
 import json
 import os
 import re
@@ -45,6 +46,7 @@ def terminal_run(tmp_path_factory):
             "--rollout.groups_per_step", "2", "--env.max_turns", "2"]
     child = pexpect.spawn("nice", args, env=env, cwd=str(ROOT), dimensions=(50, 200), encoding="utf-8",
                           timeout=420)
+    child.logfile_read = screen = io.StringIO()
     seen, stamps = [], {}
     try:
         for name, pattern in [("building", r"model: building the tiny model"), ("model", r"model: tiny model ready"),
@@ -59,7 +61,8 @@ def terminal_run(tmp_path_factory):
             stamps[name] = time.monotonic()
         child.expect(pexpect.EOF)
         child.close()
-        transcript = plain(child.before or "")
+        transcript = plain(screen.getvalue())
+        (out / "terminal.txt").write_text(transcript)
         yield {"seen": seen, "stamps": stamps, "exit": child.exitstatus, "run_dir": out / run,
                "transcript": transcript}
     finally:
@@ -81,6 +84,7 @@ def test_start_up_stages_then_live_step_lines_in_a_terminal(terminal_run):
     assert terminal_run["seen"] == ["building", "model", "envs", "reward", "loading", "rollout", "all",
                                     "step1", "step2"]
     assert terminal_run["exit"] == 0
+    assert "Traceback" not in terminal_run["transcript"]
 
 
 def test_every_service_process_is_gone(terminal_run):
