@@ -237,6 +237,8 @@ class LocalRun:
             self.say("infrastructure failures (never scored): " + ", ".join(f"{k} {v}" for k, v in sorted(lost.items())))
 
     def stop(self) -> None:
+        if any(proc.running() for proc in self.processes):
+            self.stage("run", "stopping", "stopping the services")
         for proc in reversed(self.processes):
             proc.stop()
 

@@ -351,3 +351,14 @@ def test_rollout_and_learner_share_a_weight_token_of_their_own_job_and_every_ser
                                                                             "key": "weight-token"}
         else:
             assert "OMRL_WEIGHT_TOKEN" not in env
+
+
+def test_each_pod_becoming_ready_is_a_start_up_event_reported_once(cluster, launcher):
+    handle = launcher.start(JOB, gpu_spec())
+    labels = {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "rollout"}
+    cluster.add_pod(f"{JOB}-rollout-7d9-x1", labels, {"phase": "Running", "conditions": [{"type": "Ready",
+                                                                                         "status": "True"}]})
+    first = launcher.poll(JOB, handle)
+    assert first.messages == [{"message": f"rollout: pod {JOB}-rollout-7d9-x1 ready", "service": "rollout",
+                               "stage": "healthy"}]
+    assert launcher.poll(JOB, first.handle).messages == []
