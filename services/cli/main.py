@@ -125,8 +125,15 @@ def offline(args: argparse.Namespace, flags: dict[str, ConfigFlags]) -> int:
     """Commands that need no API: validate, config show, config explain."""
     from services.cli import config_view
 
-    if args.command == "validate":
-        flags["validate"].resolve(args)
+    if args.command == "validate":  # exit 1: the spec is not valid (2 stays a usage error)
+        try:
+            flags["validate"].resolve(args)
+        except ConfigError as exc:
+            if args.debug:
+                raise
+            for line in exc.lines:
+                print(f"omrl: {line}", file=sys.stderr)
+            return 1
         print("ok")
         return 0
     if args.config_command == "show":

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         config = flags.resolve(args).config
     except (UsageError, ConfigError) as exc:  # one line naming the flag or field; nothing has started
         for line in getattr(exc, "lines", [str(exc)]):
-            print(f"{PROG}: {line}", file=sys.stderr)
+            print(f"config error: {line}", file=sys.stderr)
         if "--debug" in argv:
             raise
         return 2
