@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         view.close()
         if args.debug:
             raise
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
         print(f"{PROG}: run failed: {first} (logs in {config.run_dir / 'logs'}; --debug shows the traceback)",
               file=sys.stderr)
         return 1

@@ -215,3 +215,19 @@ def test_submit_sends_the_merged_spec(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().out == "job-1\n"
     assert sent["run"] == "mine" and sent["learner"]["steps"] == 2 and sent["algorithm"] == {"advantage": "rloo"}
     assert sent["resources"]["learner"]["cpu"] == "2"
+
+
+def test_a_failed_run_is_one_line_pointing_at_the_logs(monkeypatch, capsys, tmp_path):
+    from services.common import logs
+    from services.launcher import local
+
+    def fail(self):
+        raise RuntimeError("learner exited with 1:\nTraceback (most recent call last):\n  ...\nValueError: boom")
+
+    monkeypatch.setattr(logs, "setup_logging", lambda *a, **k: "text")
+    monkeypatch.setattr(local.LocalRun, "run", fail)
+    assert launcher.main(["train", "--plain", "--output_dir", str(tmp_path), "--run", "r"]) == 1
+    assert capsys.readouterr().err == (f"python -m services.launcher: run failed: learner exited with 1 (logs in "
+                                       f"{tmp_path}/r/logs; --debug shows the traceback)\n")
+    with pytest.raises(RuntimeError):
+        launcher.main(["train", "--plain", "--output_dir", str(tmp_path), "--debug"])
