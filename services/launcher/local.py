@@ -17,13 +17,29 @@ import psutil
 from services.common.config import JobSpec, TrainConfig, dump_config
 from services.common.grpc_server import free_port
 from services.common.run_state import RunState
-from services.launcher.base import (CANCELLED, CANCELLING, FAILED, INTERRUPTED, RUNNING, STARTING,
-                                    LAUNCHERS, Launcher, LaunchStatus, SpecRejected)
+from services.launcher.base import (
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    INTERRUPTED,
+    LAUNCHERS,
+    RUNNING,
+    STARTING,
+    Launcher,
+    LaunchStatus,
+    SpecRejected,
+)
 from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_json
 from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, python_module
-from services.launcher.report import (PlainView, decode_stage, learning_summary, stage_record, validation_line,
-                                      write_reward_curve)
+from services.launcher.report import (
+    PlainView,
+    decode_stage,
+    learning_summary,
+    stage_record,
+    validation_line,
+    write_reward_curve,
+)
 from services.rollout.push_auth import TOKEN_ENV
 
 
