@@ -133,8 +133,7 @@ def walk(schema: type[BaseModel], prefix: str = "", instance: BaseModel | None =
 
 
 def _defaults(schema: type[BaseModel]) -> BaseModel:
-    return schema.model_construct() if schema is not TrainConfig and not issubclass(schema, TrainConfig) \
-        else schema.model_validate({})
+    return schema.model_validate({})  # validated: factory defaults and derived values as a run gets them
 
 
 def plugin_names(kind: str) -> list[str]:
