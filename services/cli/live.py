@@ -66,7 +66,8 @@ class LiveView:
         if isinstance(m.get("step_seconds"), (int, float)):
             self.step_seconds.append(float(m["step_seconds"]))
         stats = step_stats(m, eta_seconds(step, self.total, self.step_seconds))
-        self.console.print(Text(f"step {step}/{self.total}  {stats}  policy v{m.get('policy_version', '-')}"))
+        mismatch = f"  mismatch {_num(m['mismatch_kl'], '.1e')}" if "mismatch_kl" in m else ""
+        self.console.print(Text(f"step {step}/{self.total}  {stats}{mismatch}  policy v{m.get('policy_version', '-')}"))
         self.progress.update(self.task, completed=step, description="training", stats=stats)
 
     def close(self) -> None:

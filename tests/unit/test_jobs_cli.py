@@ -80,3 +80,23 @@ def test_a_server_422_is_one_line_naming_the_field(monkeypatch, capsys, tmp_path
     err = capsys.readouterr().err
     assert err == ("omrl: HTTP 422: resources.learner.replicas: the local launcher runs one process of each "
                    "service\n")
+
+
+def test_the_live_view_keeps_a_line_per_step_with_eta_and_mismatch():
+    import io
+
+    from rich.console import Console
+
+    from services.cli.live import LiveView, duration, eta_seconds
+
+    assert eta_seconds(2, 10, [3.0, 5.0]) == 32.0 and eta_seconds(1, 10, []) is None
+    assert [duration(s) for s in (4.4, 75, 3725)] == ["4s", "1m15s", "1h02m"]
+    out = io.StringIO()
+    with LiveView(4, Console(file=out, width=160, force_terminal=False)) as view:
+        view.stage("rollout: healthy after 3s")
+        view.step({"step": 1, "reward_mean": -0.5, "success_rate": 0.125, "approx_kl": 0.0021, "step_seconds": 3.0,
+                   "mismatch_kl": 0.00123, "policy_version": 1})
+    lines = out.getvalue().splitlines()
+    assert "  rollout: healthy after 3s" in lines
+    assert ("step 1/4  reward -0.500  success 12%  kl 0.0021  3.0s/step  eta 9s  mismatch 1.2e-03  policy v1"
+            in lines)
