@@ -34,11 +34,14 @@ def setup_logging(service: str, level: str | int | None = None) -> str:
         raise SystemExit(f"{service}: {exc}") from None
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
+        from pythonjsonlogger.core import RESERVED_ATTRS
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
                                            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-                                           static_fields={"service": service}))
+                                           static_fields={"service": service},
+                                           # uvicorn's ANSI-coloured copy of each message
+                                           reserved_attrs=[*RESERVED_ATTRS, "color_message"]))
         # vLLM's own text handler off: its records reach this one (engine workers log to stderr as before)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     else:

@@ -61,3 +61,12 @@ def test_every_entry_point_uses_the_shared_setup(module):
     path = ROOT / (module.replace(".", "/") + ("/__main__.py" if module.count(".") == 1 else ".py"))
     text = path.read_text()
     assert "setup_logging(" in text and "logging.basicConfig" not in text
+
+
+def test_uvicorn_s_coloured_copy_of_a_message_is_left_out():
+    script = ("import logging\nfrom services.common.logs import setup_logging\nsetup_logging('jobs-api')\n"
+              "logging.getLogger('uvicorn.error').info('Started %s', 1, extra={'color_message': 'x', 'job': 'j'})\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env={**os.environ, "OMRL_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)})
+    record = json.loads(out.stderr.strip())
+    assert record["message"] == "Started 1" and record["job"] == "j" and "color_message" not in record
