@@ -5,6 +5,7 @@ import json
 from typing import Any, Iterator
 
 import httpx
+from httpx_sse import connect_sse
 
 
 class ApiError(RuntimeError):
@@ -59,35 +60,19 @@ class JobsClient:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"service": service, "tail": tail})
 
     def follow(self, job_id: str, after: int = 0, read_timeout_s: float = 60.0) -> Iterator[dict[str, Any]]:
-        """Events as they happen (server-sent events), ending with {"type": "end", ...} when the job has finished.
-        The server pings every 15 s, so a read that waits longer than `read_timeout_s` means a dead link."""
+        """Events as they happen (server-sent events, parsed by httpx-sse), ending with {"type": "end", ...}
+        when the job has finished. The server pings every 15 s, so a read that waits longer than
+        `read_timeout_s` means a dead link."""
         timeout = httpx.Timeout(read_timeout_s, connect=10.0)
-        with self.http.stream("GET", f"/v1/jobs/{job_id}/events", params={"after": after, "follow": "true"},
-                              timeout=timeout) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise ApiError(response.status_code, response.json().get("detail"))
-            for kind, data in parse_sse(response.iter_lines()):
-                if kind == "end":
-                    yield {"type": "end", **json.loads(data)}
+        with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", params={"after": after, "follow": "true"},
+                         timeout=timeout) as source:
+            if source.response.status_code >= 400:
+                source.response.read()
+                raise ApiError(source.response.status_code, source.response.json().get("detail"))
+            for message in source.iter_sse():
+                if not message.data:  # a ping (comment) after an event with an id reads as an empty message
+                    continue
+                if message.event == "end":
+                    yield {"type": "end", **json.loads(message.data)}
                     return
-                yield json.loads(data)
-
-
-def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
-    """(event, data) per message of a text/event-stream; comments (pings) and ids are skipped."""
-    kind, data = "message", []
-    for line in lines:
-        if not line:
-            if data:
-                yield kind, "\n".join(data)
-            kind, data = "message", []
-        elif line.startswith(":"):
-            continue
-        else:
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                kind = value
-            elif field == "data":
-                data.append(value)
+                yield json.loads(message.data)

@@ -1,7 +1,9 @@
 """omrl: submit a training job from a YAML file, list jobs, show one, follow its events, cancel it;
-validate a spec offline.
+validate a spec offline, show the effective config with the source of each value, explain a field.
 
-The API's address and token come from --api/--token or OMRL_API_URL/OMRL_API_TOKEN."""
+Every job-spec field is a flag of submit, validate and config show (`--algorithm.advantage rloo`), over
+the file, `OMRL_CONFIG__SECTION__FIELD` variables and `--set a.b=value`. The API's address and token come
+from --api/--token or OMRL_API_URL/OMRL_API_TOKEN. Errors are one line; --debug shows tracebacks."""
 from __future__ import annotations
 
 import argparse
@@ -14,25 +16,38 @@ import httpx
 
 from services.cli import render
 from services.cli.client import ApiError, JobsClient
-from services.common.config_errors import error_lines
+from services.common.config_cli import ConfigError, ConfigFlags, Parser, UsageError
 
-FAILED_STATES = {"failed", "interrupted", "cancelled"}
+SPEC_USAGE = "omrl {} {} [--set KEY=VALUE] [--SECTION.FIELD VALUE ...]"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omrl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
+    from services.common.config import JobSpec
+
+    parser = Parser(prog="omrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--api", default=os.environ.get("OMRL_API_URL", "http://127.0.0.1:8080"), help="job API URL")
     parser.add_argument("--token", default=os.environ.get("OMRL_API_TOKEN"), help="bearer token")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
-    sub = parser.add_subparsers(dest="command", required=True)
-    submit = sub.add_parser("submit", help="submit a job spec (YAML: a run config plus resources/schedule)")
-    submit.add_argument("spec", help="YAML file (services.common.config.JobSpec)")
-    submit.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    flags: dict[str, ConfigFlags] = {}
+    submit = sub.add_parser("submit", help="submit a job spec (YAML: a run config plus resources/schedule)",
+                            usage=SPEC_USAGE.format("submit", "SPEC") + " [--follow]")
     submit.add_argument("--follow", action="store_true", help="then follow its events until it ends")
-    validate = sub.add_parser("validate", help="check a job spec offline: prints ok, or one line per error")
-    validate.add_argument("spec", help="YAML file (services.common.config.JobSpec)")
-    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
+    flags["submit"] = ConfigFlags(submit, JobSpec, spec="SPEC")
+    validate = sub.add_parser("validate", help="check a job spec offline: prints ok, or one line per error",
+                              usage=SPEC_USAGE.format("validate", "SPEC"))
+    flags["validate"] = ConfigFlags(validate, JobSpec, spec="SPEC")
+    config = sub.add_parser("config", help="the effective config (show) or one field's meaning (explain)")
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=Parser)
+    show = config_sub.add_parser("show", help="every field's value and where it came from (default, file, env, flag)",
+                                 usage=SPEC_USAGE.format("config show", "[SPEC]") + " [--changed] [--json]")
+    show.add_argument("--changed", action="store_true", help="only values that are not the default")
+    show.add_argument("--json", action="store_true", help="as JSON: {field: {value, source}}")
+    flags["config show"] = ConfigFlags(show, JobSpec, spec="SPEC?")
+    explain = config_sub.add_parser("explain", help="a field's type, default, valid choices and meaning")
+    explain.add_argument("field", nargs="?", default="", help="dotted path (algorithm.advantage) or a section "
+                                                             "(algorithm); empty: the sections")
     lst = sub.add_parser("list", help="list jobs, newest first")
     lst.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
     lst.add_argument("--limit", type=int, default=50)
@@ -50,33 +65,36 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("job_id")
     logs.add_argument("--service", default="learner", choices=["supervisor", "envs", "reward", "rollout", "learner"])
     logs.add_argument("--tail", type=int, default=200)
-    return parser
+    return parser, flags
 
 
 def follow_job(client: JobsClient, job_id: str, after: int = 0, retries: int = 5) -> int:
-    """Prints events until the job ends; reconnects from the last seen event. Exit code: 0 if it succeeded."""
+    """Shows events until the job ends (live on a terminal, plain lines otherwise); reconnects from the last
+    seen event. Exit code: 0 if it succeeded."""
     total = client.get(job_id)["total_steps"]
-    for attempt in range(retries + 1):
-        try:
-            for event in client.follow(job_id, after):
-                if event["type"] == "end":
-                    print(f"job {job_id} {event['job_state']}")
-                    return 0 if event["job_state"] == "succeeded" else 1
-                after = event["seq"]
-                print(render.event_line(event, total), flush=True)
-        except (httpx.TransportError, httpx.StreamError) as exc:
-            if attempt == retries:
-                raise
-            print(f"(connection lost: {exc}; resuming after event {after})", file=sys.stderr)
-            time.sleep(min(2 ** attempt, 10))
+    view = render.follow_view(total)
+    try:
+        for attempt in range(retries + 1):
+            try:
+                for event in client.follow(job_id, after):
+                    if event["type"] == "end":
+                        view.end(job_id, event["job_state"])
+                        return 0 if event["job_state"] == "succeeded" else 1
+                    after = event["seq"]
+                    view.event(event)
+            except (httpx.TransportError, httpx.StreamError) as exc:
+                if attempt == retries:
+                    raise
+                print(f"(connection lost: {exc}; resuming after event {after})", file=sys.stderr)
+                time.sleep(min(2 ** attempt, 10))
+    finally:
+        view.close()
     return 1
 
 
-def run(args: argparse.Namespace, client: JobsClient) -> int:
+def run(args: argparse.Namespace, flags: dict[str, ConfigFlags], client: JobsClient) -> int:
     if args.command == "submit":
-        from services.common.config import JobSpec, load_config
-
-        spec = load_config(args.spec, args.set, schema=JobSpec)  # the server's models: errors show before sending
+        spec = flags["submit"].resolve(args).config  # the server's models: errors show before sending
         job = client.submit(spec.model_dump(mode="json", exclude_unset=True))
         print(job["id"], flush=True)
         return follow_job(client, job["id"]) if args.follow else 0
@@ -103,41 +121,69 @@ def run(args: argparse.Namespace, client: JobsClient) -> int:
     raise AssertionError(args.command)
 
 
-def print_config_error(exc: ValueError | OSError) -> None:
-    for line in error_lines(exc) if isinstance(exc, ValueError) else [str(exc)]:
-        print(f"omrl: {line}", file=sys.stderr)
+def offline(args: argparse.Namespace, flags: dict[str, ConfigFlags]) -> int:
+    """Commands that need no API: validate, config show, config explain."""
+    from services.cli import config_view
 
+    if args.command == "validate":  # exit 1: the spec is not valid (2 stays a usage error)
+        try:
+            flags["validate"].resolve(args)
+        except ConfigError as exc:
+            if args.debug:
+                raise
+            for line in exc.lines:
+                print(f"omrl: {line}", file=sys.stderr)
+            return 1
+        print("ok")
+        return 0
+    if args.config_command == "show":
+        resolved = flags["config show"].resolve(args)
+        print(config_view.show(resolved, args.changed, args.json))
+        return 0
+    from services.common.config import JobSpec
 
-def validate_spec(args: argparse.Namespace) -> int:
-    from services.common.config import JobSpec, load_config
-
-    try:
-        load_config(args.spec, args.set, schema=JobSpec)
-    except (ValueError, OSError) as exc:
-        print_config_error(exc)
-        return 1
-    print("ok")
+    print(config_view.explain(JobSpec, args.field))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "validate":
-        return validate_spec(args)
+def _main(argv: list[str]) -> int:
+    parser, flags = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("validate", "config"):
+        return offline(args, flags)
     if not args.token:
-        print("omrl: no token: pass --token or set OMRL_API_TOKEN", file=sys.stderr)
-        return 2
+        raise UsageError("no token: pass --token or set OMRL_API_TOKEN")
     client = JobsClient(args.api, args.token, args.timeout)
     try:
-        return run(args, client)
+        return run(args, flags, client)
     except ApiError as exc:
         print(f"omrl: {exc}", file=sys.stderr)
         return 1
-    except (ValueError, OSError) as exc:  # a bad spec file or override
-        print_config_error(exc)
-        return 2
     except httpx.HTTPError as exc:
         print(f"omrl: cannot reach {args.api}: {exc}", file=sys.stderr)
         return 1
     finally:
         client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(argv)
+    except (UsageError, ConfigError) as exc:  # a bad flag, file or value: nothing was sent or started
+        if "--debug" in argv:
+            raise
+        for line in getattr(exc, "lines", [str(exc)]):
+            print(f"omrl: {line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `omrl ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # anything else still reads as one line
+        if "--debug" in argv:
+            raise
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"omrl: {type(exc).__name__}: {text} (--debug shows the traceback)", file=sys.stderr)
+        return 1

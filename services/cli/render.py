@@ -1,6 +1,7 @@
 """How the CLI shows jobs and their events."""
 from __future__ import annotations
 
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -71,3 +72,50 @@ def event_line(event: dict[str, Any], total_steps: int) -> str:
     if kind == "state":
         return f"state: {data['state']}" + (f" ({data['error']})" if data.get("error") else "")
     return f"  {data.get('message', data)}"
+
+
+class PlainFollow:
+    """`omrl follow` into a pipe or file: one line per event."""
+
+    def __init__(self, total_steps: int):
+        self.total = total_steps
+
+    def event(self, event: dict[str, Any]) -> None:
+        print(event_line(event, self.total), flush=True)
+
+    def end(self, job_id: str, state: str) -> None:
+        print(f"job {job_id} {state}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class LiveFollow:
+    """`omrl follow` at a terminal: start-up stages, kept step lines and a live step bar (rich)."""
+
+    def __init__(self, total_steps: int):
+        from services.cli.live import LiveView
+
+        self.live = LiveView(total_steps)
+
+    def event(self, event: dict[str, Any]) -> None:
+        data, kind = event["data"], event["type"]
+        if kind == "step":
+            self.live.step(data)
+        elif kind == "state":
+            self.live.stage(f"state: {data['state']}" + (f" ({data['error']})" if data.get("error") else ""))
+        elif "stage" in data:
+            self.live.stage(str(data.get("message")))
+        else:
+            self.live.line(f"  {data.get('message', data)}", style="dim")
+
+    def end(self, job_id: str, state: str) -> None:
+        self.live.close()
+        self.live.line(f"job {job_id} {state}", style="bold green" if state == "succeeded" else "bold red")
+
+    def close(self) -> None:
+        self.live.close()
+
+
+def follow_view(total_steps: int) -> PlainFollow | LiveFollow:
+    return LiveFollow(total_steps) if sys.stdout.isatty() else PlainFollow(total_steps)

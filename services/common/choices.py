@@ -12,6 +12,7 @@ import importlib
 import inspect
 import os
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -50,6 +51,12 @@ def check_choice(kind: str, name: str) -> str:
     if name not in names:
         raise ValueError(f"{name!r} is not one of: {', '.join(names)}")
     return name
+
+
+@dataclass(frozen=True)
+class PluginChoice:
+    """Marks a config field as the name of a `kind` plugin (help texts list the registered names)."""
+    kind: str
 
 
 def choice_validator(kind: str) -> Callable[[str], str]:

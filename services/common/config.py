@@ -37,7 +37,7 @@ FreeForm = Annotated[dict[str, Any], AfterValidator(_reject_non_finite)]
 
 def _plugin(kind: str) -> Any:
     """A plugin name that must be registered (`services.common.choices.REGISTRIES`)."""
-    return Annotated[str, AfterValidator(choices.choice_validator(kind))]
+    return Annotated[str, AfterValidator(choices.choice_validator(kind)), choices.PluginChoice(kind)]
 
 
 class ModelConfig(Section):

@@ -3,6 +3,8 @@ import argparse
 import asyncio
 import logging
 
+from services.common.logs import setup_logging
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m services.envs", description="Text environment service")
@@ -28,7 +30,7 @@ def main() -> None:
     parser.add_argument("--peer", action="append", default=[], metavar="ID=HOST:PORT",
                         help="A peer replica's direct address (a static directory instead of Redis)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("envs")
 
     import importlib
 

@@ -1,6 +1,7 @@
 """python -m services.jobs: the job API (settings from OMRL_API_* environment variables)."""
 import argparse
-import logging
+
+from services.common.logs import setup_logging
 
 
 def main() -> None:
@@ -9,12 +10,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s jobs-api %(levelname)s %(message)s")
+    setup_logging("jobs-api", args.log_level)
     import uvicorn
 
     from services.jobs.app import create_app
 
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level,
+    # log_config=None: uvicorn's loggers go through the shared setup (text or JSON) instead of its own
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level, log_config=None,
                 timeout_graceful_shutdown=5)
 
 

@@ -136,7 +136,7 @@ class JobManager:
                 active += 1
 
     def _apply(self, record: JobRecord, status: LaunchStatus, events: list[tuple[str, dict[str, Any]]]) -> None:
-        events += [("message", {"message": m}) for m in status.messages]
+        events += [("message", m if isinstance(m, dict) else {"message": m}) for m in status.messages]
         if status.handle is not None:
             record.launcher_info = status.handle
         self._read_progress(record, events)  # before the state: a job's last steps come before its end

@@ -1,39 +1,92 @@
-"""python -m services.launcher train: a local training run, every service its own process."""
+"""python -m services.launcher train: a local training run, every service its own process.
+
+Every run-config field is a flag (`--algorithm.advantage rloo`, `--env.options '{"size": 6}'`); they apply
+over `--config FILE`, `OMRL_CONFIG__SECTION__FIELD` variables and `--set a.b=value`. `omrl config explain
+FIELD` describes one field."""
+from __future__ import annotations
+
 import argparse
 import signal
 import sys
 
-from services.common.config import load_config
-from services.common.config_errors import error_lines
+from services.common.config_cli import ConfigError, ConfigFlags, Parser, UsageError
+
+PROG = "python -m services.launcher"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run one training job locally (defaults: tiny model on corridor, GRPO)")
-    train.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
-    train.add_argument("--model", help="Hugging Face id or local path (default: build the tiny local model)")
-    train.add_argument("--env", help="built-in environment to train on")
-    train.add_argument("--steps", type=int, help="learner steps")
-    train.add_argument("--run", help="run name (output under runs/<run>)")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config override")
-    args = parser.parse_args()
-    overrides = [f"{k}={v}" for k, v in (("model.path", args.model), ("env.name", args.env),
-                                         ("learner.steps", args.steps), ("run", args.run)) if v is not None]
+def build_parser() -> tuple[Parser, ConfigFlags]:
+    parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train = sub.add_parser("train", help="run one training job locally (defaults: tiny model on corridor, GRPO)",
+                           usage=f"{PROG} train [--config FILE] [--set KEY=VALUE] [--SECTION.FIELD VALUE ...]",
+                           description="Shortcuts: --model (model.path; default: build the tiny local model), "
+                                       "--env (env.name), --steps (learner.steps).")
+    train.add_argument("--debug", action="store_true", help="show tracebacks")
+    train.add_argument("--plain", action="store_true", help="plain lines even on a terminal (no live view)")
+    return parser, ConfigFlags(train, shortcuts=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, flags = build_parser()
     try:
-        config = load_config(args.config, overrides + args.set)
-    except (ValueError, OSError) as exc:  # a bad config file or override: say which field, no traceback
-        for line in error_lines(exc) if isinstance(exc, ValueError) else [str(exc)]:
+        args = parser.parse_args(argv)
+        config = flags.resolve(args).config
+    except (UsageError, ConfigError) as exc:  # one line naming the flag or field; nothing has started
+        for line in getattr(exc, "lines", [str(exc)]):
             print(f"config error: {line}", file=sys.stderr)
+        if "--debug" in argv:
+            raise
         return 2
+    from services.common.logs import setup_logging
     from services.launcher.local import LocalRun
+    from services.launcher.report import PlainView
 
+    setup_logging("launcher")
     # SIGTERM unwinds like Ctrl-C, so the run stops every service it started; SIGINT is set explicitly
     # because a shell starting us in the background leaves it ignored
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    result = LocalRun(config).run()
+    view = PlainView(lambda line: print(line, flush=True)) if args.plain or not sys.stdout.isatty() \
+        else TerminalView(config.learner.steps)
+    try:
+        result = LocalRun(config, say=view.say, view=view).run()
+    except KeyboardInterrupt:
+        view.close()
+        print(f"{PROG}: interrupted; every service was stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failed run: its cause in one line, the service logs hold the rest
+        view.close()
+        if args.debug:
+            raise
+        first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+        print(f"{PROG}: run failed: {first} (logs in {config.run_dir / 'logs'}; --debug shows the traceback)",
+              file=sys.stderr)
+        return 1
+    finally:
+        view.close()  # also on SIGTERM's exit: the terminal gets its cursor back
     return 0 if result.history else 1
+
+
+class TerminalView:
+    """The live view (services.cli.live) as a LocalRun view."""
+
+    def __init__(self, total_steps: int):
+        from services.cli.live import LiveView
+
+        self.live = LiveView(total_steps)
+
+    def say(self, line: str) -> None:
+        self.live.line(line)
+
+    def stage(self, record: dict) -> None:
+        self.live.stage(record["message"])
+
+    def step(self, metrics: dict, total_steps: int) -> None:
+        self.live.step(metrics)
+
+    def close(self) -> None:
+        self.live.close()
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ class SpecRejected(ValueError):
 class LaunchStatus:
     state: str
     error: str | None = None
-    messages: list[str] = field(default_factory=list)
-    """Human-readable lines since the last poll (phases, scheduling problems)."""
+    messages: list[str | dict[str, Any]] = field(default_factory=list)
+    """Human-readable lines since the last poll (phases, scheduling problems); a dict is a structured event
+    with at least `message` (start-up stages: `service`, `stage`)."""
     handle: dict[str, Any] | None = None
     """An updated handle to persist, or None if unchanged."""
 

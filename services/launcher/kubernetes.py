@@ -199,13 +199,18 @@ class KubernetesLauncher(Launcher):
             self._delete("Service", name, "Background")
         handle["released"] = True
 
-    def _pod_problems(self, job_id: str, handle: dict[str, Any]) -> list[str]:
-        """Why pods do not run (unschedulable, image pulls, crash loops), each reported once."""
+    def _pod_problems(self, job_id: str, handle: dict[str, Any]) -> list[str | dict[str, Any]]:
+        """Why pods do not run (unschedulable, image pulls, crash loops), and each pod becoming ready (a
+        structured start-up event, as the local launcher's), each reported once."""
         seen, messages = set(handle.get("reported", [])), []
         for pod in self._list_pods(f"{INSTANCE}={job_id}"):
             name, status = pod["metadata"]["name"], pod.get("status") or {}
-            found = []
+            component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/component", name)
+            found: list[tuple[str, str | dict[str, Any]]] = []
             for cond in status.get("conditions") or []:
+                if cond.get("type") == "Ready" and cond.get("status") == "True":
+                    found.append((f"{name}/ready", {"message": f"{component}: pod {name} ready",
+                                                    "service": component, "stage": "healthy"}))
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                     found.append((f"{name}/{cond.get('reason')}", f"{name}: not scheduled ({cond.get('reason')}): "
                                                                    f"{cond.get('message', '')}"))

@@ -17,12 +17,29 @@ import psutil
 from services.common.config import JobSpec, TrainConfig, dump_config
 from services.common.grpc_server import free_port
 from services.common.run_state import RunState
-from services.launcher.base import (CANCELLED, CANCELLING, FAILED, INTERRUPTED, RUNNING, STARTING,
-                                    LAUNCHERS, Launcher, LaunchStatus, SpecRejected)
+from services.launcher.base import (
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    INTERRUPTED,
+    LAUNCHERS,
+    RUNNING,
+    STARTING,
+    Launcher,
+    LaunchStatus,
+    SpecRejected,
+)
 from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_json
 from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, python_module
-from services.launcher.report import learning_summary, step_line, validation_line, write_reward_curve
+from services.launcher.report import (
+    PlainView,
+    decode_stage,
+    learning_summary,
+    stage_record,
+    validation_line,
+    write_reward_curve,
+)
 from services.rollout.push_auth import TOKEN_ENV
 
 
@@ -36,10 +53,12 @@ class RunResult:
 
 class LocalRun:
     def __init__(self, config: TrainConfig, say: Callable[[str], None] = print, health_timeout_s: float = 300.0,
-                 restart_delay_s: float | None = None):
+                 restart_delay_s: float | None = None, view: Any = None):
         """`restart_delay_s`: restart a service that exits (the learner: that fails) after this long, as
-        Kubernetes restarts a pod; None ends the run instead (a lost env replica excepted while another runs)."""
+        Kubernetes restarts a pod; None ends the run instead (a lost env replica excepted while another runs).
+        `view` shows start-up stages and steps (`services.launcher.report.PlainView` through `say` by default)."""
         self.config, self.say, self.health_timeout_s = config, say, health_timeout_s
+        self.view = view if view is not None else PlainView(say)
         self.restart_delay_s = restart_delay_s
         self._restart_at: dict[str, float] = {}
         self.restarts: dict[str, int] = {}
@@ -57,8 +76,16 @@ class LocalRun:
         from services.launcher.tiny import prepare_tiny_model
 
         start = time.perf_counter()
+        self.stage("model", "building", "model: building the tiny model (tokenizer, random init"
+                   + (f", {self.config.model.warmstart_steps} warm-start steps)" if self.config.model.warmstart_steps
+                      else ")"))
         self.config.model.path = str(prepare_tiny_model(self.config, self.run_dir / "model", self.say))
-        self.say(f"tiny model ready in {time.perf_counter() - start:.0f}s: {self.config.model.path}")
+        took = time.perf_counter() - start
+        self.stage("model", "ready", f"model: tiny model ready in {took:.0f}s: {self.config.model.path}",
+                   elapsed_s=round(took, 1))
+
+    def stage(self, service: str, stage: str, message: str, **extra: Any) -> None:
+        self.view.stage(stage_record(service, stage, message, **extra))
 
     def _assign_addresses(self) -> dict[str, int]:
         ports = {name: free_port() for name in ("envs", "reward", "rollout", "envs_m", "reward_m", "rollout_m",
@@ -124,8 +151,22 @@ class LocalRun:
         self._write_pids()
         self.say(f"started {', '.join(f'{p.name} (pid {p.pid})' for p in self.processes)}; logs in {logs}")
         for proc in self.processes:
-            proc.wait_healthy(self.health_timeout_s)
-        self.say("all services healthy")
+            if proc.health_address:
+                self._wait_healthy(proc)
+        self.stage("run", "healthy", "all services healthy; the learner waits for the first step's episodes")
+
+    def _wait_healthy(self, proc: ServiceProcess, first_s: float = 5.0, every_s: float = 15.0) -> None:
+        """Says what a service does while it is not serving yet: after `first_s`, then every `every_s`."""
+        what = "loading the vLLM engine" if proc.name == "rollout" else "starting"
+        due = [first_s]
+
+        def waiting(elapsed: float) -> None:
+            if elapsed + 0.5 >= due[0]:  # the health check ticks about every 5 s
+                due[0] = elapsed + every_s
+                self.stage(proc.name, "loading", f"{proc.name}: {what} ({elapsed:.0f}s)", elapsed_s=round(elapsed, 1))
+
+        took = proc.wait_healthy(self.health_timeout_s, on_wait=waiting)
+        self.stage(proc.name, "healthy", f"{proc.name}: healthy after {took:.0f}s", elapsed_s=round(took, 1))
 
     def _record(self, metrics: dict, history: list[dict]) -> None:
         if metrics.get("kind") == "validation":  # the rollout's validation runs share the metrics stream
@@ -133,7 +174,7 @@ class LocalRun:
             self.say(validation_line(metrics))
             return
         history.append(metrics)
-        self.say(step_line(metrics, self.config.learner.steps))
+        self.view.step(metrics, self.config.learner.steps)
 
     def follow(self) -> list[dict]:
         state = RunState.connect(self.config)
@@ -212,6 +253,8 @@ class LocalRun:
             self.say("infrastructure failures (never scored): " + ", ".join(f"{k} {v}" for k, v in sorted(lost.items())))
 
     def stop(self) -> None:
+        if any(proc.running() for proc in self.processes):
+            self.stage("run", "stopping", "stopping the services")
         for proc in reversed(self.processes):
             proc.stop()
 
@@ -361,7 +404,8 @@ class LocalLauncher(Launcher):
             _kill_group(handle["pid"])
         self._stop_leftovers(Path(handle["run_dir"]))
 
-    def _new_log_lines(self, handle: dict[str, Any], limit: int = 200) -> list[str]:
+    def _new_log_lines(self, handle: dict[str, Any], limit: int = 200) -> list[str | dict[str, Any]]:
+        """New lines of the supervisor's log as messages; `@stage` lines become structured start-up events."""
         path = Path(handle["run_dir"]) / "logs" / "supervisor.log"
         try:
             with open(path, "rb") as f:
@@ -371,7 +415,7 @@ class LocalLauncher(Launcher):
             return []
         complete = chunk[:chunk.rfind(b"\n") + 1]
         handle["log_offset"] = handle.get("log_offset", 0) + len(complete)
-        lines = [line[:500] for line in complete.decode(errors="replace").splitlines()
+        lines = [decode_stage(line) or line[:500] for line in complete.decode(errors="replace").splitlines()
                  if line.strip() and not self._NOISE.search(line)]
         return lines[-limit:]
 

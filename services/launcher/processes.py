@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from services.common.grpc_server import wait_for_health
 
@@ -44,17 +45,22 @@ class ServiceProcess:
         except FileNotFoundError:
             return ""
 
-    def wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+    def wait_healthy(self, timeout_s: float, on_wait: Callable[[float], None] | None = None) -> float:
+        """Seconds it took; `on_wait(elapsed)` is called about every 5 s while the service is not serving yet."""
+        start = time.monotonic()
+        deadline = start + timeout_s
         while self.health_address:
             if not self.running():
                 raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
             try:
                 asyncio.run(wait_for_health(self.health_address, min(5.0, max(deadline - time.monotonic(), 0.1))))
-                return
+                break
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
+                if on_wait is not None:
+                    on_wait(time.monotonic() - start)
+        return time.monotonic() - start
 
     def stop(self, grace_s: float = 30.0) -> int | None:
         """SIGTERM to the service itself (it shuts its own workers down in order), SIGKILL to its whole

@@ -1,9 +1,55 @@
-"""What a run shows a person: one line per step, a closing summary, and the reward curve."""
+"""What a run shows a person: start-up stages, one line per step, a closing summary, and the reward curve.
+
+A view receives the stages and steps of a LocalRun: `PlainView` says them as lines (tests, a pipe),
+`SupervisorView` writes stages as `@stage {json}` lines that the job API turns into structured events,
+and the launcher's terminal view (`services.cli.live`) draws them live."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, Callable
+
+STAGE_MARK = "@stage "
+
+
+def stage_record(service: str, stage: str, message: str, **extra: Any) -> dict[str, Any]:
+    """A start-up event: which service, which stage (building, started, loading, healthy, ready), and a line
+    a person reads."""
+    return {"message": message, "service": service, "stage": stage, **extra}
+
+
+def encode_stage(record: dict[str, Any]) -> str:
+    return STAGE_MARK + json.dumps(record)
+
+
+def decode_stage(line: str) -> dict[str, Any] | None:
+    if not line.startswith(STAGE_MARK):
+        return None
+    try:
+        record = json.loads(line[len(STAGE_MARK):])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("message"), str) else None
+
+
+class PlainView:
+    def __init__(self, say: Callable[[str], None] = print):
+        self.say = say
+
+    def stage(self, record: dict[str, Any]) -> None:
+        self.say(record["message"])
+
+    def step(self, metrics: dict[str, Any], total_steps: int) -> None:
+        self.say(step_line(metrics, total_steps))
+
+    def close(self) -> None:
+        pass
+
+
+class SupervisorView(PlainView):
+    def stage(self, record: dict[str, Any]) -> None:
+        self.say(encode_stage(record))
 
 
 def step_line(m: dict[str, Any], total_steps: int) -> str:

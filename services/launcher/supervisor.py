@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from services.common.config import TrainConfig, load_config
+from services.common.logs import setup_logging
 from services.launcher.job_files import EXITED, PREPARING, RUNNING, STARTING, StatusFile
 from services.launcher.local import LocalRun
+from services.launcher.report import SupervisorView
 
 
 class Stop(BaseException):
@@ -58,7 +60,10 @@ def supervise(config: TrainConfig, status_path: Path, max_runtime_s: int | None 
     status = StatusFile(status_path)
     status.write(phase=PREPARING, state=None)
     _install_stop_handlers(max_runtime_s)
-    run = SupervisedRun(config, status, say=lambda line: print(line, flush=True))
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    run = SupervisedRun(config, status, say=say, view=SupervisorView(say))
     try:
         result = run.run()
     except Stop as stop:
@@ -79,6 +84,7 @@ def main() -> int:
     parser.add_argument("--status", required=True, help="status file to keep current")
     parser.add_argument("--max-runtime-s", type=int, default=None, help="stop and fail the job after this long")
     args = parser.parse_args()
+    setup_logging("supervisor")
     return supervise(load_config(args.config), Path(args.status), args.max_runtime_s)
 
 

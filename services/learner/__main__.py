@@ -2,9 +2,9 @@
 processes; rank 0 reads the stream and pushes weights)."""
 import argparse
 import json
-import logging
 
 from services.common.config import load_config
+from services.common.logs import setup_logging
 
 
 def main() -> None:
@@ -15,7 +15,7 @@ def main() -> None:
     parser.add_argument("--host", default=None, help="metrics bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--history", help="write the per-step summaries to this JSON file at the end")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s")
+    setup_logging("learner")
     config = load_config(args.config, args.set)
     from services.learner.app import build_learner
 

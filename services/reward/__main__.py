@@ -1,7 +1,8 @@
 """python -m services.reward --port 50053 --metrics-port 9103 [--config file.yaml]"""
 import argparse
 import asyncio
-import logging
+
+from services.common.logs import setup_logging
 
 
 def main() -> None:
@@ -16,7 +17,7 @@ def main() -> None:
                         help="Import MODULE first, so its reward functions registered in REWARDS are served")
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging("reward")
 
     import importlib
 

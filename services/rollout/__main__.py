@@ -1,9 +1,9 @@
 """python -m services.rollout: a vLLM rollout server (and trajectory producer) for one run."""
 import argparse
 import asyncio
-import logging
 
 from services.common.config import load_config
+from services.common.logs import setup_logging
 
 
 def main() -> None:
@@ -16,7 +16,7 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--no-produce", action="store_true", help="serve generation only, run no agent loop")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s rollout %(levelname)s %(message)s")
+    setup_logging("rollout")
     config = load_config(args.config, args.set)
     from services.rollout.app import run_server
 

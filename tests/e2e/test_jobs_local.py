@@ -152,6 +152,17 @@ def test_the_job_ran_to_completion_through_the_api(timeline):
     assert "step 2:" in timeline["learner_log"]
 
 
+def test_start_up_stages_reached_the_job_s_event_stream(timeline):
+    stages = [(e["data"]["service"], e["data"]["stage"]) for e in timeline["events"]
+              if e["type"] == "message" and "stage" in e["data"]]
+    for expected in [("model", "building"), ("model", "ready"), ("envs", "healthy"), ("reward", "healthy"),
+                     ("rollout", "healthy"), ("run", "healthy")]:
+        assert expected in stages, stages
+    assert stages.index(("model", "ready")) < stages.index(("rollout", "healthy")) < stages.index(("run", "healthy"))
+    followed = timeline["follow"].stdout
+    assert "  rollout: healthy after" in followed and "  all services healthy" in followed
+
+
 def test_the_cli_followed_it_with_live_progress(timeline):
     followed = timeline["follow"]
     assert followed.returncode == 0, followed.stderr

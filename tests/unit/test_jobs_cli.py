@@ -1,13 +1,40 @@
-"""The CLI's pieces that need no server: SSE parsing, error and progress rendering, argument handling."""
+"""The CLI's pieces that need no server: SSE following, error and progress rendering, argument handling."""
+import json
+
+import httpx
+
 from services.cli import render
-from services.cli.client import format_detail, parse_sse
+from services.cli.client import ApiError, JobsClient, format_detail
 from services.cli.main import main
 
 
-def test_server_sent_events_are_parsed_with_pings_and_ids_skipped():
-    lines = [": ping", "id: 1", "event: state", 'data: {"a": 1}', "", "id: 2", "event: step", "data: line one",
-             "data: line two", "", ": ping", "", "event: end", "data:{}", ""]
-    assert list(parse_sse(iter(lines))) == [("state", '{"a": 1}'), ("step", "line one\nline two"), ("end", "{}")]
+def sse_client(body: str, status: int = 200) -> JobsClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["follow"] == "true"
+        if status >= 400:
+            return httpx.Response(status, json={"detail": "no job x"})
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    return JobsClient("http://api", "t", transport=httpx.MockTransport(handler))
+
+
+def test_followed_events_skip_pings_and_end_with_the_job_state():
+    first = {"seq": 1, "type": "state", "data": {"state": "running"}}
+    second = {"seq": 2, "type": "message", "data": {"message": "rollout: healthy", "stage": "healthy"}}
+    body = (f": ping\r\n\r\nid: 1\r\nevent: state\r\ndata: {json.dumps(first)}\r\n\r\n: ping\r\n\r\n"
+            f"id: 2\r\nevent: message\r\ndata: {json.dumps(second)}\r\n\r\nevent: end\r\n"
+            'data: {"job_state": "succeeded"}\r\n\r\n')
+    events = list(sse_client(body).follow("x"))
+    assert events == [first, second, {"type": "end", "job_state": "succeeded"}]
+
+
+def test_a_follow_of_an_unknown_job_is_an_api_error():
+    try:
+        list(sse_client("", status=404).follow("x"))
+    except ApiError as exc:
+        assert exc.status == 404 and "no job x" in str(exc)
+    else:
+        raise AssertionError("no ApiError")
 
 
 def test_validation_errors_read_as_field_paths():
@@ -32,7 +59,7 @@ def test_missing_fields_render_as_dashes():
 def test_no_token_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.delenv("OMRL_API_TOKEN", raising=False)
     assert main(["list"]) == 2
-    assert "no token" in capsys.readouterr().err
+    assert capsys.readouterr().err == "omrl: no token: pass --token or set OMRL_API_TOKEN\n"
 
 
 def test_an_unreachable_api_is_reported(capsys):
@@ -40,8 +67,36 @@ def test_an_unreachable_api_is_reported(capsys):
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
 
 
-def test_a_bad_spec_file_fails_before_sending(tmp_path, capsys):
+def test_a_server_422_is_one_line_naming_the_field(monkeypatch, capsys, tmp_path):
+    """A spec the CLI's models accept but the server's launcher rejects comes back as the API's 422."""
+    def submit(self, spec):
+        raise ApiError(422, [{"loc": ["body", "resources", "learner", "replicas"],
+                              "msg": "the local launcher runs one process of each service"}])
+
+    monkeypatch.setattr(JobsClient, "submit", submit)
     spec = tmp_path / "job.yaml"
-    spec.write_text("learner: {steps: -3}\n")
-    assert main(["--api", "http://127.0.0.1:9", "--token", "t", "submit", str(spec)]) == 2
-    assert "learner.steps" in capsys.readouterr().err
+    spec.write_text("learner: {steps: 2}\n")
+    assert main(["--token", "t", "submit", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert err == ("omrl: HTTP 422: resources.learner.replicas: the local launcher runs one process of each "
+                   "service\n")
+
+
+def test_the_live_view_keeps_a_line_per_step_with_eta_and_mismatch():
+    import io
+
+    from rich.console import Console
+
+    from services.cli.live import LiveView, duration, eta_seconds
+
+    assert eta_seconds(2, 10, [3.0, 5.0]) == 32.0 and eta_seconds(1, 10, []) is None
+    assert [duration(s) for s in (4.4, 75, 3725)] == ["4s", "1m15s", "1h02m"]
+    out = io.StringIO()
+    with LiveView(4, Console(file=out, width=160, force_terminal=False)) as view:
+        view.stage("rollout: healthy after 3s")
+        view.step({"step": 1, "reward_mean": -0.5, "success_rate": 0.125, "approx_kl": 0.0021, "step_seconds": 3.0,
+                   "mismatch_kl": 0.00123, "policy_version": 1})
+    lines = out.getvalue().splitlines()
+    assert "  rollout: healthy after 3s" in lines
+    assert ("step 1/4  reward -0.500  success 12%  kl 0.0021  3.0s/step  eta 9s  mismatch 1.2e-03  policy v1"
+            in lines)

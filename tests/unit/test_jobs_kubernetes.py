@@ -398,3 +398,14 @@ def test_a_one_pod_learner_is_probed_on_its_metrics_port():
     spec = gpu_spec()
     assert spec.resources.learner.replicas > 1
     assert "livenessProbe" not in container(spec)
+
+
+def test_each_pod_becoming_ready_is_a_start_up_event_reported_once(cluster, launcher):
+    handle = launcher.start(JOB, gpu_spec())
+    labels = {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "rollout"}
+    cluster.add_pod(f"{JOB}-rollout-7d9-x1", labels, {"phase": "Running", "conditions": [{"type": "Ready",
+                                                                                         "status": "True"}]})
+    first = launcher.poll(JOB, handle)
+    assert first.messages == [{"message": f"rollout: pod {JOB}-rollout-7d9-x1 ready", "service": "rollout",
+                               "stage": "healthy"}]
+    assert launcher.poll(JOB, first.handle).messages == []

@@ -17,7 +17,7 @@ def started_processes(monkeypatch, tmp_path, run_name, redis_url):
         return self
 
     monkeypatch.setattr(ServiceProcess, "start", fake_start)
-    monkeypatch.setattr(ServiceProcess, "wait_healthy", lambda self, timeout_s: None)
+    monkeypatch.setattr(ServiceProcess, "wait_healthy", lambda self, timeout_s, on_wait=None: 0.0)
     monkeypatch.setattr("services.envs.datasets.ensure", lambda env: "test-tasks")
     config = TrainConfig(run=run_name, output_dir=str(tmp_path))
     config.model.path = str(tmp_path / "model")

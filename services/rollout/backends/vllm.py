@@ -74,6 +74,7 @@ class VllmBackend(RolloutBackend):
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager,
+            use_tqdm_on_load=False,  # no weight-loading bar in the log (this flag overrides TQDM_DISABLE)
             seed=seed,
             logprobs_mode=logprobs_mode,
             enable_prefix_caching=enable_prefix_caching,

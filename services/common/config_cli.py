@@ -1,0 +1,374 @@
+"""The run config on a command line: every schema field is a flag (`--algorithm.advantage grpo`) whose help is
+the field's docstring (pydantic-settings' CLI source builds them), beside `--config FILE`, `--set a.b=value`
+and `OMRL_CONFIG__A__B=value` environment variables. Layers apply in the order default < file < env < flag,
+and a resolved config remembers which layer gave each value (`omrl config show`)."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+from services.common import choices
+from services.common.config import TrainConfig
+from services.common.config_errors import error_lines
+
+ENV_PREFIX = "OMRL_CONFIG__"
+"""`OMRL_CONFIG__ALGORITHM__ADVANTAGE=rloo` is `--set algorithm.advantage=rloo` (the value is read as YAML)."""
+
+
+class ConfigError(ValueError):
+    """A bad file, override, flag or value: one line per problem, each naming the field."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+class UsageError(ValueError):
+    """A command line argparse rejects (unknown flag, missing argument), as one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing a usage screen and exiting: callers print one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)  # `--algorithm.advantag` must not pass as a prefix
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:
+        raise UsageError(_suggest(message, self))
+
+
+def _suggest(message: str, parser: argparse.ArgumentParser) -> str:
+    if not message.startswith("unrecognized arguments: "):
+        return message
+    known = _options(parser)
+    flags = [arg.split("=", 1)[0] for arg in message.removeprefix("unrecognized arguments: ").split()
+             if arg.startswith("--")]
+    for flag in flags:
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+        if close:
+            return f"unknown flag {flag}; did you mean {close[0]}?"
+        return f"unknown flag {flag}; see --help or `omrl config explain SECTION`"
+    return message
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string of `parser` and its sub-commands (argparse reports a sub-command's unknown flags
+    from the root parser)."""
+    found = []
+    for action in parser._actions:
+        found += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                found += _options(sub)
+    return found
+
+
+# -- the schema, walked ------------------------------------------------------------------------------
+@dataclass
+class FieldDoc:
+    path: str
+    annotation: Any
+    default: Any
+    doc: str
+    bounds: str
+    plugin: str | None
+    literal: tuple[str, ...]
+    section: bool
+
+
+def _bounds(info: Any) -> str:
+    parts = []
+    for item in info.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(item, attr, None) is not None:
+                parts.append(f"{sign} {getattr(item, attr)}")
+    return ", ".join(parts)
+
+
+def _plugin_kind(annotation: Any, metadata: list[Any]) -> str | None:
+    for item in [*metadata, *getattr(annotation, "__metadata__", ())]:
+        if isinstance(item, choices.PluginChoice):
+            return item.kind
+    if get_origin(annotation) is dict:  # reward.components: keys are plugin names
+        return _plugin_kind(get_args(annotation)[0], [])
+    return None
+
+
+def _literal(annotation: Any) -> tuple[str, ...]:
+    if get_origin(annotation) is Literal:
+        return tuple(str(a) for a in get_args(annotation))
+    for arg in get_args(annotation):  # Optional[Literal[...]]
+        if get_origin(arg) is Literal:
+            return tuple(str(a) for a in get_args(arg))
+    return ()
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def walk(schema: type[BaseModel], prefix: str = "", instance: BaseModel | None = None) -> Iterator[FieldDoc]:
+    """Every field of `schema`, sections first then their fields, with defaults from an instance."""
+    instance = instance if instance is not None else _defaults(schema)
+    for name, info in schema.model_fields.items():
+        path, value = f"{prefix}{name}", getattr(instance, name)
+        sub = _section_type(info.annotation)
+        yield FieldDoc(path, info.annotation, value, (info.description or "").strip(), _bounds(info),
+                       _plugin_kind(info.annotation, info.metadata), _literal(info.annotation), sub is not None)
+        if sub is not None:
+            yield from walk(sub, f"{path}.", value)
+
+
+def _defaults(schema: type[BaseModel]) -> BaseModel:
+    return schema.model_validate({})  # validated: factory defaults and derived values as a run gets them
+
+
+def plugin_names(kind: str) -> list[str]:
+    try:
+        return choices.registry(kind).names()
+    except ImportError:  # a registry whose module needs a package this install lacks
+        return []
+
+
+def type_name(annotation: Any) -> str:
+    """`int`, `Optional[str]`, `dict[str, RewardComponentConfig]`: the type as a user writes a value of it."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return type(args[0]).__name__
+    if origin is Union or origin is UnionType:
+        rest = [a for a in args if a is not type(None)]
+        inner = " | ".join(type_name(a) for a in rest)
+        return f"Optional[{inner}]" if len(rest) < len(args) else inner
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
+    if annotation is Any:
+        return "Any"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
+# -- flags -----------------------------------------------------------------------------------------------
+SHORTCUTS = {"--model.path": "--model", "--env.name": "--env", "--learner.steps": "--steps"}
+"""Short flags of the launcher (`--model ID --env maze --steps 60`); they replace the sections' JSON flags."""
+
+
+class ConfigFlags:
+    """Adds `--config`, `--set` and one flag per field of `schema` to `parser`; `resolve` merges the layers."""
+
+    def __init__(self, parser: argparse.ArgumentParser, schema: type[TrainConfig] = TrainConfig,
+                 shortcuts: bool = False, spec: Literal["--config", "SPEC", "SPEC?"] = "--config"):
+        """`spec`: the file as `--config FILE`, or as a positional argument, required or optional."""
+        self.schema = schema
+        what = f"YAML file ({schema.__module__}.{schema.__name__})"
+        if spec == "--config":
+            parser.add_argument("--config", metavar="FILE", help=what)
+        else:
+            parser.add_argument("config", metavar="SPEC", nargs="?" if spec == "SPEC?" else None, help=what)
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="override one field, the value read as YAML (e.g. --set 'env.options={size: 6}')")
+        docs = list(walk(schema))
+        self._plugins = {f"--{d.path}": d.plugin for d in docs if d.plugin}
+        defaults = {f"--{d.path}": d.default for d in docs if not d.section}
+        short = SHORTCUTS if shortcuts else {}
+
+        def add_argument(group: Any, *names: str, **kwargs: Any) -> Any:
+            if short and kwargs.get("const") == "{}" and names[0] in short.values():
+                kwargs["help"] = argparse.SUPPRESS  # the section's JSON flag, renamed: its name is a shortcut
+                names = tuple(f"--{n.lstrip('-')}-json" for n in names)
+            if names and names[0] in defaults and "(default factory:" in str(kwargs.get("help")):
+                shown = f"(default: {_inline(defaults[names[0]])})".replace("%", "%%")
+                kwargs["help"] = re.sub(r"\(default factory: [^)]*\)", lambda _: shown, kwargs["help"])
+            if names and names[0] in self._plugins and kwargs.get("help") not in (None, argparse.SUPPRESS):
+                names_ = ", ".join(plugin_names(self._plugins[names[0]]))
+                kwargs["help"] = f"{kwargs['help']} One of: {names_}." if names_ else kwargs["help"]
+            return group.add_argument(*names, *(short[n] for n in names if n in short), **kwargs)
+
+        settings = type(f"{schema.__name__}Flags", (BaseSettings, schema), {
+            "model_config": SettingsConfigDict(cli_avoid_json=False, cli_hide_none_type=True, case_sensitive=True,
+                                               cli_implicit_flags=False)})
+        self.source = CliSettingsSource(settings, root_parser=parser, cli_prog_name=parser.prog,
+                                        add_argument_method=add_argument, cli_exit_on_error=False)
+
+    def flag_layer(self, args: argparse.Namespace) -> dict[str, Any]:
+        values = {k: v for k, v in vars(args).items() if "." in k or k in self.schema.model_fields}
+        try:
+            return self.source(parsed_args=values)()
+        except SettingsError as exc:
+            raise ConfigError([_settings_error(exc)]) from None
+
+    def resolve(self, args: argparse.Namespace, environ: dict[str, str] | None = None) -> "Resolved":
+        return resolve(self.schema, args.config, args.set, self.flag_layer(args), environ)
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    elif isinstance(value, dict):
+        value = {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in value.items()}
+    return json.dumps(value)
+
+
+def _settings_error(exc: SettingsError) -> str:
+    text = str(exc)
+    if 'for field "' in text:  # error parsing value for field "env" from source "CliSettingsSource"
+        name = text.split('for field "', 1)[1].split('"', 1)[0]
+        return f"--{name}: not valid JSON"
+    return text
+
+
+# -- layers ----------------------------------------------------------------------------------------------
+def set_layer(items: list[str]) -> dict[str, Any]:
+    """`a.b.c=value` overrides (values read as YAML) as one nested dict."""
+    data: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError([f"--set {item!r}: expected KEY=VALUE, e.g. --set learner.steps=10"])
+        _put(data, key.split("."), _yaml(raw, f"--set {key}"), f"--set {key}")
+    return data
+
+
+def env_layer(environ: dict[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if name.upper().startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+            path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+            _put(data, path, _yaml(raw, name), name)
+    return data
+
+
+def file_layer(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError([f"{path}: {exc.strerror or exc}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {' '.join(str(exc).split())}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of config sections, got {type(data).__name__}"])
+    return data
+
+
+def _yaml(raw: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{where}: value is not valid YAML: {' '.join(str(exc).split())}"]) from None
+
+
+def _put(data: dict[str, Any], path: list[str], value: Any, where: str) -> None:
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError([f"{where}: {part} is set to a value, not a section"])
+    node[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and value:
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _lookup(data: dict[str, Any], path: tuple[str, ...]) -> bool:
+    node: Any = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+@dataclass
+class Resolved:
+    config: TrainConfig
+    layers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """(source, values) in the order they were applied."""
+    _defaults: dict[str, Any] | None = field(default=None, repr=False)
+
+    def source(self, path: str) -> str:
+        """Which layer set `path`: default, file, env, flag, or derived (a value
+        the schema computed from others, such as env.replicas from resources.envs.replicas)."""
+        parts = tuple(path.split("."))
+        for name, data in reversed(self.layers):
+            if _lookup(data, parts):
+                return name
+        if self._defaults is None:
+            self._defaults = {d.path: d.default for d in walk(type(self.config))}
+        return "default" if _value(self.config, path) == self._defaults.get(path) else "derived"
+
+    def rows(self, changed_only: bool = False) -> list[tuple[str, Any, str]]:
+        rows = []
+        for doc in walk(type(self.config), instance=self.config):
+            if doc.section:
+                continue
+            source = self.source(doc.path)
+            if not changed_only or source != "default":
+                rows.append((doc.path, doc.default, source))
+        return rows
+
+
+def _value(model: BaseModel, path: str) -> Any:
+    value: Any = model
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def resolve(schema: type[TrainConfig], config_path: str | None, overrides: list[str],
+            flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Resolved:
+    """Defaults < file < env < `--set` < flags, validated once; a problem raises ConfigError naming the field."""
+    layers = [("file", file_layer(config_path)), ("env", env_layer(dict(os.environ if environ is None else environ))),
+              ("flag", _merge(set_layer(overrides), flags or {}))]
+    data: dict[str, Any] = {}
+    for _, layer in layers:
+        data = _merge(data, layer)
+    try:
+        config = schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(explain_errors(exc, schema)) from None
+    return Resolved(config, [(name, layer) for name, layer in layers if layer])
+
+
+def explain_errors(exc: ValidationError, schema: type[BaseModel]) -> list[str]:
+    """`error_lines`, and for an unknown field the closest known one."""
+    known = [d.path for d in walk(schema)]
+    lines = []
+    for error, line in zip(exc.errors(), error_lines(exc)):
+        if error["type"] == "extra_forbidden":
+            path = ".".join(str(p) for p in error["loc"])
+            close = difflib.get_close_matches(path, known, n=1, cutoff=0.75)
+            line = f"{path}: unknown field" + (f"; did you mean {close[0]}?" if close else "")
+        lines.append(line)
+    return lines
+
+
+def find_field(schema: type[BaseModel], path: str) -> FieldDoc:
+    for doc in walk(schema):
+        if doc.path == path:
+            return doc
+    close = difflib.get_close_matches(path, [d.path for d in walk(schema)], n=1, cutoff=0.6)
+    raise ConfigError([f"{path}: no such field" + (f"; did you mean {close[0]}?" if close else "")])
