@@ -21,7 +21,6 @@ transformers = pytest.importorskip("transformers")
 from services.common.grpc_server import free_port  # noqa: E402
 from services.common.tiny_model import build_tiny_model  # noqa: E402
 from services.rollout.backends.base import BACKENDS, SamplingSpec  # noqa: E402
-from services.rollout.backends.vllm_metrics import ENGINE_SERIES  # noqa: E402
 
 ATOL = 1e-3
 CORPUS = [
@@ -133,8 +132,13 @@ def test_engine_args_reach_vllm(engine):
     assert config.observability_config is not None and engine.backend.engine.log_stats
 
 
+ENGINE = "omrl_rollout_engine_"
+VLLM_OWN = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+            "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
 def scrape(port: int) -> dict[str, float]:
-    """`name -> value` of the unlabelled-by-us series on a metrics endpoint (summed over vLLM's labels)."""
+    """`name{state}` -> value on a metrics endpoint, scraped as plain text (vLLM's own labels summed over)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
@@ -142,15 +146,16 @@ def scrape(port: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out[s.name] = out.get(s.name, 0.0) + s.value
+            name = s.name + (f"{{{s.labels['state']}}}" if s.name == ENGINE + "requests" else "")
+            out[name] = out.get(name, 0.0) + s.value
     return out
 
 
 def test_vllm_statistics_reach_the_metrics_endpoint(engine):
     """The metrics endpoint the rollout serves (prometheus_client's default registry, as
-    services.common.grpc_server.serve starts it) carries vLLM's engine statistics: prefix-cache
-    queries and hits, and, sampled while more requests than max_num_seqs run, the running and waiting
-    requests and the KV cache in use."""
+    services.common.grpc_server.serve starts it) carries the engine's statistics, fed from vLLM's:
+    prefix-cache queries and hits, and, sampled while more requests than max_num_seqs run, the running
+    and waiting requests and the KV cache in use. vLLM's own `vllm:*` series are there too."""
     from prometheus_client import start_http_server
 
     if engine.tied:
@@ -159,25 +164,28 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
     server, thread = start_http_server(port, addr="127.0.0.1")
     try:
         before = scrape(port)
-        assert set(ENGINE_SERIES) <= set(before), sorted(set(ENGINE_SERIES) - set(before))
+        assert set(VLLM_OWN) <= set(before), sorted(set(VLLM_OWN) - set(before))
         # Twice the same prompt, longer than a KV block (128 tokens on CPU): the second finds the first's blocks
         prompt = engine.prompt(" ".join(CORPUS[6:11]))
         assert len(prompt) > 128
         for seed in (1, 2):
             engine.generate_many([prompt], SamplingSpec(max_tokens=4, seed=seed))
         after = scrape(port)
-        queried = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
-        hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
-        assert queried >= 2 * len(prompt) - 1, (queried, len(prompt))
-        assert 128 <= hits < queried, (hits, queried)
+        for prefix in (ENGINE + "prefix_cache_", "vllm:prefix_cache_"):
+            queried = after[prefix + "queries_total"] - before[prefix + "queries_total"]
+            hits = after[prefix + "hits_total"] - before[prefix + "hits_total"]
+            assert queried >= 2 * len(prompt) - 1, (prefix, queried, len(prompt))
+            assert 128 <= hits < queried, (prefix, hits, queried)
 
         seqs = ENGINE_SETTINGS["max_num_seqs"]
         prompts = [engine.prompt(f"Room {i}. Which way?") for i in range(seqs + 16)]
+        watched = (ENGINE + "requests{running}", ENGINE + "requests{waiting}", ENGINE + "kv_cache_usage",
+                   "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
         async def sample_under_load() -> dict[str, float]:
             spec = SamplingSpec(max_tokens=24, seed=3)
             batch = asyncio.gather(*(engine.backend.generate(engine.request_id(), p, spec) for p in prompts))
-            peak = {name: 0.0 for name in ENGINE_SERIES}
+            peak = dict.fromkeys(watched, 0.0)
             while not batch.done():
                 for name, value in (await asyncio.to_thread(scrape, port)).items():
                     if name in peak:
@@ -187,11 +195,12 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
             return peak
 
         peak = engine.run(sample_under_load())
-        assert peak["vllm:num_requests_running"] == seqs
-        assert peak["vllm:num_requests_waiting"] == len(prompts) - seqs
-        assert 0 < peak["vllm:kv_cache_usage_perc"] <= 1
+        assert peak[ENGINE + "requests{running}"] == peak["vllm:num_requests_running"] == seqs
+        assert peak[ENGINE + "requests{waiting}"] == peak["vllm:num_requests_waiting"] == len(prompts) - seqs
+        assert 0 < peak[ENGINE + "kv_cache_usage"] == peak["vllm:kv_cache_usage_perc"] <= 1
         idle = scrape(port)
-        assert idle["vllm:num_requests_running"] == idle["vllm:num_requests_waiting"] == 0
+        assert idle[ENGINE + "requests{running}"] == idle[ENGINE + "requests{waiting}"] == 0
+        assert ENGINE + "preemptions_total" in idle  # none here: the KV cache is far larger than the batch
     finally:
         server.shutdown()
         thread.join(timeout=10)

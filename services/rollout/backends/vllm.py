@@ -20,7 +20,9 @@ from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
 
+from services.rollout import engine_metrics
 from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
 from services.rollout.backends.vllm_args import engine_kwargs
 from services.rollout.backends.vllm_worker_ext import pack_tensor
@@ -29,6 +31,29 @@ WORKER_EXTENSION = "services.rollout.backends.vllm_worker_ext.WeightReloadExtens
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "abort"}
 """vLLM finish reasons -> ours; "error" (a retryable engine-side failure) raises instead."""
+
+
+class EngineStatsLogger(StatLoggerBase):
+    """vLLM stat logger (one per engine, called in this process after each engine step) that feeds
+    `engine_metrics`. It reads `SchedulerStats` / `IterationStats`, which vLLM does not promise to
+    keep stable: the vLLM integration test checks the metrics move."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0):
+        self.engine_index = engine_index
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0):
+        if scheduler_stats is not None:
+            engine_metrics.record_step(
+                running=scheduler_stats.num_running_reqs,
+                waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+                prefix_queries=scheduler_stats.prefix_cache_stats.queries,
+                prefix_hits=scheduler_stats.prefix_cache_stats.hits)
+        if iteration_stats is not None:
+            engine_metrics.record_preemptions(iteration_stats.num_preempted_reqs)
+
+    def log_engine_initialized(self) -> None:
+        pass
 
 
 @BACKENDS.register("vllm")
@@ -43,9 +68,10 @@ class VllmBackend(RolloutBackend):
     defaults). On CPU the KV cache is `gpu_memory_utilization` of RAM unless `engine_args` sets
     `kv_cache_memory_bytes` (the legacy `VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides both).
 
-    vLLM's statistics are on: its Prometheus stat logger registers the `vllm:` metrics (KV-cache use,
-    running and waiting requests, prefix-cache queries and hits, ...) in this process's default
-    registry, which the rollout's metrics endpoint serves.
+    vLLM's statistics are on: `EngineStatsLogger` feeds `omrl_rollout_engine_*` (KV-cache use, running
+    and waiting requests, prefix-cache queries and hits, preemptions), and vLLM's own Prometheus stat
+    logger registers its `vllm:*` metrics; both live in this process's default registry, which the
+    rollout's metrics endpoint serves.
     """
 
     name = "vllm"
@@ -87,7 +113,7 @@ class VllmBackend(RolloutBackend):
         # this returns, so put it back rather than leak it into processes this one starts later.
         saved = dict(os.environ)
         try:
-            self._engine = AsyncLLM.from_engine_args(self._engine_args)
+            self._engine = AsyncLLM.from_engine_args(self._engine_args, stat_loggers=[EngineStatsLogger])
         finally:
             os.environ.clear()
             os.environ.update(saved)
