@@ -230,8 +230,8 @@ b.panel("timeseries", "Engine requests running and waiting",
 b.panel("timeseries", "Prefix-cache hit rate",
         "Share of prompt tokens found in the prefix cache (a later turn of an episode reuses its earlier turns; "
         "the cache is dropped at each weight update).",
-        [(f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_hits_total{R}[$__rate_interval])) / "
-          f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_queries_total{R}[$__rate_interval]))",
+        [((f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_hits_total{R}[$__rate_interval])) / "
+           f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_queries_total{R}[$__rate_interval]))"),
           "{{instance}}")], unit="percentunit", w=6)
 b.panel("timeseries", "Preemptions per second",
         "Requests an engine preempted for lack of KV-cache blocks (recomputed later): the cache is too small.",

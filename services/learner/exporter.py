@@ -49,10 +49,10 @@ SCALARS = {key: metrics.gauge("learner", name, doc) for key, name, doc in (
     ("clip_frac", "clip_fraction", "Share of tokens whose ratio was clipped"),
     ("clip_frac_lower", "dual_clip_fraction", "Share of tokens whose loss the dual clip (clip_ratio_c) capped"),
     ("ratio_mean", "ratio_mean", "Mean ratio pi_new / pi_old over the updated tokens"),
-    ("tis_weight_mean", "importance_weight_mean", "Mean truncated importance weight min(pi_learner / "
-     "pi_rollout, tis_cap) over the last batch's tokens"),
-    ("tis_clip_frac", "importance_weight_capped_fraction", "Share of tokens whose importance weight was cut "
-     "to tis_cap"),
+    ("tis_weight_mean", "importance_weight_mean",
+     "Mean truncated importance weight min(pi_learner / pi_rollout, tis_cap) over the last batch's tokens"),
+    ("tis_clip_frac", "importance_weight_capped_fraction",
+     "Share of tokens whose importance weight was cut to tis_cap"),
     ("reward_mean", "reward_mean", "Mean trajectory reward of the last batch"),
     ("success_rate", "success_rate", "Share of successful episodes in the last batch"),
     ("staleness", "staleness", "Mean policy-version lag of the trained tokens"),

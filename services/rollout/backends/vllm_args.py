@@ -18,7 +18,7 @@ import difflib
 import functools
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -58,7 +58,7 @@ def _kind(value: Any) -> str:
     return _JSON_KINDS.get(type(value), type(value).__name__)
 
 
-def problem(key: str, value: Any) -> Optional[str]:
+def problem(key: str, value: Any) -> str | None:
     """Why `key: value` is not a usable engine argument, or None."""
     fields = engine_fields()
     if key in OWN_FIELD:
