@@ -29,6 +29,14 @@ def rate(metric: str, extra: str = "", by: str | None = None) -> str:
     return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
 
 
+def gpu(expr: str) -> str:
+    """DCGM exporter series of the GPUs the run's pods hold: DCGM series carry no `run`, but the exporter's
+    Kubernetes mapping labels each GPU with the `namespace` and `pod` using it, and the scrape of the run's
+    own services carries `namespace`, `pod` and `run` (ServiceMonitor)."""
+    return (f"max by (Hostname, gpu, pod) (({expr}) * on (namespace, pod) group_left () "
+            f"group by (namespace, pod) (up{R}))")
+
+
 def quantile(q: float, metric: str, by: str = "", extra: str = "") -> str:
     keys = "le" + (", " + by if by else "")
     return f"histogram_quantile({q}, sum by ({keys}) (rate({metric}_bucket{sel(extra)}[$__rate_interval])))"
@@ -132,6 +140,13 @@ b.panel("timeseries", "Episodes per second by outcome",
         [(rate("omrl_rollout_episodes_total", by="outcome"), "{{outcome}}")], unit="ops", w=12)
 b.panel("timeseries", "Response length", "Mean model tokens per trajectory in the last learner batch.",
         [(f"omrl_learner_response_tokens_mean{R}", "{{run}}")], w=12)
+b.row("Validation")
+b.panel("timeseries", "Validation success by environment",
+        "Success rate on the held-out validation split (greedy unless env.validation_temperature), each time the "
+        "policy version reaches a multiple of env.validation_every; one rollout server plays each validation and "
+        "keeps its last result. Beside it, the training batches' success.",
+        [(f"omrl_rollout_validation_success_rate{R}", "validation {{env}} ({{instance}})"),
+         (f"avg by (run) (omrl_learner_success_rate{R})", "training batch {{run}}")], unit="percentunit", w=24)
 b.row("Optimisation")
 b.panel("timeseries", "Loss by term",
         "Loss of the last step: total, policy (clipped surrogate) and, where present, value and KL terms.",
@@ -143,11 +158,21 @@ b.panel("timeseries", "KL per token",
 b.panel("timeseries", "Entropy", "Mean token entropy of the policy on the last batch.",
         [(f"omrl_learner_entropy{R}", "{{run}}")])
 b.panel("timeseries", "Gradient norm", "Before clipping.", [(f"omrl_learner_grad_norm{R}", "{{run}}")])
-b.panel("timeseries", "Clip fraction", "Share of tokens whose probability ratio was clipped.",
-        [(f"omrl_learner_clip_fraction{R}", "{{run}}")], unit="percentunit")
+b.panel("timeseries", "Clip fraction",
+        "Share of the step's tokens whose PPO ratio was clipped, whose loss the dual clip capped (negative "
+        "advantages, clip_ratio_c), and whose importance weight was cut to algorithm.tis_cap.",
+        [(f"omrl_learner_clip_fraction{R}", "ratio clipped {{run}}"),
+         (f"omrl_learner_dual_clip_fraction{R}", "dual clip {{run}}"),
+         (f"omrl_learner_importance_weight_capped_fraction{R}", "IS weight capped {{run}}")], unit="percentunit")
 b.panel("timeseries", "Policy staleness",
         "Mean number of policy versions between the policy that sampled a trained token and the learner's.",
         [(f"omrl_learner_staleness{R}", "{{run}}")])
+b.panel("timeseries", "Importance sampling",
+        "Mean truncated importance weight min(pi_learner / pi_rollout, tis_cap) correcting for the rollout engine "
+        "sampling from other (stale or numerically different) weights, and the mean PPO ratio pi_new / pi_old "
+        "over the updated tokens; both near 1 when rollout and learner agree.",
+        [(f"omrl_learner_importance_weight_mean{R}", "IS weight {{run}}"),
+         (f"omrl_learner_ratio_mean{R}", "PPO ratio {{run}}")], w=24)
 b.row("Throughput")
 b.panel("timeseries", "Generated tokens per second", "Tokens sampled by all rollout engines.",
         [(f"sum by (run) (rate(omrl_rollout_generated_tokens_total{R}[$__rate_interval]))", "{{run}}")])
@@ -196,6 +221,34 @@ b.panel("timeseries", "Policy version served", "Per rollout server.",
 b.panel("timeseries", "Task groups per second by outcome",
         "Published to the stream, retried after an env/reward/engine failure, or dropped after the last attempt.",
         [(rate("omrl_rollout_groups_total", by="outcome"), "{{outcome}}")], unit="ops")
+b.row("vLLM engines")
+b.panel("timeseries", "KV-cache use", "Share of each rollout engine's KV-cache blocks in use (from vLLM's statistics).",
+        [(f"max by (instance) (omrl_rollout_engine_kv_cache_usage{R})", "{{instance}}")], unit="percentunit", w=6)
+b.panel("timeseries", "Engine requests running and waiting",
+        "Requests in each engine's batch, and queued for a place in it (KV cache or rollout.max_num_seqs full).",
+        [(f"sum by (instance, state) (omrl_rollout_engine_requests{R})", "{{state}} {{instance}}")], w=6)
+b.panel("timeseries", "Prefix-cache hit rate",
+        "Share of prompt tokens found in the prefix cache (a later turn of an episode reuses its earlier turns; "
+        "the cache is dropped at each weight update).",
+        [((f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_hits_total{R}[$__rate_interval])) / "
+           f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_queries_total{R}[$__rate_interval]))"),
+          "{{instance}}")], unit="percentunit", w=6)
+b.panel("timeseries", "Preemptions per second",
+        "Requests an engine preempted for lack of KV-cache blocks (recomputed later): the cache is too small.",
+        [(f"sum by (instance) (rate(omrl_rollout_engine_preemptions_total{R}[$__rate_interval]))", "{{instance}}")],
+        unit="ops", w=6)
+b.row("GPUs (DCGM exporter)")
+b.panel("timeseries", "GPU utilisation",
+        "Per GPU held by the run's pods (needs NVIDIA's dcgm-exporter with its Kubernetes pod mapping, scraped "
+        "with its own pod labels kept: honorLabels).",
+        [(gpu("DCGM_FI_DEV_GPU_UTIL"), "{{pod}} GPU {{gpu}}")], unit="percent", w=6)
+b.panel("timeseries", "GPU memory used", "Framebuffer memory in use per GPU of the run's pods.",
+        [(gpu("DCGM_FI_DEV_FB_USED"), "{{pod}} GPU {{gpu}}")], unit="mbytes", w=6)
+b.panel("timeseries", "GPU memory used share", "Used / (used + free) framebuffer memory per GPU of the run's pods.",
+        [(gpu("DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)"), "{{pod}} GPU {{gpu}}")],
+        unit="percentunit", w=6)
+b.panel("timeseries", "GPU power", "Power draw per GPU of the run's pods.",
+        [(gpu("DCGM_FI_DEV_POWER_USAGE"), "{{pod}} GPU {{gpu}}")], unit="watt", w=6)
 b.row("Environments")
 b.panel("timeseries", "Open episodes", "Per environment server.",
         [(f"sum by (instance) (omrl_envs_active_episodes{R})", "{{instance}}")])
@@ -238,7 +291,8 @@ b.panel("timeseries", "API p95 latency by route",
           "{{route}}")], unit="s", w=12)
 health = dashboard("omrl-system-health", "OpenManus-RL / System health",
                    "Are the services healthy: targets, CPU and memory, gRPC traffic and latency, rollout queue, "
-                   "environment errors, reward latency, stream backlog.", b)
+                   "vLLM engines (KV cache, queue, prefix cache), GPUs, environment errors, reward latency, stream "
+                   "backlog.", b)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

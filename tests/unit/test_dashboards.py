@@ -19,6 +19,14 @@ DASHBOARDS = sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
 # series Prometheus itself attaches to every target, and the client library's process metrics
 SCRAPE_SERIES = {"up"}
 CLIENT_PREFIXES = ("process_", "python_")
+DCGM_LIST = ROOT / "deploy/grafana/dcgm-exporter-metrics.txt"
+
+
+def dcgm_documented() -> tuple[set[str], set[str]]:
+    """(metric names, label names) of NVIDIA's dcgm-exporter, as the committed list records them."""
+    lines = [line.split() for line in DCGM_LIST.read_text().splitlines() if line.strip()]
+    labels = next(set(words[2:]) for words in lines if words[:2] == ["#", "labels:"])
+    return {words[0] for words in lines if not words[0].startswith("#")}, labels
 
 
 def boards() -> list[tuple[Path, dict]]:
@@ -99,7 +107,9 @@ def exported_series() -> set[str]:
     import services.learner.exporter as learner_exporter
     import services.rollout.agent_loop  # noqa: F401
     import services.rollout.core  # noqa: F401
+    import services.rollout.engine_metrics  # noqa: F401
     import services.rollout.producer  # noqa: F401
+    import services.rollout.validation  # noqa: F401
     from services.common.grpc_server import ErrorInterceptor
     from services.envs.service import EnvService
     from services.jobs.app import ApiMetrics
@@ -157,6 +167,8 @@ def test_every_queried_metric_is_defined_by_a_service(path, exported_series):
         for name in metric_names(target["expr"]):
             if name in SCRAPE_SERIES or name.startswith(CLIENT_PREFIXES) or name in exported_series:
                 continue
+            if name.startswith("DCGM_") and name in dcgm_documented()[0]:  # NVIDIA's exporter, not ours
+                continue
             unknown.setdefault(name, []).append(panel["title"])
     assert not unknown, f"metrics no service defines: {unknown}"
 
@@ -183,3 +195,66 @@ def test_dashboard_json_is_what_the_generator_writes():
     proc = subprocess.run([sys.executable, "scripts/gen_dashboards.py", "--check"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def queried_names() -> set[str]:
+    return {name for _, board in boards() for _, target in targets(board) for name in metric_names(target["expr"])}
+
+
+def test_the_dashboards_show_validation_importance_sampling_vllm_and_gpus():
+    assert {"omrl_rollout_validation_success_rate", "omrl_learner_importance_weight_mean",
+            "omrl_learner_importance_weight_capped_fraction", "omrl_learner_clip_fraction",
+            "omrl_rollout_engine_kv_cache_usage", "omrl_rollout_engine_requests",
+            "omrl_rollout_engine_prefix_cache_hits_total", "omrl_rollout_engine_prefix_cache_queries_total",
+            "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"} <= queried_names()
+
+
+def gpu_targets() -> list[tuple[dict, dict]]:
+    return [(panel, target) for _, board in boards() for panel, target in targets(board) if "DCGM_" in target["expr"]]
+
+
+def test_gpu_panels_use_dcgm_exporters_documented_names_and_labels():
+    names, labels = dcgm_documented()
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"} <= names
+    assert len(gpu_targets()) >= 3
+    for panel, target in gpu_targets():
+        used = {n for n in metric_names(target["expr"]) if n.startswith("DCGM_")}
+        assert used and used <= names, (panel["title"], used - names)
+        grouping = {label.strip() for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", target["expr"])
+                    for label in group.split(",") if label.strip()}
+        assert grouping <= labels, (panel["title"], grouping - labels)
+        assert set(re.findall(r"\{\{(\w+)\}\}", target["legendFormat"])) <= labels, panel["title"]
+
+
+def test_gpu_panels_select_the_gpus_of_the_runs_pods(tmp_path):
+    """promtool evaluates each GPU expression on synthetic series shaped like dcgm-exporter's (Kubernetes pod
+    mapping) beside the run's own scrapes: only the GPUs of the selected run's pods come out, one series each."""
+    gpu_labels = 'Hostname="node-1", UUID="GPU-{i}", device="nvidia{i}", modelName="NVIDIA H100", namespace="rl"'
+    series = []
+    for i, (pod, util, used, free, watts) in enumerate([("rl-rollout-0", 80, 60000, 20000, 500),
+                                                         ("rl-learner-0", 40, 30000, 50000, 300),
+                                                         ("other-job-0", 99, 1000, 79000, 100),
+                                                         ("", 0, 0, 80000, 60)]):
+        labels = gpu_labels.format(i=i) + f', gpu="{i}", pod="{pod}", instance="dcgm:9400", job="dcgm-exporter"'
+        for metric, value in (("DCGM_FI_DEV_GPU_UTIL", util), ("DCGM_FI_DEV_FB_USED", used),
+                              ("DCGM_FI_DEV_FB_FREE", free), ("DCGM_FI_DEV_POWER_USAGE", watts)):
+            series.append({"series": f"{metric}{{{labels}}}", "values": f"{value}x5"})
+    for job, pod, run in (("rollout", "rl-rollout-0", "some-run"), ("rollout-metrics", "rl-rollout-0", "some-run"),
+                          ("learner", "rl-learner-0", "some-run"), ("learner", "other-job-0", "other-run")):
+        series.append({"series": f'up{{job="{job}", namespace="rl", pod="{pod}", run="{run}"}}', "values": "1x5"})
+    expected = {"DCGM_FI_DEV_GPU_UTIL": (80, 40), "DCGM_FI_DEV_FB_USED": (60000, 30000),
+                "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)": (0.75, 0.375),
+                "DCGM_FI_DEV_POWER_USAGE": (500, 300)}
+    tests = []
+    for panel, target in gpu_targets():
+        inner = next(k for k in sorted(expected, key=len, reverse=True) if f"(({k})" in target["expr"])
+        rollout, learner = expected[inner]
+        tests.append({"expr": grafana_free(target["expr"]), "eval_time": "4m", "exp_samples": [
+            {"labels": '{Hostname="node-1", gpu="0", pod="rl-rollout-0"}', "value": rollout},
+            {"labels": '{Hostname="node-1", gpu="1", pod="rl-learner-0"}', "value": learner}]})
+    path = tmp_path / "gpu_test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
+    proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(tests) == len(gpu_targets()) == 4

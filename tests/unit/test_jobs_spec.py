@@ -54,9 +54,13 @@ def test_learner_gpus_must_match_its_processes():
     assert JobSpec.model_validate({"resources": {"learner": {"gpus": 4}}, "learner": {"nproc": 4}})
 
 
-def test_a_rollout_server_takes_at_most_one_gpu():
-    with pytest.raises(ValidationError, match="tensor parallelism"):
-        JobSpec.model_validate({"resources": {"rollout": {"gpus": 2}}})
+def test_rollout_gpus_are_its_tensor_parallel_size():
+    spec = JobSpec.model_validate({"resources": {"rollout": {"gpus": 2}}})
+    assert spec.rollout.gpus == 2 and spec.train_config().rollout.gpus == 2
+    with pytest.raises(ValidationError, match=r"resources.rollout.gpus \(2\) and rollout.gpus \(4\) disagree"):
+        JobSpec.model_validate({"resources": {"rollout": {"gpus": 2}}, "rollout": {"gpus": 4}})
+    with pytest.raises(ValidationError, match=r"rollout.gpus \(2\) needs resources.rollout.gpus = 2"):
+        JobSpec.model_validate({"rollout": {"gpus": 2}})
 
 
 def test_quantities_take_kubernetes_units():

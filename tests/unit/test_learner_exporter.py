@@ -46,3 +46,11 @@ def test_a_step_without_checkpoint_keeps_the_last_checkpoint_time():
 def test_loss_terms():
     assert [loss_term(k) for k in ("loss", "pg_loss", "vf_loss", "kl_loss", "entropy_loss", "_loss", "kl")] == [
         "total", "policy", "value", "kl", "entropy", None, None]
+
+
+def test_importance_sampling_and_clip_statistics_become_gauges():
+    export_summary(summary(10, tis_weight_mean=0.97, tis_clip_frac=0.02, ratio_mean=1.01, clip_frac_lower=0.003))
+    assert sample("omrl_learner_importance_weight_mean") == 0.97
+    assert sample("omrl_learner_importance_weight_capped_fraction") == 0.02
+    assert sample("omrl_learner_ratio_mean") == 1.01
+    assert sample("omrl_learner_dual_clip_fraction") == 0.003

