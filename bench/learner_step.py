@@ -47,15 +47,17 @@ def build_model(path: Path, shape: dict) -> Path:
     return path
 
 
-def trajectories(num: int, group_size: int, seq_len: int, vocab: int, seed: int) -> list:
-    """Multi-turn episodes of exactly `seq_len` tokens: a prompt, then model turns (about 60% of the
-    tokens, trained on) separated by observations."""
+def trajectories(num: int, group_size: int, seq_len: int, vocab: int, seed: int, min_len: int = 0) -> list:
+    """Multi-turn episodes of `seq_len` tokens (or of a length drawn uniformly from [min_len, seq_len]): a
+    prompt, then model turns (about 60% of the tokens, trained on) separated by observations."""
     from services.common.trajectory import TrajectoryBuilder
 
     rng = random.Random(seed)
     out = []
-    prompt_len = seq_len // 4
+    longest = seq_len
     for i in range(num):
+        seq_len = rng.randint(min_len, longest) if min_len else longest
+        prompt_len = seq_len // 4
         b = TrajectoryBuilder(env="bench", task_index=i // group_size, group_id=f"g{i // group_size}",
                               prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)])
         while b.length < seq_len:
@@ -85,6 +87,34 @@ def forward_flops(n_params: int, layers: int, width: int, lengths: list[int]) ->
     return float(sum(2 * n_params * s + 2 * layers * width * s * s for s in lengths))
 
 
+def bare_loop(trainer, batches: list, warmup: int, sync) -> float:
+    """Median seconds of a plain step on each batch: the trainer's own model, optimizer and micro-batches
+    (so the same packing, attention kernel, chunked head and FSDP), a mean token NLL, one optimizer step."""
+    import torch
+
+    from services.learner.batch import collate
+    from services.learner.model import token_logprobs
+
+    chunk, times = trainer.config.learner.logprob_chunk_tokens, []
+    for i, trajs in enumerate(batches):
+        batch = collate(trajs, trainer.pad_id)
+        sync()
+        start = time.perf_counter()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        for mini in trainer._mini_batches(batch):
+            for m in mini.micro:
+                b = m.batch
+                lp = token_logprobs(trainer.model, b.input_ids, b.attention_mask, chunk, trainer.pack)
+                loss = -(lp * b.response_mask).sum() / mini.norm["num_tokens"]
+                (loss * trainer.world_size).backward()
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
+        trainer.optimizer.step()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: a random Qwen2.5-0.5B-shaped model)")
@@ -92,6 +122,11 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=64, help="global batch (sequences per step)")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--min-len", type=int, default=0,
+                        help="draw each sequence's length from [min-len, seq-len] (RL batches are ragged); 0: all seq-len")
+    parser.add_argument("--bare", action="store_true",
+                        help="also time a bare training loop in the same process: the same model, optimizer, "
+                             "micro-batches, packing and attention kernel; forward, backward, optimizer step, no RL")
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward per GPU")
     parser.add_argument("--ppo-epochs", type=int, default=1)
     parser.add_argument("--kl-loss", action="store_true", help="also run the reference model (KL loss term)")
@@ -108,6 +143,7 @@ def main() -> None:
 
     from services.common.config import load_config
     from services.learner import fsdp
+    from services.learner.batch import collate
     from services.learner.trainer import PolicyTrainer
 
     device_name = "cpu" if args.tiny else "cuda"
@@ -127,7 +163,7 @@ def main() -> None:
     trainer = PolicyTrainer(config, model_dir)
     hf_config = trainer.model.config
     vocab = hf_config.vocab_size
-    batches = [trajectories(args.trajectories, args.group_size, args.seq_len, vocab, seed=s)
+    batches = [trajectories(args.trajectories, args.group_size, args.seq_len, vocab, seed=s, min_len=args.min_len)
                for s in range(args.warmup + args.steps)]
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -150,7 +186,8 @@ def main() -> None:
     n_policy = matmul_params(trainer.model)
     layers, width = hf_config.num_hidden_layers, hf_config.num_attention_heads * (
         getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads)
-    per_pass = 1 + 3 * args.ppo_epochs
+    fused = trainer._fused_scoring(len(trainer._mini_batches(collate(batches[0], trainer.pad_id))))
+    per_pass = (0 if fused else 1) + 3 * args.ppo_epochs
     flops = per_pass * forward_flops(n_policy, layers, width, lengths)
     if trainer.critic is not None:
         flops += per_pass * forward_flops(matmul_params(trainer.critic.model), layers, width, lengths)
@@ -169,10 +206,16 @@ def main() -> None:
         "tflops_per_step": flops / 1e12, "achieved_tflops_per_gpu": flops / step_s / world / 1e12,
         "peak_tflops_per_gpu": peak, "mfu": flops / step_s / world / (peak * 1e12),
         "max_memory_gib_per_rank": mem, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
+        "fused_scoring": fused, "min_len": args.min_len,
         "torch": torch.__version__,
         "phase_seconds_median": {k.removeprefix("time/"): statistics.median(v) for k, v in phases.items()},
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "overrides": args.set,
     }
+    if args.bare:
+        bare_s = bare_loop(trainer, batches, args.warmup, sync)
+        bare_flops = 3 * forward_flops(n_policy, layers, width, lengths)
+        result.update(bare_step_seconds_median=bare_s, bare_mfu=bare_flops / bare_s / world / (peak * 1e12),
+                      learner_over_bare=step_s / bare_s)
     if args.profile and cuda:
         from torch.profiler import ProfilerActivity, profile
 
