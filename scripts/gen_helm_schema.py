@@ -77,6 +77,8 @@ def train_config_schema() -> tuple[dict, dict]:
 
 
 def build() -> dict:
+    from services.common.logs import FORMATS as LOG_FORMATS
+
     config, defs = train_config_schema()
     config["description"] = ("Run config (services/common/config.py TrainConfig); rendered into the ConfigMap "
                              "every service reads with --config.")
@@ -88,6 +90,7 @@ def build() -> dict:
             "image": obj({"repository": STRING, "tag": STRING,
                           "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
                           "pullSecrets": {"type": "array", "items": STRING}}),
+            "logFormat": {"enum": list(LOG_FORMATS)},
             "config": config,
             "security": obj({"runAsUser": count(1), "runAsGroup": count(1), "fsGroup": count(1)}),
             "scratch": obj({"tmpSizeLimit": QUANTITY, "cacheSizeLimit": QUANTITY}),

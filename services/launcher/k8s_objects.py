@@ -8,7 +8,9 @@ Services; the run config is a ConfigMap mounted at /etc/omrl. A Secret holds the
 token (rollout and learner get it as OMRL_WEIGHT_TOKEN), and NetworkPolicies let each component be
 reached only by the components of the same job that call it (metrics: from the monitoring namespace).
 Pods with GPUs request them as `K8sOptions.gpu_resource` and alone get the GPU tolerations, node labels and
-RuntimeClass; with a Kueue queue, the learner Job and the rollout Deployment carry its queue-name label."""
+RuntimeClass; with a Kueue queue, the learner Job and the rollout Deployment carry its queue-name label.
+The job's GPUs per rollout pod and its engines' tensor-parallel size are one number: JobSpec sets
+rollout.gpus from resources.rollout.gpus (and refuses two different ones) before anything is rendered."""
 from __future__ import annotations
 
 import base64
@@ -19,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from services.common.config import ComponentResources, JobSpec, TrainConfig, dump_config
 from services.common.grpc_server import LIVENESS
+from services.common.logs import FORMAT_ENV, log_format
 
 PORTS = {"rollout": 50051, "envs": 50052, "reward": 50053}
 METRICS_PORT, RDZV_PORT = 9100, 29500
@@ -56,6 +59,8 @@ class K8sOptions:
     """RuntimeClass of pods with GPUs."""
     queue_name: Optional[str] = None
     """Kueue LocalQueue the learner Job and the rollout Deployment are submitted to (kueue.x-k8s.io/queue-name)."""
+    log_format: str = field(default_factory=log_format)
+    """OMRL_LOG_FORMAT of the job's pods; by default this process's own (the chart sets the job API's)."""
 
 
 def names(job_id: str) -> dict[str, str]:
@@ -142,7 +147,8 @@ class JobObjects:
             "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/data/hf"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                     # the services bind 127.0.0.1 unless told otherwise; in a pod, peers come over the pod IP
-                    {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"}, *env],
+                    {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"},
+                    {"name": FORMAT_ENV, "value": self.options.log_format}, *env],
             "resources": self._resources(res),
             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                              {"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},

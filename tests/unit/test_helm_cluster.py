@@ -1,7 +1,7 @@
 """What the chart renders for a real GPU cluster: GPU settings on the GPU pods only (resource name, MIG,
-RuntimeClass, tolerations, node labels), the learner's probes and deadline, datasets and checkpoints on
-volumes, the alert rules as a PrometheusRule, Kueue labels and the LocalQueue, and the learner with the
-rollout servers as one JobSet."""
+RuntimeClass, tolerations, node labels), a rollout pod's GPUs as its engine's tensor-parallel size, the
+services' log format, the learner's probes and deadline, datasets and checkpoints on volumes, the alert rules
+as a PrometheusRule, Kueue labels and the LocalQueue, and the learner with the rollout servers as one JobSet."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,9 +70,25 @@ def test_the_gpu_resource_name_is_configurable_per_component():
 
 
 @pytest.mark.parametrize("workload", [(), JOBSET], ids=["job", "jobset"])
-def test_rollout_pods_get_as_many_gpus_as_rollout_gpus(workload):
-    rollout = main_container(workloads(render(*GPU, *workload, "--set", "rollout.gpus=4"))["rollout"])
-    assert rollout["resources"]["limits"]["nvidia.com/gpu"] == 4
+def test_the_rollout_engine_is_tensor_parallel_over_its_pods_gpus(workload, tmp_path):
+    docs = render(*GPU, *workload, "--set", "rollout.gpus=4")
+    assert run_config(docs, tmp_path).rollout.gpus == 4  # vLLM's tensor_parallel_size
+    assert main_container(workloads(docs)["rollout"])["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert run_config(render(*GPU, *workload, "--set", "rollout.gpus=4", "--set", "config.rollout.gpus=4"),
+                      tmp_path).rollout.gpus == 4  # both set, agreeing
+    assert run_config(render(*GPU), tmp_path).rollout.gpus == 1
+    assert "gpus" not in yaml.safe_load(next(d for d in objects(render(), "ConfigMap").values()
+                                             if component_of(d) == "config")["data"]["config.yaml"])["rollout"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    (("rollout.gpus=2", "config.rollout.gpus=4"), ("rollout.gpus (2 GPUs per rollout pod) and config.rollout.gpus "
+                                                   "(4, vLLM's tensor-parallel size) disagree: set rollout.gpus only")),
+    (("config.rollout.gpus=2",), "config.rollout.gpus (2) needs rollout.gpus = 2: tensor parallelism runs on GPU pods"),
+], ids=["disagree", "cpu-pods"])
+def test_a_tensor_parallel_size_other_than_the_pods_gpus_is_refused_at_render_time(settings, message):
+    proc = run_helm("template", "omrl", str(CHART), *[a for s in settings for a in ("--set", s)])
+    assert proc.returncode != 0 and message in proc.stderr
 
 
 def test_the_schema_refuses_a_gpu_resource_that_is_not_a_resource_name():
@@ -84,6 +100,41 @@ def test_runtime_class_per_workload():
     pods = workloads(render("--set", "envs.runtimeClassName=gvisor"))
     assert {c: p["spec"].get("runtimeClassName") for c, p in pods.items() if p["spec"].get("runtimeClassName")} == {
         "envs": "gvisor"}
+
+
+# -- logs ------------------------------------------------------------------------------------------------
+def log_formats(docs) -> dict[str, str | None]:
+    """component -> OMRL_LOG_FORMAT of its main container."""
+    return {c: {e["name"]: e.get("value") for e in main_container(p).get("env", [])}.get("OMRL_LOG_FORMAT")
+            for c, p in workloads(docs).items()}
+
+
+@pytest.mark.parametrize("workload", [(), JOBSET], ids=["job", "jobset"])
+def test_every_service_logs_in_the_charts_log_format(workload):
+    services = {"envs", "reward", "rollout", "learner", "jobs-api"}
+    formats = log_formats(render(*GPU, *workload))
+    assert {c: f for c, f in formats.items() if c in services} == dict.fromkeys(services, "json")
+    assert formats["redis"] is None  # the official Redis image: not one of our services
+    text = log_formats(render(*GPU, *workload, "--set", "logFormat=text"))
+    assert {c: f for c, f in text.items() if c in services} == dict.fromkeys(services, "text")
+
+
+def test_the_schema_refuses_an_unknown_log_format():
+    proc = run_helm("lint", "--strict", str(CHART), "--set", "logFormat=yaml")
+    assert proc.returncode != 0 and "logFormat" in proc.stdout + proc.stderr
+
+
+def test_jobs_the_api_launches_log_in_the_charts_format(monkeypatch):
+    from services.common.config import JobSpec
+    from services.launcher.k8s_objects import JobObjects, K8sOptions
+
+    api = main_container(workloads(render("--set", "logFormat=text"))["jobs-api"])
+    monkeypatch.setenv("OMRL_LOG_FORMAT", {e["name"]: e.get("value") for e in api["env"]}["OMRL_LOG_FORMAT"])
+    pods = [o["spec"]["template"]["spec"] for o in JobObjects("job-1", JobSpec(), K8sOptions()).all()
+            if o["kind"] in ("Job", "Deployment")]
+    assert len(pods) == 4
+    for pod in pods:
+        assert {"name": "OMRL_LOG_FORMAT", "value": "text"} in main_container({"spec": pod})["env"]
 
 
 # -- the learner: probes, deadline ---------------------------------------------------------------------

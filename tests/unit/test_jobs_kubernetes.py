@@ -371,6 +371,19 @@ def test_cluster_gpu_settings_reach_the_pods_with_gpus_only():
         assert pod.get("runtimeClassName") == ("nvidia" if gpu else None), name
 
 
+@pytest.mark.parametrize("settings", [["resources.rollout.gpus=2"], ["resources.rollout.gpus=2", "rollout.gpus=2"]],
+                         ids=["pod-gpus", "both"])
+def test_rollout_pods_get_as_many_gpus_as_their_engines_tensor_parallel_size(settings):
+    spec = load_config(str(EXAMPLES / "gpu-cluster.yaml"), settings, schema=JobSpec)
+    objects = JobObjects(JOB, spec, OPTIONS).all()
+    rollout = by_kind(objects, "Deployment")[f"{JOB}-rollout"]["spec"]["template"]["spec"]["containers"][0]
+    assert rollout["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    config = yaml.safe_load(by_kind(objects, "ConfigMap")[f"{JOB}-config"]["data"]["config.yaml"])
+    assert TrainConfig.model_validate(config).rollout.gpus == 2
+    with pytest.raises(ValueError, match=r"resources.rollout.gpus \(2\) and rollout.gpus \(4\) disagree"):
+        load_config(str(EXAMPLES / "gpu-cluster.yaml"), ["resources.rollout.gpus=2", "rollout.gpus=4"], schema=JobSpec)
+
+
 def test_a_kueue_queue_labels_the_learner_job_and_the_rollout_deployment():
     def queued(options):
         return {o["metadata"]["name"] for o in JobObjects(JOB, gpu_spec(), options).all()

@@ -62,7 +62,7 @@ spec:
                   fieldPath: metadata.name
             - name: HOME
               value: /tmp
-            {{- include "omrl.bindEnv" .root | nindent 12 }}
+            {{- include "omrl.serviceEnv" .root | nindent 12 }}
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}

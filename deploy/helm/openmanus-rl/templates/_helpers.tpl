@@ -61,10 +61,13 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- end }}
 {{- end -}}
 
-{{/* Services bind 127.0.0.1 unless told otherwise; in a pod their callers come over the pod IP */}}
-{{- define "omrl.bindEnv" -}}
+{{/* Environment of every service container: the services bind 127.0.0.1 unless told otherwise (in a pod
+     their callers come over the pod IP), and log in the chart's format (services/common/logs.py) */}}
+{{- define "omrl.serviceEnv" -}}
 - name: OMRL_BIND_HOST
   value: 0.0.0.0
+- name: OMRL_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
 {{- end -}}
 
 {{/* Weight-push token: the learner sends it with every push, the rollout servers require it */}}
@@ -150,6 +153,16 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ = set $cfg "stream" (merge (dict "redis_url" (include "omrl.redis.url" .)) ($cfg.stream | default dict)) -}}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
 {{- $_ = set $cfg "env" (merge $cfg.env (dict "data_dir" "/datasets/generated")) -}}
+{{- /* one number for the GPUs of a rollout pod and its engine's tensor-parallel size */ -}}
+{{- $podGpus := int .Values.rollout.gpus -}}
+{{- $tp := index $cfg.rollout "gpus" -}}
+{{- if kindIs "invalid" $tp -}}
+{{- if gt $podGpus 0 }}{{ $_ = set $cfg.rollout "gpus" $podGpus }}{{ end -}}
+{{- else if and (gt $podGpus 0) (ne (int $tp) $podGpus) -}}
+{{- fail (printf "rollout.gpus (%d GPUs per rollout pod) and config.rollout.gpus (%d, vLLM's tensor-parallel size) disagree: set rollout.gpus only, config.rollout.gpus follows it" $podGpus (int $tp)) -}}
+{{- else if and (eq $podGpus 0) (gt (int $tp) 1) -}}
+{{- fail (printf "config.rollout.gpus (%d) needs rollout.gpus = %d: tensor parallelism runs on GPU pods" (int $tp) (int $tp)) -}}
+{{- end -}}
 {{- /* relative paths would land on the pods' read-only root */ -}}
 {{- range $field := list "data_dir" "dataset" -}}
 {{- $path := index $cfg.env $field | default "" -}}

@@ -62,7 +62,7 @@ template:
           {{- with include "omrl.redis.env" $root }}{{ . | nindent 10 }}{{- end }}
           - name: HOME
             value: /tmp
-          {{- include "omrl.bindEnv" $root | nindent 10 }}
+          {{- include "omrl.serviceEnv" $root | nindent 10 }}
           {{- include "omrl.weightToken.env" $root | nindent 10 }}
           - name: HF_HOME
             value: /cache/hf

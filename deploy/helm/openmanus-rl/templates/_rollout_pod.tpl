@@ -42,7 +42,7 @@ spec:
         {{- with include "omrl.redis.env" $root }}{{ . | nindent 8 }}{{- end }}
         - name: HOME
           value: /tmp
-        {{- include "omrl.bindEnv" $root | nindent 8 }}
+        {{- include "omrl.serviceEnv" $root | nindent 8 }}
         {{- include "omrl.weightToken.env" $root | nindent 8 }}
         - name: HF_HOME
           value: /cache/hf
