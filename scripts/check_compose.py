@@ -1,8 +1,8 @@
 """Validates compose files without a Docker engine: python scripts/check_compose.py FILE [FILE ...]
 
 The first file, and its merge with each further one in the order given (as `docker compose -f A
--f B` merges them), is interpolated the way Compose does (`${VAR}`, `${VAR:-default}`, `${VAR:?error}`, `$$`) with placeholder
-values for the variables it requires, then parsed and checked by `compose-spec` (the Rust
+-f B` merges them), is interpolated the way Compose does (`${VAR}`, `${VAR:-default}`, `${VAR:?error}`,
+`$$`) with placeholder values for the variables it requires, then parsed and checked by `compose-spec` (the Rust
 compose_spec library: the Compose specification's fields, types and references). Then the project's
 own rules: every service has a healthcheck, and every `depends_on` waits for `service_healthy`.
 Exits 1 and prints every problem if any."""

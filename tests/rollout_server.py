@@ -68,5 +68,5 @@ def start_rollout(tmp: Path) -> RolloutProcess:
         asyncio.run(wait_for_health(server.address, timeout_s=240))
     except TimeoutError:
         server.kill()
-        raise AssertionError(log.read_text()[-3000:])
+        raise AssertionError(log.read_text()[-3000:]) from None
     return server

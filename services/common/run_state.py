@@ -1,5 +1,8 @@
 """Shared state of one training run in Redis: rollout registry, published policy version, group
-claims and their leases, per-step metrics and the done flag. Keys live under `<prefix>:<run>:`."""
+claims and their leases, per-step metrics and the done flag. Keys live under `<prefix>:<run>:`.
+
+`RunState` and `GroupLeases` use a blocking client (learner, launcher, job API); `AsyncRunState` and
+`AsyncGroupLeases` are the same keys and scripts over `redis.asyncio`, for the rollout server's event loop."""
 from __future__ import annotations
 
 import json
@@ -11,6 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -25,10 +30,20 @@ def redis_client(url: str, timeout_s: float = 10.0, retries: int = RECONNECT_TRI
     """A client that reconnects with back-off when Redis goes away (every service uses this one; `retries=0`
     fails at once). A URL without a password takes it from $REDIS_PASSWORD, so that it never has to be on a
     command line."""
+    return redis.Redis.from_url(url, **_client_options(url, timeout_s),
+                                retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries))
+
+
+def async_redis_client(url: str, timeout_s: float = 10.0, retries: int = RECONNECT_TRIES) -> redis.asyncio.Redis:
+    """`redis_client` for asyncio code: the same reconnection, back-off and password."""
+    return redis.asyncio.Redis.from_url(url, **_client_options(url, timeout_s),
+                                        retry=AsyncRetry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries))
+
+
+def _client_options(url: str, timeout_s: float) -> dict[str, Any]:
     password = None if urlsplit(url).password else os.environ.get("REDIS_PASSWORD") or None
-    return redis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries),
-                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    return {"password": password, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+            "retry_on_error": [redis.ConnectionError, redis.TimeoutError]}
 
 
 class RunState:
@@ -132,6 +147,52 @@ class RunState:
         return value.decode() if value else None
 
 
+class AsyncRunState:
+    """The part of RunState a rollout server uses, over `redis.asyncio` (same keys; see RunState)."""
+
+    def __init__(self, client: redis.asyncio.Redis, config: TrainConfig):
+        self.client, self.config = client, config
+        self.k = config.key
+        self.leases = AsyncGroupLeases(client, self.k)
+
+    @classmethod
+    def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> "AsyncRunState":
+        return cls(async_redis_client(config.stream.redis_url, timeout_s), config)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    @property
+    def trajectories_key(self) -> str:
+        return self.k("trajectories")
+
+    async def add_rollout_counters(self, increments: dict[str, int]) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, value in increments.items():
+                pipe.hincrby(self.k("rollout_counters"), key, value)
+            await pipe.execute()
+
+    async def register_rollout(self, address: str, info: dict[str, Any]) -> None:
+        await self.client.hset(self.k("rollout_servers"), address, json.dumps({**info, "ts": time.time()}))
+
+    async def unregister_rollout(self, address: str) -> None:
+        await self.client.hdel(self.k("rollout_servers"), address)
+
+    async def policy_version(self) -> int:
+        return int(await self.client.get(self.k("policy_version")) or 0)
+
+    async def claim_validation(self, version: int) -> bool:
+        """True for the one rollout server that validates policy `version`."""
+        return bool(await self.client.set(self.k(f"validation_claim:{version}"), "1", nx=True, ex=24 * 3600))
+
+    async def publish_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        await self.client.xadd(self.k("metrics"), {"step": step, "metrics": json.dumps(metrics)}, maxlen=100000)
+
+    async def done(self) -> str | None:
+        value = await self.client.get(self.k("done"))
+        return value.decode() if value else None
+
+
 @dataclass(frozen=True)
 class Lease:
     """A claimed group slot, `holder`'s while it renews it (see GroupLeases).
@@ -220,16 +281,11 @@ return id
 """
 
 
-class GroupLeases:
-    """Claims of group slots as leases (hash `group_leases`: slot -> {holder, attempt, task}; sorted set
-    `group_lease_expiry`: slot -> the time, Redis server ms, from which anyone may take the slot).
+class _LeaseScripts:
+    """What GroupLeases and AsyncGroupLeases share: the keys, each script's arguments and the decoding of
+    its reply."""
 
-    Invariants: a slot is in both keys from its claim until it is published or dead-lettered, and in
-    neither after; publishing removes the lease in the same script that appends the entry, and only for
-    the lease's holder, so a slot is published at most once. A released slot (failed attempt) has no
-    holder and becomes due after its back-off; an unrenewed lease becomes due at its expiry."""
-
-    def __init__(self, client: redis.Redis, key):
+    def __init__(self, client: redis.Redis | redis.asyncio.Redis, key):
         self.client, self.k = client, key
         self._claim, self._take = client.register_script(_CLAIM), client.register_script(_TAKE_OVER)
         self._renew, self._release = client.register_script(_RENEW), client.register_script(_RELEASE)
@@ -239,58 +295,135 @@ class GroupLeases:
     def _keys(self) -> list[str]:
         return [self.k("group_leases"), self.k("group_lease_expiry")]
 
-    def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
-              floor_step: int = 0) -> Lease | None:
-        """A new slot whose step (counting lost groups, see `lost_groups`) is below `limit_step`, or None.
-        Steps below `floor_step` (the served policy version: the learner is past them) are skipped, which
-        only happens when Redis lost the claim counter."""
-        slot = self._claim(keys=[self.k("group_claims"), self.k("stale_groups"), self.k("dead_groups"), *self._keys],
-                           args=[holder, groups_per_step, limit_step, int(ttl_s * 1000), floor_step])
-        return None if slot is None else Lease(int(slot), holder, 1, 1)
+    def _claim_call(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
+                    floor_step: int) -> dict[str, list]:
+        return {"keys": [self.k("group_claims"), self.k("stale_groups"), self.k("dead_groups"), *self._keys],
+                "args": [holder, groups_per_step, limit_step, int(ttl_s * 1000), floor_step]}
 
-    def take_over(self, holder: str, ttl_s: float, max_attempts: int) -> tuple[LeaseOutcome, Lease | None]:
-        """The first due slot (holder gone or back-off over): TAKEN with its lease, DEAD with the lease it
-        had when it ran out of attempts (now dropped), or NONE when nothing is due."""
-        reply = self._take(keys=[*self._keys, self.k("dead_groups")], args=[holder, int(ttl_s * 1000), max_attempts])
+    @staticmethod
+    def _claimed(reply, holder: str) -> Lease | None:
+        return None if reply is None else Lease(int(reply), holder, 1, 1)
+
+    def _take_call(self, holder: str, ttl_s: float, max_attempts: int) -> dict[str, list]:
+        return {"keys": [*self._keys, self.k("dead_groups")], "args": [holder, int(ttl_s * 1000), max_attempts]}
+
+    @staticmethod
+    def _taken(reply, holder: str) -> tuple[LeaseOutcome, Lease | None] | None:
+        """None when the due slot had no lease left (cleaned up): look again."""
         if not reply:
             return LeaseOutcome.NONE, None
         if reply[1] == b"gone":
-            return self.take_over(holder, ttl_s, max_attempts)
+            return None
         slot, outcome, previous, attempt, task = reply
         lease = Lease(int(slot), holder if outcome == b"taken" else previous.decode(), int(attempt), int(task),
                       taken_from=previous.decode())
         return LeaseOutcome(outcome.decode()), lease
 
+    def _renew_call(self, lease: Lease, ttl_s: float) -> dict[str, list]:
+        return {"keys": self._keys, "args": [lease.slot, lease.holder, int(ttl_s * 1000)]}
+
+    def _release_call(self, lease: Lease, backoff_s: float, max_attempts: int) -> dict[str, list]:
+        return {"keys": [*self._keys, self.k("dead_groups")],
+                "args": [lease.slot, lease.holder, int(backoff_s * 1000), max_attempts]}
+
+    @staticmethod
+    def _released(reply) -> LeaseOutcome | None:
+        return {1: LeaseOutcome.TAKEN, 2: LeaseOutcome.DEAD}.get(int(reply))
+
+    def _publish_call(self, lease: Lease, stream_key: str, max_len: int, fields: dict[str, Any]) -> dict[str, list]:
+        pairs = [item for pair in fields.items() for item in pair]
+        return {"keys": [*self._keys, stream_key], "args": [lease.slot, lease.holder, max_len, *pairs]}
+
+    @staticmethod
+    def _published(reply) -> str | None:
+        if not reply:
+            return None
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def _queue_remaining(self, pipe) -> None:
+        pipe.get(self.k("group_claims"))
+        pipe.mget(self.k("stale_groups"), self.k("dead_groups"))
+        pipe.zcard(self.k("group_lease_expiry"))
+
+    @staticmethod
+    def _remaining(total_groups: int, replies: list) -> int:
+        claims, (stale, dead), outstanding = replies
+        return max(0, total_groups - int(claims or 0) + int(stale or 0) + int(dead or 0)) + int(outstanding)
+
+
+class GroupLeases(_LeaseScripts):
+    """Claims of group slots as leases (hash `group_leases`: slot -> {holder, attempt, task}; sorted set
+    `group_lease_expiry`: slot -> the time, Redis server ms, from which anyone may take the slot).
+
+    Invariants: a slot is in both keys from its claim until it is published or dead-lettered, and in
+    neither after; publishing removes the lease in the same script that appends the entry, and only for
+    the lease's holder, so a slot is published at most once. A released slot (failed attempt) has no
+    holder and becomes due after its back-off; an unrenewed lease becomes due at its expiry."""
+
+    def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
+              floor_step: int = 0) -> Lease | None:
+        """A new slot whose step (counting lost groups, see `lost_groups`) is below `limit_step`, or None.
+        Steps below `floor_step` (the served policy version: the learner is past them) are skipped, which
+        only happens when Redis lost the claim counter."""
+        return self._claimed(self._claim(**self._claim_call(holder, groups_per_step, limit_step, ttl_s, floor_step)),
+                             holder)
+
+    def take_over(self, holder: str, ttl_s: float, max_attempts: int) -> tuple[LeaseOutcome, Lease | None]:
+        """The first due slot (holder gone or back-off over): TAKEN with its lease, DEAD with the lease it
+        had when it ran out of attempts (now dropped), or NONE when nothing is due."""
+        while (taken := self._taken(self._take(**self._take_call(holder, ttl_s, max_attempts)), holder)) is None:
+            pass
+        return taken
+
     def renew(self, lease: Lease, ttl_s: float) -> bool:
         """False once the lease is no longer this holder's (taken over, published, dropped)."""
-        return bool(self._renew(keys=self._keys, args=[lease.slot, lease.holder, int(ttl_s * 1000)]))
+        return bool(self._renew(**self._renew_call(lease, ttl_s)))
 
     def release(self, lease: Lease, backoff_s: float, max_attempts: int) -> LeaseOutcome | None:
         """After a failed attempt: the slot is due again after `backoff_s`, with a fresh task (TAKEN), or
         dropped once out of attempts (DEAD); None when the lease was no longer held."""
-        reply = self._release(keys=[*self._keys, self.k("dead_groups")],
-                              args=[lease.slot, lease.holder, int(backoff_s * 1000), max_attempts])
-        return {1: LeaseOutcome.TAKEN, 2: LeaseOutcome.DEAD}.get(int(reply))
+        return self._released(self._release(**self._release_call(lease, backoff_s, max_attempts)))
 
     def publish(self, lease: Lease, stream_key: str, max_len: int, fields: dict[str, Any]) -> str | None:
         """Appends the group's entry and ends the lease in one step; None (nothing written) when the lease
         is no longer held."""
-        pairs = [item for pair in fields.items() for item in pair]
-        reply = self._publish(keys=[*self._keys, stream_key], args=[lease.slot, lease.holder, max_len, *pairs])
-        if not reply:
-            return None
-        return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return self._published(self._publish(**self._publish_call(lease, stream_key, max_len, fields)))
 
     def remaining(self, total_groups: int) -> int:
         """Groups of a run of `total_groups` not yet published: slots still to claim (a lost group needs
         one more, see `RunState.lost_groups`) plus slots claimed and neither published nor dropped. Read
         in one transaction, since dropping a slot moves it from the second kind to the first."""
         pipe = self.client.pipeline(transaction=True)
-        pipe.get(self.k("group_claims"))
-        pipe.mget(self.k("stale_groups"), self.k("dead_groups"))
-        pipe.zcard(self.k("group_lease_expiry"))
-        claims, (stale, dead), outstanding = pipe.execute()
-        return max(0, total_groups - int(claims or 0) + int(stale or 0) + int(dead or 0)) + int(outstanding)
+        self._queue_remaining(pipe)
+        return self._remaining(total_groups, pipe.execute())
 
     def held(self) -> dict[int, dict[str, Any]]:
         return {int(slot): json.loads(raw) for slot, raw in self.client.hgetall(self.k("group_leases")).items()}
+
+
+class AsyncGroupLeases(_LeaseScripts):
+    """GroupLeases over `redis.asyncio`: the same scripts and invariants, each method awaitable."""
+
+    async def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
+                    floor_step: int = 0) -> Lease | None:
+        call = self._claim_call(holder, groups_per_step, limit_step, ttl_s, floor_step)
+        return self._claimed(await self._claim(**call), holder)
+
+    async def take_over(self, holder: str, ttl_s: float, max_attempts: int) -> tuple[LeaseOutcome, Lease | None]:
+        while (taken := self._taken(await self._take(**self._take_call(holder, ttl_s, max_attempts)), holder)) is None:
+            pass
+        return taken
+
+    async def renew(self, lease: Lease, ttl_s: float) -> bool:
+        return bool(await self._renew(**self._renew_call(lease, ttl_s)))
+
+    async def release(self, lease: Lease, backoff_s: float, max_attempts: int) -> LeaseOutcome | None:
+        return self._released(await self._release(**self._release_call(lease, backoff_s, max_attempts)))
+
+    async def publish(self, lease: Lease, stream_key: str, max_len: int, fields: dict[str, Any]) -> str | None:
+        return self._published(await self._publish(**self._publish_call(lease, stream_key, max_len, fields)))
+
+    async def remaining(self, total_groups: int) -> int:
+        async with self.client.pipeline(transaction=True) as pipe:
+            self._queue_remaining(pipe)
+            return self._remaining(total_groups, await pipe.execute())

@@ -54,9 +54,9 @@ async def run(args, config, service) -> None:
     advertise = args.advertise or f"127.0.0.1:{args.port}"
     directory = None
     if args.registry == "redis":
-        from services.common.run_state import redis_client
+        from services.common.run_state import async_redis_client
 
-        client = redis_client(config.stream.redis_url, timeout_s=5)
+        client = async_redis_client(config.stream.redis_url, timeout_s=5)
         directory = RedisDirectory(client, config.key("env_replicas"))
     elif args.peer:
         directory = StaticDirectory(dict(peer.split("=", 1) for peer in args.peer))

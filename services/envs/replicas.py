@@ -54,24 +54,24 @@ class StaticDirectory(ReplicaDirectory):
 
 
 class RedisDirectory(ReplicaDirectory):
-    """A Redis hash `<key>`: replica id -> {"address", "ts"}; entries older than `max_age_s` are dead."""
+    """A Redis hash `<key>`: replica id -> {"address", "ts"}; entries older than `max_age_s` are dead.
+    `client` is a `redis.asyncio` client."""
 
     def __init__(self, client: Any, key: str, max_age_s: float = 15.0):
         self.client, self.key, self.max_age_s = client, key, max_age_s
 
     async def address_of(self, replica_id: str) -> Optional[str]:
-        raw = await asyncio.to_thread(self.client.hget, self.key, replica_id)
+        raw = await self.client.hget(self.key, replica_id)
         if raw is None:
             return None
         entry = json.loads(raw)
         return entry["address"] if time.time() - entry.get("ts", 0) <= self.max_age_s else None
 
     async def register(self, replica_id: str, address: str) -> None:
-        await asyncio.to_thread(self.client.hset, self.key, replica_id,
-                                json.dumps({"address": address, "ts": time.time()}))
+        await self.client.hset(self.key, replica_id, json.dumps({"address": address, "ts": time.time()}))
 
     async def unregister(self, replica_id: str) -> None:
-        await asyncio.to_thread(self.client.hdel, self.key, replica_id)
+        await self.client.hdel(self.key, replica_id)
 
 
 class RoutedEnvService:

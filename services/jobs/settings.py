@@ -53,7 +53,8 @@ class JobsSettings(BaseSettings):
     k8s_redis_url: Optional[str] = None
     """Kubernetes launcher: Redis the jobs use (replaces the spec's stream.redis_url); the API reads progress there."""
     k8s_redis_password_secret: Optional[str] = None
-    """Kubernetes launcher: Secret with the Redis password, given to the pods (and read by the API) as $REDIS_PASSWORD."""
+    """Kubernetes launcher: Secret with the Redis password, given to the pods (and read by the API) as
+    $REDIS_PASSWORD."""
     k8s_redis_password_key: str = "redis-password"
     """Kubernetes launcher: key of the password in that Secret."""
     k8s_service_account: Optional[str] = None

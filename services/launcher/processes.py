@@ -25,11 +25,11 @@ class ServiceProcess:
 
     def start(self) -> "ServiceProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         # own process group: stopping the service also stops the engine workers it spawned
-        self.popen = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          start_new_session=True)
         return self
 
     @property
@@ -57,7 +57,7 @@ class ServiceProcess:
                 break
             except TimeoutError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
+                    raise RuntimeError(f"{self.name} not healthy after {timeout_s:.0f}s:\n{self.log_tail()}") from None
                 if on_wait is not None:
                     on_wait(time.monotonic() - start)
         return time.monotonic() - start

@@ -12,18 +12,17 @@ import logging
 
 from services.common.config import TrainConfig
 from services.common.grpc_server import bind_host, serve
-from services.common.run_state import RunState
-from services.common.stream import TrajectoryStream
+from services.common.run_state import AsyncRunState
 from services.rollout.backends.base import BACKENDS
 from services.rollout.supervision import TaskSupervisor, retrying, watch_engine
 
 log = logging.getLogger(__name__)
 
 
-async def heartbeat(state: RunState, address: str, core, every_s: float = 2.0) -> None:
+async def heartbeat(state: AsyncRunState, address: str, core, every_s: float = 2.0) -> None:
     async def beat():
         info = {**core.status(), "version": core.policy_version, "serving": core.serving}
-        await asyncio.to_thread(state.register_rollout, address, info)
+        await state.register_rollout(address, info)
     await retrying(beat, "rollout registry heartbeat", every_s)
 
 
@@ -53,8 +52,8 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
 
     host = bind_host(host)
     auth = PushAuthenticator.for_server(host, token_from_env())
-    state = RunState.connect(config)
-    published = await asyncio.to_thread(state.policy_version)
+    state = AsyncRunState.connect(config)
+    published = await state.policy_version()
     signature = ModelSignature.of_pretrained(config.model.path, config.model.dtype)
     backend = build_backend(config)
     await backend.start()
@@ -77,9 +76,8 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
                          ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
                          PARSERS.create(config.rollout.action_parser), config.rollout, config.env,
                          config.model.max_model_len, server_name=advertise)
-        stream = TrajectoryStream(state.client, state.trajectories_key, max_len=config.stream.max_len)
         producer = Producer(config, loop, GrpcRewardClient(config.reward.address, timeout_s=config.reward.timeout_s),
-                            state, stream, core)
+                            state, core)
 
         async def produce_when_serving():
             await core.wait_until_serving()  # no claims before the server holds the run's version
@@ -88,7 +86,8 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
 
     async def on_shutdown():
         await tasks.cancel_all()
-        await asyncio.to_thread(state.unregister_rollout, advertise)
+        await state.unregister_rollout(advertise)
+        await state.aclose()
         await backend.shutdown()
 
     await serve("rollout", port, [add_to_server(core, auth)], host=host, metrics_port=metrics_port,

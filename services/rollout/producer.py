@@ -15,23 +15,24 @@ Publishing ends the lease in the same Redis script, so no group reaches the stre
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import socket
 import uuid
 from collections import Counter
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Optional, TypeVar
 
-import redis
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from services.common import metrics
 from services.common.config import TrainConfig
 from services.common.errors import ServiceError
-from services.common.run_state import Lease, LeaseOutcome, RunState
-from services.common.stream import TrajectoryStream, entry_fields
+from services.common.run_state import AsyncRunState, Lease, LeaseOutcome
+from services.common.stream import entry_fields
 from services.envs.datasets import TaskSplit
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
+from services.rollout.supervision import TRANSIENT_REDIS
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,15 @@ GROUPS = metrics.preset(metrics.counter("rollout", "groups_total", "Task groups 
                         ("superseded",), ("dead_lettered",))
 QUEUE_DEPTH = metrics.gauge("rollout", "queue_depth", "Workers waiting for a group slot the served policy may start")
 MAX_BACKOFF_S = 30.0
+MAX_REDIS_BACKOFF_S = 10.0
 T = TypeVar("T")
 
 
 class Producer:
-    def __init__(self, config: TrainConfig, loop: AgentLoop, reward_client: Any, state: RunState,
-                 stream: TrajectoryStream, core: Any, poll_s: float = 0.2, max_attempts: Optional[int] = None,
-                 holder: Optional[str] = None):
-        self.config, self.loop, self.rewards, self.state, self.stream, self.core = (
-            config, loop, reward_client, state, stream, core)
+    def __init__(self, config: TrainConfig, loop: AgentLoop, reward_client: Any, state: AsyncRunState, core: Any,
+                 poll_s: float = 0.2, max_attempts: Optional[int] = None, holder: Optional[str] = None):
+        """Groups are appended to `state.trajectories_key`, trimmed to about `config.stream.max_len` entries."""
+        self.config, self.loop, self.rewards, self.state, self.core = config, loop, reward_client, state, core
         self.poll_s = poll_s
         self.redis_retry_s = 0.2  # first wait after a Redis connection error; doubles, up to 10 s
         self.max_attempts = max_attempts or config.rollout.max_group_attempts
@@ -77,19 +78,21 @@ class Producer:
         await asyncio.gather(*jobs)
         log.info("producer finished after %d groups", self.published)
 
-    async def _redis(self, call: Callable[..., T], *args: Any) -> T:
-        """A Redis call off the event loop. Connection errors and timeouts (Redis restarting, a failover)
-        are retried with back-off, so an outage pauses the workers instead of ending them (their leases
-        lapse meanwhile and are taken over); any other error propagates to the server's supervision."""
-        for attempt in itertools.count(1):
-            try:
-                return await asyncio.to_thread(call, *args)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                delay = min(self.redis_retry_s * 2 ** (attempt - 1), 10.0)
-                log.warning("redis call %s failed (%s), retry %d in %.1fs", getattr(call, "__name__", call),
-                            exc, attempt, delay)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+    async def _redis(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A Redis call whose connection errors and timeouts (Redis restarting, a failover; the client has
+        already retried for about 45 s) are retried with back-off, forever, so an outage pauses the workers
+        instead of ending them (their leases lapse meanwhile and are taken over); any other error
+        propagates to the server's supervision."""
+        def warn(state: RetryCallState) -> None:
+            log.warning("redis call %s failed (%s), retry %d in %.1fs", getattr(call, "__name__", call),
+                        state.outcome.exception(), state.attempt_number, state.upcoming_sleep)
+
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_REDIS), before_sleep=warn,
+                                           wait=wait_exponential(multiplier=self.redis_retry_s,
+                                                                 max=MAX_REDIS_BACKOFF_S)):
+            with attempt:
+                return await call(*args)
+        raise AssertionError("unreachable: retried until it returns")
 
     async def _count(self, **increments: int) -> None:
         """Run-wide infrastructure counters (Redis hash `rollout_counters`), with the agent loop's."""
@@ -104,7 +107,7 @@ class Producer:
         if not pending:
             return
         try:
-            await asyncio.to_thread(self.state.add_rollout_counters, dict(pending))
+            await self.state.add_rollout_counters(dict(pending))
         except Exception as exc:  # noqa: BLE001 - counters are best effort; Prometheus has them too
             log.warning("could not record rollout counters: %s", exc)
 
@@ -148,15 +151,15 @@ class Producer:
             if waiting:
                 QUEUE_DEPTH.dec()
 
-    def _finished(self) -> bool:
+    async def _finished(self) -> bool:
         """The learner marked the run done; or, without staleness drops (max_staleness 0), every step's
         slots are claimed and none is still outstanding."""
-        if self.state.done():
+        if await self.state.done():
             return True
         if self.config.algorithm.max_staleness:
             return False
         total = self.config.learner.steps * self.config.rollout.groups_per_step
-        return self.state.leases.remaining(total) == 0
+        return await self.state.leases.remaining(total) == 0
 
     async def _produce(self, lease: Lease) -> None:
         renewal = asyncio.create_task(self._renew(lease))
@@ -173,8 +176,8 @@ class Producer:
                 traj.reward = total
                 traj.reward_components.update(components)
             fields = entry_fields(group, group_id)
-            entry_id = await self._redis(self.state.leases.publish, lease, self.stream.key, self.stream.max_len,
-                                         fields)
+            entry_id = await self._redis(self.state.leases.publish, lease, self.state.trajectories_key,
+                                         self.config.stream.max_len, fields)
         finally:
             renewal.cancel()
         if entry_id is None:  # also when a publish whose reply was lost is retried: it ended the lease
@@ -202,8 +205,8 @@ class Producer:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                held = await asyncio.to_thread(self.state.leases.renew, lease, self.ttl_s)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                held = await self.state.leases.renew(lease, self.ttl_s)
+            except TRANSIENT_REDIS as exc:
                 log.warning("lease renewal of group slot %d failed: %s", lease.slot, exc)
                 continue
             if not held:

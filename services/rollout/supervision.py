@@ -8,6 +8,7 @@ import logging
 from typing import Awaitable, Callable, Optional
 
 import redis
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +52,18 @@ TRANSIENT_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
 
 
 async def retrying(call: Callable[[], Awaitable], what: str, every_s: float, max_backoff_s: float = 30.0) -> None:
-    """Runs `call` every `every_s` forever; a transient Redis error is retried with doubling back-off,
-    anything else ends the loop (and, supervised, the server)."""
-    delay = every_s
+    """Runs `call` every `every_s` forever; a transient Redis error is retried after 2, 4, 8, ... times
+    `every_s` (at most `max_backoff_s`), anything else ends the loop (and, supervised, the server)."""
+    def warn(state: RetryCallState) -> None:
+        log.warning("%s: Redis unavailable (%s); retrying in %.1fs", what, state.outcome.exception(),
+                    state.upcoming_sleep)
+
     while True:
-        try:
-            await call()
-            delay = every_s
-        except TRANSIENT_REDIS as exc:
-            delay = min(delay * 2, max_backoff_s)
-            log.warning("%s: Redis unavailable (%s); retrying in %.1fs", what, exc, delay)
-        await asyncio.sleep(delay)
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_REDIS), before_sleep=warn,
+                                           wait=wait_exponential(multiplier=2 * every_s, max=max_backoff_s)):
+            with attempt:
+                await call()
+        await asyncio.sleep(every_s)
 
 
 async def watch_engine(check_alive: Callable[[], Awaitable], on_dead: Callable[[BaseException], None],

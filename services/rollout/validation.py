@@ -17,7 +17,7 @@ from typing import Any
 
 from services.common import metrics
 from services.common.config import TrainConfig
-from services.common.run_state import RunState
+from services.common.run_state import AsyncRunState
 from services.envs.datasets import TaskSplit
 from services.rollout.agent_loop import AgentLoop
 
@@ -27,7 +27,7 @@ VALIDATION_SUCCESS = metrics.gauge("rollout", "validation_success_rate", "Succes
 
 
 class Validator:
-    def __init__(self, config: TrainConfig, loop: AgentLoop, state: RunState, core: Any, poll_s: float = 0.5,
+    def __init__(self, config: TrainConfig, loop: AgentLoop, state: AsyncRunState, core: Any, poll_s: float = 0.5,
                  concurrency: int = 64):
         self.config, self.state, self.core, self.poll_s = config, state, core, poll_s
         self.loop = copy.copy(loop)
@@ -45,16 +45,11 @@ class Validator:
             version = self.core.policy_version
             if self.due(version) and version not in done:
                 done.add(version)
-                if await asyncio.to_thread(self._claim, version):
+                if await self.state.claim_validation(version):  # one rollout server validates each version
                     await self.validate(version)
-            if version >= self.config.learner.steps or await asyncio.to_thread(self.state.done):
+            if version >= self.config.learner.steps or await self.state.done():
                 return
             await asyncio.sleep(self.poll_s)
-
-    def _claim(self, version: int) -> bool:
-        """Only one rollout server validates each version."""
-        return bool(self.state.client.set(self.config.key(f"validation_claim:{version}"), "1", nx=True,
-                                          ex=24 * 3600))
 
     async def validate(self, version: int) -> dict[str, Any]:
         start = time.perf_counter()
@@ -72,7 +67,7 @@ class Validator:
             summary[f"validation/{name}/env_return"] = mean(t.env_return for t in played)
             summary[f"validation/{name}/turns"] = mean(len(t.turns) for t in played)
             VALIDATION_SUCCESS.labels(name).set(summary[f"validation/{name}/success_rate"])
-        await asyncio.to_thread(self.state.publish_metrics, version, summary)
+        await self.state.publish_metrics(version, summary)
         log.info("validation at policy v%d: %s", version, {k: v for k, v in summary.items() if "/" in k})
         return summary
 

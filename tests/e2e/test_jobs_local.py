@@ -30,11 +30,10 @@ class ApiProcess:
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> "ApiProcess":
-        log = open(self.root / "api.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.jobs", "--host", "127.0.0.1", "--port",
-                                      str(self.port)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        log.close()
+        with open(self.root / "api.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "services.jobs", "--host", "127.0.0.1", "--port",
+                                          str(self.port)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
             try:

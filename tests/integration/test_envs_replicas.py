@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from services.common.config import dump_config, load_config
 from services.common.grpc_server import free_port, wait_for_health
-from services.common.run_state import RunState
+from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
 from services.common.errors import Unavailable
@@ -123,8 +123,8 @@ def test_a_replica_killed_mid_run_costs_retries_not_trajectories(cluster, tokeni
     loop = AgentLoop(SlowPolicy(tokenizer, toward_exit), client, ChatFormatter(tokenizer),
                      PARSERS.create("xml_action"), config.rollout, config.env, max_model_len=512)
     rewards = InProcessRewardClient(RewardService(RewardComposer.from_config(config.reward)))
-    producer = Producer(config, loop, rewards, state, stream, LearnerPace(stream, config.rollout.groups_per_step),
-                        poll_s=0.02, max_attempts=3)
+    producer = Producer(config, loop, rewards, AsyncRunState.connect(config),
+                        LearnerPace(stream, config.rollout.groups_per_step), poll_s=0.02, max_attempts=3)
     groups = config.learner.steps * config.rollout.groups_per_step
 
     async def main():
@@ -136,6 +136,7 @@ def test_a_replica_killed_mid_run_costs_retries_not_trajectories(cluster, tokeni
         replica_b.kill()
         await asyncio.wait_for(run, 120)
         await client.aclose()
+        await producer.state.aclose()
 
     start = time.monotonic()
     asyncio.run(main())
@@ -179,16 +180,23 @@ def test_a_group_out_of_retries_is_dropped_whole_and_replaced(tmp_path, redis_ur
                                 "learner.steps=1", "env.max_episode_attempts=2"])
     state = RunState.connect(config)
     stream = TrajectoryStream(state.client, state.trajectories_key)
-    probe = Producer(config, None, None, state, stream, None)
+    probe = Producer(config, None, None, None, None)
     poison = probe.task_of(0)
     assert probe.task_of(0, attempt=2) != poison
     loop = AgentLoop(ScriptedPolicy(tokenizer, toward_exit), PoisonTaskClient(EnvService(), poison),
                      ChatFormatter(tokenizer), PARSERS.create("xml_action"), config.rollout, config.env,
                      max_model_len=512)
     rewards = InProcessRewardClient(RewardService(RewardComposer.from_config(config.reward)))
-    producer = Producer(config, loop, rewards, state, stream, LearnerPace(stream, 1), poll_s=0.01)
+    producer = Producer(config, loop, rewards, AsyncRunState.connect(config), LearnerPace(stream, 1), poll_s=0.01)
+
+    async def play():
+        try:
+            await producer.run()
+        finally:
+            await producer.state.aclose()
+
     try:
-        asyncio.run(asyncio.wait_for(producer.run(), 60))  # one step of one group
+        asyncio.run(asyncio.wait_for(play(), 60))  # one step of one group
         batches = [decode_batch(fields[b"batch"]) for _, fields in state.client.xrange(state.trajectories_key)]
         assert len(batches) == 1 and len(batches[0].trajectories) == 3
         assert {t.task_index for t in batches[0].trajectories} == {probe.task_of(0, attempt=2)}

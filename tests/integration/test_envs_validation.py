@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from services.common.config import load_config
-from services.common.run_state import RunState
+from services.common.run_state import AsyncRunState, RunState
 from services.envs.client import InProcessEnvClient
 from services.envs.datasets import TaskSplit, dataset_dir, ensure
 from services.envs.service import EnvService
@@ -39,7 +39,8 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
                      ChatFormatter(tokenizer), PARSERS.create("xml_action"), config.rollout, config.env,
                      max_model_len=512)
     core = Version()
-    validators = [Validator(config, loop, state, core, poll_s=0.01) for _ in range(2)]  # two rollout servers
+    servers = [AsyncRunState.connect(config) for _ in range(2)]  # two rollout servers
+    validators = [Validator(config, loop, server, core, poll_s=0.01) for server in servers]
     assert [v for v in range(7) if validators[0].due(v)] == [0, 2, 4]
     assert validators[0].loop.rollout.temperature == 0.0 and loop.rollout.temperature == 1.0
 
@@ -49,6 +50,8 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
             await asyncio.sleep(0.3)
             core.policy_version = version
         await asyncio.wait_for(asyncio.gather(*runs), 30)
+        for server in servers:
+            await server.aclose()
 
     asyncio.run(main())
     entries = [m for _, m in state.read_metrics()]

@@ -34,10 +34,10 @@ def make_app(tmp_path, launcher=None, **settings):
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, redis_url):
     root = tmp_path_factory.mktemp("api")
-    with LiveApi(make_app(root, redis_url=redis_url)) as live:
-        with httpx.Client(base_url=live.url, headers=AUTH, timeout=10) as http:
-            live.http, live.root = http, root
-            yield live
+    with LiveApi(make_app(root, redis_url=redis_url)) as live, \
+            httpx.Client(base_url=live.url, headers=AUTH, timeout=10) as http:
+        live.http, live.root = http, root
+        yield live
 
 
 def wait_for(http, job_id, states, timeout_s=10.0) -> dict:

@@ -1,6 +1,7 @@
 """Schemathesis against the served OpenAPI document: generated requests to every operation, valid ones
-(positive) and ones that break the schema (negative), with the token. The API must never answer with a server error and must answer as its document
-says. Bounded by max_examples per operation; the launcher is scripted, so no job really runs."""
+(positive) and ones that break the schema (negative), with the token. The API must never answer with a
+server error and must answer as its document says. Bounded by max_examples per operation; the launcher
+is scripted, so no job really runs."""
 import httpx
 import pytest
 import schemathesis

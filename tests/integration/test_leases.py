@@ -1,12 +1,13 @@
 """Group leases on a real Redis: a claim is held by one holder, taken over by exactly one other once it
 lapses, retried after a failure, dropped once out of attempts, and published at most once."""
+import asyncio
 import threading
 
 import pytest
 import redis
 
 from services.common.config import TrainConfig
-from services.common.run_state import LeaseOutcome, RunState
+from services.common.run_state import AsyncRunState, LeaseOutcome, RunState
 from services.common.stream import TrajectoryStream, entry_fields
 from tests.unit.test_learner_staleness import traj
 
@@ -108,3 +109,27 @@ def test_many_takers_racing_for_one_lapsed_lease_one_wins(state, redis_url):
         thread.join(30)
     assert sorted(results) == sorted([LeaseOutcome.TAKEN] + [LeaseOutcome.NONE] * (takers - 1))
     assert state.leases.held()[0]["attempt"] == 2
+
+
+def test_the_asyncio_leases_run_the_same_scripts_on_the_same_keys(state):
+    async def main():
+        server = AsyncRunState.connect(state.config)
+        try:
+            leases = server.leases
+            lease = await leases.claim("a", 1, 10, NOW)
+            assert lease.slot == 0 and state.leases.held() == {0: {"holder": "a", "attempt": 1, "task": 1}}
+            state.client.zadd(state.k("group_lease_expiry"), {"7": 0})  # due, but its lease is gone
+            outcome, taken = await leases.take_over("b", LONG, 5)
+            assert outcome is LeaseOutcome.TAKEN and taken.taken_from == "a"
+            assert not await leases.renew(lease, LONG) and await leases.renew(taken, LONG)
+            assert await leases.release(taken, NOW, 5) is LeaseOutcome.TAKEN
+            outcome, again = await leases.take_over("c", LONG, 5)
+            assert (again.attempt, again.task) == (3, 2) and await leases.remaining(1) == 1
+            fields = entry_fields([traj("g0", [0])], "g0")
+            assert await leases.publish(again, state.trajectories_key, 1000, fields)
+            assert await leases.remaining(1) == 0 and await leases.take_over("d", LONG, 5) == (LeaseOutcome.NONE, None)
+        finally:
+            await server.aclose()
+
+    asyncio.run(main())
+    assert state.leases.held() == {} and state.client.xlen(state.trajectories_key) == 1

@@ -9,7 +9,7 @@ import redis
 
 from services.common.config import TrainConfig
 from services.common.errors import Unavailable
-from services.common.run_state import LeaseOutcome, RunState
+from services.common.run_state import AsyncRunState, LeaseOutcome, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
 from services.rollout import producer as producer_module
@@ -70,47 +70,65 @@ def task_per_key(monkeypatch):
 
 @pytest.fixture
 def run(redis_url, run_name):
+    """Makes producers of one run, each with its own AsyncRunState (closed by `play`)."""
     made = []
 
     def make(loop, rewards, holder, steps=2, **rollout):
         config = make_config(run_name, redis_url, steps, **rollout)
-        state = RunState.connect(config)
-        stream = TrajectoryStream(state.client, state.trajectories_key)
-        made.append(state)
-        return Producer(config, loop, rewards, state, stream, LearnerPace(stream, 2), poll_s=0.01, holder=holder)
+        stream = TrajectoryStream(RunState.connect(config).client, config.key("trajectories"))
+        made.append(config)
+        return Producer(config, loop, rewards, AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.01,
+                        holder=holder)
 
     yield make
     if made:
-        made[0].reset()
+        RunState.connect(made[0]).reset()
+
+
+async def play(producer):
+    """Runs the producer to its end, then closes its Redis connections (they belong to this event loop)."""
+    try:
+        await producer.run()
+    finally:
+        await producer.state.aclose()
+
+
+def seen(producer) -> RunState:
+    """The producer's run as a blocking client sees it, for assertions."""
+    return RunState.connect(producer.config)
+
+
+def stream_of(producer) -> TrajectoryStream:
+    return TrajectoryStream(seen(producer).client, producer.state.trajectories_key)
 
 
 def published(producer):
-    entries = producer.state.client.xrange(producer.stream.key)
+    entries = seen(producer).client.xrange(producer.state.trajectories_key)
     return [decode_batch(fields[b"batch"]) for _, fields in entries]
 
 
 def test_a_group_whose_scoring_fails_is_retried_on_a_fresh_task_and_published(run):
     producer = run(ScriptedLoop(), FlakyRewards(failures=2), "a")
-    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    asyncio.run(asyncio.wait_for(play(producer), 30))
     batches = published(producer)
     assert sorted(b.batch_id for b in batches) == ["g0", "g1", "g2", "g3"]  # nothing abandoned, nothing twice
     tasks = [task for group, task in producer.loop.played if group == "g0"]
     assert tasks == [producer.task_of(0, n) for n in (1, 2, 3)] and len(set(tasks)) == 3
     assert sorted(group for group, _ in producer.loop.played if group != "g0") == ["g1", "g2", "g3"]
-    counters = producer.state.rollout_counters()
+    counters = seen(producer).rollout_counters()
     assert counters["groups_dropped"] == 2 and counters["groups_released"] == 2 and counters["groups_retried"] == 2
     assert counters["groups_published"] == 4 and "groups_dead_lettered" not in counters
-    assert producer.state.leases.held() == {}
+    assert seen(producer).leases.held() == {}
 
 
 def test_a_slot_out_of_attempts_is_dropped_and_a_new_slot_fills_its_step(run):
     producer = run(ScriptedLoop(), FlakyRewards(failures=2), "a", max_group_attempts=2)
-    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    asyncio.run(asyncio.wait_for(play(producer), 30))
     batches = published(producer)
     assert len(batches) == 4 and "g4" in {b.batch_id for b in batches}  # slot 4 replaced the dead one
-    counters = producer.state.rollout_counters()
+    counters = seen(producer).rollout_counters()
     assert counters["groups_dead_lettered"] == 1 and counters["groups_published"] == 4
-    assert producer.state.lost_groups() == 1 and producer.state.leases.held() == {}
+    assert seen(producer).lost_groups() == 1 and seen(producer).leases.held() == {}
 
 
 def test_a_slow_holder_whose_lease_was_taken_over_publishes_nothing(run):
@@ -122,19 +140,19 @@ def test_a_slow_holder_whose_lease_was_taken_over_publishes_nothing(run):
             await asyncio.Event().wait()
 
         slow._renew = stalled
-        playing = asyncio.create_task(slow.run())
-        leases = slow.state.leases
-        while (taken := leases.take_over("fast", 30.0, 20))[0] is LeaseOutcome.NONE:
+        playing = asyncio.create_task(play(slow))
+        leases, view = slow.state.leases, seen(slow)
+        while (taken := await leases.take_over("fast", 30.0, 20))[0] is LeaseOutcome.NONE:
             assert not playing.done()
             await asyncio.sleep(0.05)
         outcome, lease = taken
         assert outcome is LeaseOutcome.TAKEN and lease.taken_from == "slow/0" and lease.task == 1
         gate.set()
-        while "groups_superseded" not in slow.state.rollout_counters():
+        while "groups_superseded" not in view.rollout_counters():
             await asyncio.sleep(0.01)
-        assert slow.published == 0 and slow.state.rollout_counters()["groups_superseded"] == 1
-        assert slow.stream.length() == 0
-        assert leases.publish(lease, slow.stream.key, 1000, {"batch": b"x", "n": 0})
+        assert slow.published == 0 and view.rollout_counters()["groups_superseded"] == 1
+        assert stream_of(slow).length() == 0
+        assert view.leases.publish(lease, slow.state.trajectories_key, 1000, {"batch": b"x", "n": 0})
         await playing  # the slot is published: the producer is done
 
     asyncio.run(asyncio.wait_for(main(), 30))
@@ -146,15 +164,21 @@ def test_a_lease_renewed_while_its_group_plays_is_not_taken_over(run):
         producer = run(ScriptedLoop(gate), FlakyRewards(), "a", steps=1, groups_per_step=1, lease_ttl_s=0.9)
         leases, renewals = producer.state.leases, []
         renew = leases.renew
-        leases.renew = lambda lease, ttl: (renew(lease, ttl), renewals.append(lease.slot))[0]
-        playing = asyncio.create_task(producer.run())
+
+        async def counted(lease, ttl):
+            held = await renew(lease, ttl)
+            renewals.append(lease.slot)
+            return held
+
+        leases.renew = counted
+        playing = asyncio.create_task(play(producer))
         while len(renewals) < 4:  # the group has played for longer than the TTL
             assert not playing.done()
             await asyncio.sleep(0.01)
-        assert (await asyncio.to_thread(leases.take_over, "b", 30.0, 20))[0] is LeaseOutcome.NONE
+        assert (await leases.take_over("b", 30.0, 20))[0] is LeaseOutcome.NONE
         gate.set()
         await playing
-        assert producer.published == 1 and "groups_taken_over" not in producer.state.rollout_counters()
+        assert producer.published == 1 and "groups_taken_over" not in seen(producer).rollout_counters()
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
@@ -163,12 +187,12 @@ def test_redis_connection_errors_pause_a_worker_instead_of_ending_it(run):
     producer = run(ScriptedLoop(), FlakyRewards(), "a", steps=1, groups_per_step=1)
     producer.redis_retry_s, failures, claim = 0.01, [], producer.state.leases.claim
 
-    def flaky_claim(*args):
+    async def flaky_claim(*args):
         if len(failures) < 2:
             failures.append(1)
             raise redis.ConnectionError("Redis restarting")
-        return claim(*args)
+        return await claim(*args)
 
     producer.state.leases.claim = flaky_claim
-    asyncio.run(asyncio.wait_for(producer.run(), 30))
+    asyncio.run(asyncio.wait_for(play(producer), 30))
     assert len(failures) == 2 and producer.published == 1

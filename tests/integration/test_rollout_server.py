@@ -5,6 +5,7 @@ import os
 import signal
 
 import pytest
+import redis
 import torch
 
 from services.common.errors import InvalidArgument
@@ -17,7 +18,7 @@ from tests.rollout_server import start_rollout
 def server(tmp_path_factory):
     rollout = start_rollout(tmp_path_factory.mktemp("rollout"))
     yield {"address": rollout.address, "model": rollout.model, "proc": rollout.proc, "log": rollout.log,
-           "call": rollout.call}
+           "call": rollout.call, "run": rollout.run}
     rollout.kill()
 
 
@@ -90,7 +91,11 @@ def test_every_reply_comes_wholly_from_one_policy_version(server, hf):
     assert status["policy_version"] == 1 and status["weights_checksum"] == update.checksum
 
 
-def test_sigterm_shuts_down_gracefully(server):
+def test_sigterm_shuts_down_gracefully_and_leaves_the_rollout_registry(server):
+    registry = redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_timeout=5)
+    key = f"omrl:{server['run']}:rollout_servers"
+    assert registry.hexists(key, server["address"])  # the heartbeat registered it
     proc = server["proc"]
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, server["log"].read_text()[-2000:]
+    assert not registry.exists(key)

@@ -134,7 +134,7 @@ def solve_wordle(env: Wordle) -> object:
     """Minimax guessing among the candidates still consistent with the feedback."""
     candidates = list(env.candidates)
     while True:
-        def worst(guess):
+        def worst(guess, candidates=candidates):
             buckets = {}
             for secret in candidates:
                 key = feedback(guess, secret)

@@ -1,7 +1,7 @@
 """The job spec is the run config (TrainConfig) plus resources and schedule: same models, same errors."""
 import json
 from pathlib import Path
-from typing import Optional, get_args
+from typing import get_args
 
 import pytest
 import yaml
@@ -84,7 +84,7 @@ def numeric_fields(model, prefix=()):
         inner = [a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
         if inner:
             yield from numeric_fields(inner[0], (*prefix, name))
-        elif annotation in (int, float, Optional[int], Optional[float]):
+        elif annotation in (int, float, int | None, float | None):
             yield (*prefix, name), field
 
 

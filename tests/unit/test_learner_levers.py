@@ -174,7 +174,7 @@ def test_activation_checkpointing_same_gradients_fewer_saved_tensors(model_dir):
     counts = []
     for model in (plain, ckpt):
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(1) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(1) or t, lambda t: t):
             _stats_and_grads(model, 0)
         counts.append(len(saved))
     assert counts[1] < counts[0] / 2

@@ -79,18 +79,18 @@ def test_the_heartbeat_survives_a_redis_outage_and_reports_the_served_version():
             return {"policy_version": 3, "waiting_for_version": 5}
 
     class State:
-        def __init__(self, loop):
-            self.calls, self.registered, self.loop = 0, asyncio.Event(), loop
+        def __init__(self):
+            self.calls, self.registered = 0, asyncio.Event()
 
-        def register_rollout(self, address, info):
+        async def register_rollout(self, address, info):
             self.calls += 1
             if self.calls == 1:
                 raise redis.exceptions.TimeoutError("redis failing over")
             self.info = (address, info)
-            self.loop.call_soon_threadsafe(self.registered.set)  # called from the heartbeat's worker thread
+            self.registered.set()
 
     async def scenario():
-        state = State(asyncio.get_running_loop())
+        state = State()
         task = asyncio.create_task(heartbeat(state, "10.0.0.1:50051", Core(), every_s=0.001))
         await state.registered.wait()
         task.cancel()
