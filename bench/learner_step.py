@@ -13,6 +13,7 @@ attention; N = parameters that take part in matmuls, the tied embedding counted 
   (+ the critic's (1 + 3 * ppo_epochs) forwards for gae, + one reference forward when a KL term is on)
 MFU = FLOPs per step / step time / (GPUs * peak), peak = 989.4 TFLOP/s (H100 SXM dense bf16, datasheet).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, pad_token_id=151643, eos_token_id=151645)
-TINY = dict(QWEN25_05B, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=128, vocab_size=1024, pad_token_id=0, eos_token_id=1)
+QWEN25_05B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    pad_token_id=151643,
+    eos_token_id=151645,
+)
+TINY = dict(
+    QWEN25_05B,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=128,
+    vocab_size=1024,
+    pad_token_id=0,
+    eos_token_id=1,
+)
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}
 
 
@@ -58,12 +79,23 @@ def trajectories(num: int, group_size: int, seq_len: int, vocab: int, seed: int,
     for i in range(num):
         seq_len = rng.randint(min_len, longest) if min_len else longest
         prompt_len = seq_len // 4
-        b = TrajectoryBuilder(env="bench", task_index=i // group_size, group_id=f"g{i // group_size}",
-                              prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)])
+        b = TrajectoryBuilder(
+            env="bench",
+            task_index=i // group_size,
+            group_id=f"g{i // group_size}",
+            prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)],
+        )
         while b.length < seq_len:
             n = min(rng.randint(64, 192), seq_len - b.length)
-            b.add_model_turn([rng.randrange(vocab) for _ in range(n)], [-rng.uniform(0.1, 4.0) for _ in range(n)],
-                             policy_version=0, text="", action="", action_valid=True, finish_reason="stop")
+            b.add_model_turn(
+                [rng.randrange(vocab) for _ in range(n)],
+                [-rng.uniform(0.1, 4.0) for _ in range(n)],
+                policy_version=0,
+                text="",
+                action="",
+                action_valid=True,
+                finish_reason="stop",
+            )
             obs = min(rng.randint(16, 96), seq_len - b.length)
             b.add_observation([rng.randrange(vocab) for _ in range(obs)], env_reward=0.0)
         traj = b.finish(env_return=0.0, success=rng.random() < 0.5, stop_reason="done")
@@ -122,11 +154,18 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=64, help="global batch (sequences per step)")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--min-len", type=int, default=0,
-                        help="draw each sequence's length from [min-len, seq-len] (RL batches are ragged); 0: all seq-len")
-    parser.add_argument("--bare", action="store_true",
-                        help="also time a bare training loop in the same process: the same model, optimizer, "
-                             "micro-batches, packing and attention kernel; forward, backward, optimizer step, no RL")
+    parser.add_argument(
+        "--min-len",
+        type=int,
+        default=0,
+        help="draw each sequence's length from [min-len, seq-len] (RL batches are ragged); 0: all seq-len",
+    )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="also time a bare training loop in the same process: the same model, optimizer, "
+        "micro-batches, packing and attention kernel; forward, backward, optimizer step, no RL",
+    )
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward per GPU")
     parser.add_argument("--ppo-epochs", type=int, default=1)
     parser.add_argument("--kl-loss", action="store_true", help="also run the reference model (KL loss term)")
@@ -135,8 +174,13 @@ def main() -> None:
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one extra step")
     parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 on CPU: checks the script, measures nothing")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a run-config override, e.g. learner.activation_checkpointing=true (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run-config override, e.g. learner.activation_checkpointing=true (repeatable)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -155,16 +199,30 @@ def main() -> None:
         if fsdp.is_rank0() and not (Path(model_dir) / "config.json").is_file():
             build_model(Path(model_dir), TINY if args.tiny else QWEN25_05B)
         fsdp.barrier()
-    config = load_config(None, [
-        "seed=0", f"model.dtype={'float32' if args.tiny else 'bfloat16'}", f"rollout.group_size={args.group_size}",
-        f"learner.device={device_name}", "learner.steps=1000", f"algorithm.advantage={args.advantage}",
-        f"algorithm.micro_batch_size={args.micro_batch}", f"algorithm.ppo_epochs={args.ppo_epochs}", "algorithm.lr=1e-6",
-        "algorithm.critic_lr=1e-6", f"algorithm.use_kl_loss={str(args.kl_loss).lower()}", *args.set])
+    config = load_config(
+        None,
+        [
+            "seed=0",
+            f"model.dtype={'float32' if args.tiny else 'bfloat16'}",
+            f"rollout.group_size={args.group_size}",
+            f"learner.device={device_name}",
+            "learner.steps=1000",
+            f"algorithm.advantage={args.advantage}",
+            f"algorithm.micro_batch_size={args.micro_batch}",
+            f"algorithm.ppo_epochs={args.ppo_epochs}",
+            "algorithm.lr=1e-6",
+            "algorithm.critic_lr=1e-6",
+            f"algorithm.use_kl_loss={str(args.kl_loss).lower()}",
+            *args.set,
+        ],
+    )
     trainer = PolicyTrainer(config, model_dir)
     hf_config = trainer.model.config
     vocab = hf_config.vocab_size
-    batches = [trajectories(args.trajectories, args.group_size, args.seq_len, vocab, seed=s, min_len=args.min_len)
-               for s in range(args.warmup + args.steps)]
+    batches = [
+        trajectories(args.trajectories, args.group_size, args.seq_len, vocab, seed=s, min_len=args.min_len)
+        for s in range(args.warmup + args.steps)
+    ]
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     times, metrics, phases = [], {}, {}
@@ -184,8 +242,11 @@ def main() -> None:
     lengths = [len(t.token_ids) for t in batches[0]]
     tokens = sum(lengths)
     n_policy = matmul_params(trainer.model)
-    layers, width = hf_config.num_hidden_layers, hf_config.num_attention_heads * (
-        getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads)
+    layers, width = (
+        hf_config.num_hidden_layers,
+        hf_config.num_attention_heads
+        * (getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads),
+    )
     fused = trainer._fused_scoring(len(trainer._mini_batches(collate(batches[0], trainer.pad_id))))
     per_pass = (0 if fused else 1) + 3 * args.ppo_epochs
     flops = per_pass * forward_flops(n_policy, layers, width, lengths)
@@ -196,26 +257,45 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in gpu), 989.4)
     world = fsdp.world_size()
-    mem = fsdp.all_gather_object(torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else 0.0)
+    mem = fsdp.all_gather_object(torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0)
     result = {
-        "gpu": gpu, "gpus": world, "advantage": args.advantage, "ppo_epochs": args.ppo_epochs, "kl_loss": args.kl_loss,
-        "trajectories": args.trajectories, "seq_len": args.seq_len, "micro_batch_per_gpu": args.micro_batch,
-        "tokens_per_step": tokens, "trained_tokens_per_step": metrics["num_tokens"],
-        "matmul_params": n_policy, "step_seconds_median": step_s, "step_seconds": times,
-        "tokens_per_second": tokens / step_s, "tokens_per_second_per_gpu": tokens / step_s / world,
-        "tflops_per_step": flops / 1e12, "achieved_tflops_per_gpu": flops / step_s / world / 1e12,
-        "peak_tflops_per_gpu": peak, "mfu": flops / step_s / world / (peak * 1e12),
-        "max_memory_gib_per_rank": mem, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-        "fused_scoring": fused, "min_len": args.min_len,
+        "gpu": gpu,
+        "gpus": world,
+        "advantage": args.advantage,
+        "ppo_epochs": args.ppo_epochs,
+        "kl_loss": args.kl_loss,
+        "trajectories": args.trajectories,
+        "seq_len": args.seq_len,
+        "micro_batch_per_gpu": args.micro_batch,
+        "tokens_per_step": tokens,
+        "trained_tokens_per_step": metrics["num_tokens"],
+        "matmul_params": n_policy,
+        "step_seconds_median": step_s,
+        "step_seconds": times,
+        "tokens_per_second": tokens / step_s,
+        "tokens_per_second_per_gpu": tokens / step_s / world,
+        "tflops_per_step": flops / 1e12,
+        "achieved_tflops_per_gpu": flops / step_s / world / 1e12,
+        "peak_tflops_per_gpu": peak,
+        "mfu": flops / step_s / world / (peak * 1e12),
+        "max_memory_gib_per_rank": mem,
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "fused_scoring": fused,
+        "min_len": args.min_len,
         "torch": torch.__version__,
         "phase_seconds_median": {k.removeprefix("time/"): statistics.median(v) for k, v in phases.items()},
-        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "overrides": args.set,
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "overrides": args.set,
     }
     if args.bare:
         bare_s = bare_loop(trainer, batches, args.warmup, sync)
         bare_flops = 3 * forward_flops(n_policy, layers, width, lengths)
-        result.update(bare_step_seconds_median=bare_s, bare_mfu=bare_flops / bare_s / world / (peak * 1e12),
-                      learner_over_bare=step_s / bare_s)
+        result.update(
+            bare_step_seconds_median=bare_s,
+            bare_mfu=bare_flops / bare_s / world / (peak * 1e12),
+            learner_over_bare=step_s / bare_s,
+        )
     if args.profile and cuda:
         from torch.profiler import ProfilerActivity, profile
 

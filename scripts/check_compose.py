@@ -6,6 +6,7 @@ The first file, and its merge with each further one in the order given (as `dock
 compose_spec library: the Compose specification's fields, types and references). Then the project's
 own rules: every service has a healthcheck, and every `depends_on` waits for `service_healthy`.
 Exits 1 and prints every problem if any."""
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,10 @@ from typing import Any
 
 import yaml
 
-_VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
-                  r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+_VAR = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+    r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 class MissingVariable(ValueError):

@@ -7,6 +7,7 @@ rejected here; JobSets and Kueue LocalQueues against the JSON schemas in deploy/
 one generated from Kubeflow Trainer's published models, the LocalQueue one a hand-written subset), and each
 Job template inside a JobSet as a batch/v1 Job against Kubernetes' schemas. Exits 1 and prints every problem
 if any."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,13 @@ def unknown_fields(model: type, data: Any, path: str = "") -> list[str]:
             problems.append(f"{path}{key}: unknown field")
             continue
         for inner in _models_in(fields[key].annotation):
-            items = value if isinstance(value, list) else value.values() if isinstance(value, dict) and \
-                _is_mapping(fields[key].annotation) else [value]
+            items = (
+                value
+                if isinstance(value, list)
+                else value.values()
+                if isinstance(value, dict) and _is_mapping(fields[key].annotation)
+                else [value]
+            )
             for i, item in enumerate(items):
                 problems += unknown_fields(inner, item, f"{path}{key}{f'[{i}]' if isinstance(value, list) else ''}.")
     return problems
@@ -54,7 +60,7 @@ def _models_in(annotation: Any) -> list[type]:
 
 def _is_mapping(annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
-    if origin in (dict, typing.Dict):
+    if origin in (dict, dict):
         return True
     return any(_is_mapping(arg) for arg in typing.get_args(annotation))
 
@@ -71,7 +77,7 @@ def check_prometheus_operator(doc: dict) -> list[str]:
     return unknown_fields(model, doc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crd_validator(api_version: str, kind: str):
     import jsonschema
 
@@ -89,8 +95,12 @@ def check_json_schema(doc: dict, version: str) -> list[str]:
         problems.append(f"{'.'.join(str(p) for p in err.absolute_path)}: {err.message}")
     if doc["kind"] == "JobSet" and not problems:
         for i, rjob in enumerate(doc["spec"].get("replicatedJobs") or []):
-            job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": rjob["name"]},
-                   **{k: v for k, v in rjob["template"].items() if k != "metadata"}}
+            job = {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": rjob["name"]},
+                **{k: v for k, v in rjob["template"].items() if k != "metadata"},
+            }
             problems += [f"spec.replicatedJobs.{i}.template.{p}" for p in _kubernetes_problems(job, version)]
     return problems
 
@@ -112,8 +122,10 @@ def check_documents(docs: list[dict], version: str = DEFAULT_VERSION) -> list[st
     problems = []
     for doc in docs:
         label = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
-        if doc.get("apiVersion") == "monitoring.coreos.com/v1" and doc.get("kind") in ("ServiceMonitor",
-                                                                                      "PrometheusRule"):
+        if doc.get("apiVersion") == "monitoring.coreos.com/v1" and doc.get("kind") in (
+            "ServiceMonitor",
+            "PrometheusRule",
+        ):
             found = check_prometheus_operator(doc)
         elif (doc.get("apiVersion"), doc.get("kind")) in JSON_SCHEMA_KINDS:
             found = check_json_schema(doc, version)

@@ -5,6 +5,7 @@ is the documentation, so the README cannot drift from the values).
     python scripts/gen_chart_readme.py          # rewrite the README
     python scripts/gen_chart_readme.py --check  # exit 1 if the README is not what this script writes
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,14 @@ def values_table(values_text: str) -> str:
         value = lookup(values, key.path)
         if isinstance(value, dict) and value:
             if len(key.path) == 1:
-                sections[key.path[0]] = [f"### `{key.path[0]}`", "", key.doc, "",
-                                         "| key | default | description |", "| --- | --- | --- |"]
+                sections[key.path[0]] = [
+                    f"### `{key.path[0]}`",
+                    "",
+                    key.doc,
+                    "",
+                    "| key | default | description |",
+                    "| --- | --- | --- |",
+                ]
             continue
         row = f"| `{'.'.join(key.path)}` | `{cell(json.dumps(value), code=True)}` | {cell(key.doc)} |"
         (sections[key.path[0]] if len(key.path) > 1 else general).append(row)

@@ -7,6 +7,7 @@ the Helm chart ships as ConfigMaps and compose provisions. Edit the panels here,
 Every expression must use metrics the services export: tests/unit/test_dashboards.py checks the names,
 tests/e2e/test_prometheus_dashboards.py runs each expression against a real Prometheus and training.
 """
+
 import argparse
 import json
 import sys
@@ -33,8 +34,9 @@ def gpu(expr: str) -> str:
     """DCGM exporter series of the GPUs the run's pods hold: DCGM series carry no `run`, but the exporter's
     Kubernetes mapping labels each GPU with the `namespace` and `pod` using it, and the scrape of the run's
     own services carries `namespace`, `pod` and `run` (ServiceMonitor)."""
-    return (f"max by (Hostname, gpu, pod) (({expr}) * on (namespace, pod) group_left () "
-            f"group by (namespace, pod) (up{R}))")
+    return (
+        f"max by (Hostname, gpu, pod) (({expr}) * on (namespace, pod) group_left () group by (namespace, pod) (up{R}))"
+    )
 
 
 def quantile(q: float, metric: str, by: str = "", extra: str = "") -> str:
@@ -56,29 +58,73 @@ class Board:
     def row(self, title: str) -> None:
         if self.x:
             self._newline()
-        self.panels.append({"id": len(self.panels) + 1, "type": "row", "title": title, "collapsed": False,
-                            "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": self.y}, "panels": []})
+        self.panels.append(
+            {
+                "id": len(self.panels) + 1,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": self.y},
+                "panels": [],
+            }
+        )
         self.y += 1
         self.row_height = 0
 
-    def panel(self, kind: str, title: str, desc: str, targets: list[tuple[str, str]], unit: str = "short",
-              w: int = 8, h: int = 8, **extra) -> None:
+    def panel(
+        self,
+        kind: str,
+        title: str,
+        desc: str,
+        targets: list[tuple[str, str]],
+        unit: str = "short",
+        w: int = 8,
+        h: int = 8,
+        **extra,
+    ) -> None:
         if self.x + w > GRID_WIDTH:
             self._newline()
-        panel = {"id": len(self.panels) + 1, "type": kind, "title": title, "description": desc, "datasource": DS,
-                 "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
-                 "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend,
-                              "range": True, "instant": False} for i, (expr, legend) in enumerate(targets)],
-                 "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}}
+        panel = {
+            "id": len(self.panels) + 1,
+            "type": kind,
+            "title": title,
+            "description": desc,
+            "datasource": DS,
+            "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
+            "targets": [
+                {
+                    "refId": chr(ord("A") + i),
+                    "datasource": DS,
+                    "expr": expr,
+                    "legendFormat": legend,
+                    "range": True,
+                    "instant": False,
+                }
+                for i, (expr, legend) in enumerate(targets)
+            ],
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        }
         if kind == "timeseries":
-            panel["fieldConfig"]["defaults"]["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
-                                                          "showPoints": "never", "spanNulls": True}
-            panel["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                                "tooltip": {"mode": "multi", "sort": "none"}}
+            panel["fieldConfig"]["defaults"]["custom"] = {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+                "spanNulls": True,
+            }
+            panel["options"] = {
+                "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                "tooltip": {"mode": "multi", "sort": "none"},
+            }
         else:
-            panel["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                                "colorMode": "value", "graphMode": "area", "textMode": "auto",
-                                "justifyMode": "auto", "orientation": "auto"}
+            panel["options"] = {
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                "colorMode": "value",
+                "graphMode": "area",
+                "textMode": "auto",
+                "justifyMode": "auto",
+                "orientation": "auto",
+            }
         panel.update(extra)
         self.panels.append(panel)
         self.x += w
@@ -88,21 +134,66 @@ class Board:
 def dashboard(uid: str, title: str, desc: str, board: Board) -> dict:
     run_query = "label_values(up, run)"
     return {
-        "uid": uid, "title": title, "description": desc, "tags": ["openmanus-rl"], "editable": True,
-        "schemaVersion": 39, "version": 1, "graphTooltip": 1, "refresh": "30s", "timezone": "",
-        "time": {"from": "now-1h", "to": "now"}, "timepicker": {}, "fiscalYearStartMonth": 0, "liveNow": False,
+        "uid": uid,
+        "title": title,
+        "description": desc,
+        "tags": ["openmanus-rl"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "timezone": "",
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
         "links": [],
-        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                                  "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-                                  "name": "Annotations & Alerts", "type": "dashboard"}]},
-        "templating": {"list": [
-            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-             "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []},
-            {"name": "run", "label": "Run", "type": "query", "datasource": DS, "definition": run_query,
-             "query": {"query": run_query, "refId": "run-values", "qryType": 1},
-             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "hide": 0, "refresh": 2,
-             "regex": "", "sort": 1, "options": []},
-        ]},
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 1,
+                    "regex": "",
+                    "options": [],
+                },
+                {
+                    "name": "run",
+                    "label": "Run",
+                    "type": "query",
+                    "datasource": DS,
+                    "definition": run_query,
+                    "query": {"query": run_query, "refId": "run-values", "qryType": 1},
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 2,
+                    "regex": "",
+                    "sort": 1,
+                    "options": [],
+                },
+            ]
+        },
         "panels": board.panels,
     }
 
@@ -110,189 +201,466 @@ def dashboard(uid: str, title: str, desc: str, board: Board) -> dict:
 # -- Training progress: is the agent learning? ---------------------------------------------------------
 b = Board()
 b.row("Progress")
-b.panel("stat", "Learner step", "Last completed learner step.",
-        [(f"max by (run) (omrl_learner_step{R})", "{{run}}")], w=4, h=5)
-b.panel("stat", "Policy version",
-        "Version the learner last produced, and the oldest version a rollout server still serves.",
-        [(f"max by (run) (omrl_learner_policy_version{R})", "learner {{run}}"),
-         (f"min by (run) (omrl_rollout_policy_version{R})", "rollout (oldest) {{run}}")], w=5, h=5)
-b.panel("stat", "Reward mean", "Mean trajectory reward of the last learner batch.",
-        [(f"avg by (run) (omrl_learner_reward_mean{R})", "{{run}}")], w=5, h=5, decimals=3)
-b.panel("stat", "Success rate", "Share of successful episodes in the last learner batch.",
-        [(f"avg by (run) (omrl_learner_success_rate{R})", "{{run}}")], unit="percentunit", w=5, h=5)
-b.panel("stat", "Steps per minute", "Learner steps completed per minute.",
-        [(f"sum by (run) (rate(omrl_learner_steps_total{R}[$__rate_interval])) * 60", "{{run}}")],
-        w=5, h=5, decimals=2)
+b.panel(
+    "stat",
+    "Learner step",
+    "Last completed learner step.",
+    [(f"max by (run) (omrl_learner_step{R})", "{{run}}")],
+    w=4,
+    h=5,
+)
+b.panel(
+    "stat",
+    "Policy version",
+    "Version the learner last produced, and the oldest version a rollout server still serves.",
+    [
+        (f"max by (run) (omrl_learner_policy_version{R})", "learner {{run}}"),
+        (f"min by (run) (omrl_rollout_policy_version{R})", "rollout (oldest) {{run}}"),
+    ],
+    w=5,
+    h=5,
+)
+b.panel(
+    "stat",
+    "Reward mean",
+    "Mean trajectory reward of the last learner batch.",
+    [(f"avg by (run) (omrl_learner_reward_mean{R})", "{{run}}")],
+    w=5,
+    h=5,
+    decimals=3,
+)
+b.panel(
+    "stat",
+    "Success rate",
+    "Share of successful episodes in the last learner batch.",
+    [(f"avg by (run) (omrl_learner_success_rate{R})", "{{run}}")],
+    unit="percentunit",
+    w=5,
+    h=5,
+)
+b.panel(
+    "stat",
+    "Steps per minute",
+    "Learner steps completed per minute.",
+    [(f"sum by (run) (rate(omrl_learner_steps_total{R}[$__rate_interval])) * 60", "{{run}}")],
+    w=5,
+    h=5,
+    decimals=2,
+)
 b.row("Reward")
-b.panel("timeseries", "Reward and success",
-        "Per learner step: mean trajectory reward and share of successful episodes.",
-        [(f"omrl_learner_reward_mean{R}", "reward {{run}}"), (f"omrl_learner_success_rate{R}", "success {{run}}")])
-b.panel("timeseries", "Reward components (learner batch)",
-        "Mean weighted value of each reward function over the last learner batch.",
-        [(f"omrl_learner_reward_component{R}", "{{component}} {{run}}")])
-b.panel("timeseries", "Reward components (reward service)",
-        "Median weighted value per scored trajectory of each reward function, from the reward service's "
-        "histograms (scores can be negative, so the histograms carry no _sum).",
-        [(quantile(0.5, "omrl_reward_component_score", by="component"), "{{component}}")])
-b.panel("timeseries", "Episodes per second by outcome",
-        "Finished episodes in the rollout servers' agent loops: success, failure, or lost to infrastructure "
-        "(never trained on).",
-        [(rate("omrl_rollout_episodes_total", by="outcome"), "{{outcome}}")], unit="ops", w=12)
-b.panel("timeseries", "Response length", "Mean model tokens per trajectory in the last learner batch.",
-        [(f"omrl_learner_response_tokens_mean{R}", "{{run}}")], w=12)
+b.panel(
+    "timeseries",
+    "Reward and success",
+    "Per learner step: mean trajectory reward and share of successful episodes.",
+    [(f"omrl_learner_reward_mean{R}", "reward {{run}}"), (f"omrl_learner_success_rate{R}", "success {{run}}")],
+)
+b.panel(
+    "timeseries",
+    "Reward components (learner batch)",
+    "Mean weighted value of each reward function over the last learner batch.",
+    [(f"omrl_learner_reward_component{R}", "{{component}} {{run}}")],
+)
+b.panel(
+    "timeseries",
+    "Reward components (reward service)",
+    "Median weighted value per scored trajectory of each reward function, from the reward service's "
+    "histograms (scores can be negative, so the histograms carry no _sum).",
+    [(quantile(0.5, "omrl_reward_component_score", by="component"), "{{component}}")],
+)
+b.panel(
+    "timeseries",
+    "Episodes per second by outcome",
+    "Finished episodes in the rollout servers' agent loops: success, failure, or lost to infrastructure "
+    "(never trained on).",
+    [(rate("omrl_rollout_episodes_total", by="outcome"), "{{outcome}}")],
+    unit="ops",
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "Response length",
+    "Mean model tokens per trajectory in the last learner batch.",
+    [(f"omrl_learner_response_tokens_mean{R}", "{{run}}")],
+    w=12,
+)
 b.row("Validation")
-b.panel("timeseries", "Validation success by environment",
-        "Success rate on the held-out validation split (greedy unless env.validation_temperature), each time the "
-        "policy version reaches a multiple of env.validation_every; one rollout server plays each validation and "
-        "keeps its last result. Beside it, the training batches' success.",
-        [(f"omrl_rollout_validation_success_rate{R}", "validation {{env}} ({{instance}})"),
-         (f"avg by (run) (omrl_learner_success_rate{R})", "training batch {{run}}")], unit="percentunit", w=24)
+b.panel(
+    "timeseries",
+    "Validation success by environment",
+    "Success rate on the held-out validation split (greedy unless env.validation_temperature), each time the "
+    "policy version reaches a multiple of env.validation_every; one rollout server plays each validation and "
+    "keeps its last result. Beside it, the training batches' success.",
+    [
+        (f"omrl_rollout_validation_success_rate{R}", "validation {{env}} ({{instance}})"),
+        (f"avg by (run) (omrl_learner_success_rate{R})", "training batch {{run}}"),
+    ],
+    unit="percentunit",
+    w=24,
+)
 b.row("Optimisation")
-b.panel("timeseries", "Loss by term",
-        "Loss of the last step: total, policy (clipped surrogate) and, where present, value and KL terms.",
-        [(f"omrl_learner_loss{R}", "{{term}} {{run}}")])
-b.panel("timeseries", "KL per token",
-        "Against the policy before the update (old_policy), the rollout engine's sampling (rollout), and the "
-        "reference model where configured.",
-        [(f"omrl_learner_kl{R}", "{{against}} {{run}}")])
-b.panel("timeseries", "Entropy", "Mean token entropy of the policy on the last batch.",
-        [(f"omrl_learner_entropy{R}", "{{run}}")])
+b.panel(
+    "timeseries",
+    "Loss by term",
+    "Loss of the last step: total, policy (clipped surrogate) and, where present, value and KL terms.",
+    [(f"omrl_learner_loss{R}", "{{term}} {{run}}")],
+)
+b.panel(
+    "timeseries",
+    "KL per token",
+    "Against the policy before the update (old_policy), the rollout engine's sampling (rollout), and the "
+    "reference model where configured.",
+    [(f"omrl_learner_kl{R}", "{{against}} {{run}}")],
+)
+b.panel(
+    "timeseries",
+    "Entropy",
+    "Mean token entropy of the policy on the last batch.",
+    [(f"omrl_learner_entropy{R}", "{{run}}")],
+)
 b.panel("timeseries", "Gradient norm", "Before clipping.", [(f"omrl_learner_grad_norm{R}", "{{run}}")])
-b.panel("timeseries", "Clip fraction",
-        "Share of the step's tokens whose PPO ratio was clipped, whose loss the dual clip capped (negative "
-        "advantages, clip_ratio_c), and whose importance weight was cut to algorithm.tis_cap.",
-        [(f"omrl_learner_clip_fraction{R}", "ratio clipped {{run}}"),
-         (f"omrl_learner_dual_clip_fraction{R}", "dual clip {{run}}"),
-         (f"omrl_learner_importance_weight_capped_fraction{R}", "IS weight capped {{run}}")], unit="percentunit")
-b.panel("timeseries", "Policy staleness",
-        "Mean number of policy versions between the policy that sampled a trained token and the learner's.",
-        [(f"omrl_learner_staleness{R}", "{{run}}")])
-b.panel("timeseries", "Importance sampling",
-        "Mean truncated importance weight min(pi_learner / pi_rollout, tis_cap) correcting for the rollout engine "
-        "sampling from other (stale or numerically different) weights, and the mean PPO ratio pi_new / pi_old "
-        "over the updated tokens; both near 1 when rollout and learner agree.",
-        [(f"omrl_learner_importance_weight_mean{R}", "IS weight {{run}}"),
-         (f"omrl_learner_ratio_mean{R}", "PPO ratio {{run}}")], w=24)
+b.panel(
+    "timeseries",
+    "Clip fraction",
+    "Share of the step's tokens whose PPO ratio was clipped, whose loss the dual clip capped (negative "
+    "advantages, clip_ratio_c), and whose importance weight was cut to algorithm.tis_cap.",
+    [
+        (f"omrl_learner_clip_fraction{R}", "ratio clipped {{run}}"),
+        (f"omrl_learner_dual_clip_fraction{R}", "dual clip {{run}}"),
+        (f"omrl_learner_importance_weight_capped_fraction{R}", "IS weight capped {{run}}"),
+    ],
+    unit="percentunit",
+)
+b.panel(
+    "timeseries",
+    "Policy staleness",
+    "Mean number of policy versions between the policy that sampled a trained token and the learner's.",
+    [(f"omrl_learner_staleness{R}", "{{run}}")],
+)
+b.panel(
+    "timeseries",
+    "Importance sampling",
+    "Mean truncated importance weight min(pi_learner / pi_rollout, tis_cap) correcting for the rollout engine "
+    "sampling from other (stale or numerically different) weights, and the mean PPO ratio pi_new / pi_old "
+    "over the updated tokens; both near 1 when rollout and learner agree.",
+    [
+        (f"omrl_learner_importance_weight_mean{R}", "IS weight {{run}}"),
+        (f"omrl_learner_ratio_mean{R}", "PPO ratio {{run}}"),
+    ],
+    w=24,
+)
 b.row("Throughput")
-b.panel("timeseries", "Generated tokens per second", "Tokens sampled by all rollout engines.",
-        [(f"sum by (run) (rate(omrl_rollout_generated_tokens_total{R}[$__rate_interval]))", "{{run}}")])
-b.panel("timeseries", "Trained tokens per second", "Model tokens the learner trained on.",
-        [(f"sum by (run) (rate(omrl_learner_trained_tokens_total{R}[$__rate_interval]))", "{{run}}")])
-b.panel("timeseries", "Step time", "Wall time of the last learner step and of its weight push and checkpoint.",
-        [(f"omrl_learner_step_seconds{R}", "step {{run}}"),
-         (f"omrl_learner_weight_push_seconds{R}", "weight push {{run}}"),
-         (f"omrl_learner_checkpoint_seconds{R}", "checkpoint {{run}}")], unit="s")
-training = dashboard("omrl-training", "OpenManus-RL / Training progress",
-                     "Is the agent learning: reward, success, losses, KL, entropy and throughput of one or more "
-                     "runs.", b)
+b.panel(
+    "timeseries",
+    "Generated tokens per second",
+    "Tokens sampled by all rollout engines.",
+    [(f"sum by (run) (rate(omrl_rollout_generated_tokens_total{R}[$__rate_interval]))", "{{run}}")],
+)
+b.panel(
+    "timeseries",
+    "Trained tokens per second",
+    "Model tokens the learner trained on.",
+    [(f"sum by (run) (rate(omrl_learner_trained_tokens_total{R}[$__rate_interval]))", "{{run}}")],
+)
+b.panel(
+    "timeseries",
+    "Step time",
+    "Wall time of the last learner step and of its weight push and checkpoint.",
+    [
+        (f"omrl_learner_step_seconds{R}", "step {{run}}"),
+        (f"omrl_learner_weight_push_seconds{R}", "weight push {{run}}"),
+        (f"omrl_learner_checkpoint_seconds{R}", "checkpoint {{run}}"),
+    ],
+    unit="s",
+)
+training = dashboard(
+    "omrl-training",
+    "OpenManus-RL / Training progress",
+    "Is the agent learning: reward, success, losses, KL, entropy and throughput of one or more runs.",
+    b,
+)
 
 # -- System health: are the services healthy? ------------------------------------------------------------
 GRPC_SERVICES = ("rollout", "envs", "reward")
 b = Board()
 b.row("Services")
-b.panel("stat", "Targets up", "Scraped metrics endpoints answering, by service.",
-        [(f"sum by (job) (up{R})", "{{job}}")], w=8, h=5)
-b.panel("timeseries", "CPU by service", "Process CPU, in cores.",
-        [(f"sum by (job) (rate(process_cpu_seconds_total{R}[$__rate_interval]))", "{{job}}")], w=8, h=5)
-b.panel("timeseries", "Resident memory by service", "Process resident memory.",
-        [(f"sum by (job) (process_resident_memory_bytes{R})", "{{job}}")], unit="bytes", w=8, h=5)
-b.panel("timeseries", "gRPC requests per second by status", "Calls served by each gRPC service, by status code.",
-        [(rate(f"omrl_{s}_grpc_requests_total", by="code"), f"{s} {{{{code}}}}") for s in GRPC_SERVICES],
-        unit="reqps", w=12)
-b.panel("timeseries", "gRPC p95 latency by method", "95th percentile of call latency per method.",
-        [(quantile(0.95, f"omrl_{s}_grpc_request_seconds", by="method"), "{{method}}") for s in GRPC_SERVICES],
-        unit="s", w=12)
+b.panel(
+    "stat",
+    "Targets up",
+    "Scraped metrics endpoints answering, by service.",
+    [(f"sum by (job) (up{R})", "{{job}}")],
+    w=8,
+    h=5,
+)
+b.panel(
+    "timeseries",
+    "CPU by service",
+    "Process CPU, in cores.",
+    [(f"sum by (job) (rate(process_cpu_seconds_total{R}[$__rate_interval]))", "{{job}}")],
+    w=8,
+    h=5,
+)
+b.panel(
+    "timeseries",
+    "Resident memory by service",
+    "Process resident memory.",
+    [(f"sum by (job) (process_resident_memory_bytes{R})", "{{job}}")],
+    unit="bytes",
+    w=8,
+    h=5,
+)
+b.panel(
+    "timeseries",
+    "gRPC requests per second by status",
+    "Calls served by each gRPC service, by status code.",
+    [(rate(f"omrl_{s}_grpc_requests_total", by="code"), f"{s} {{{{code}}}}") for s in GRPC_SERVICES],
+    unit="reqps",
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "gRPC p95 latency by method",
+    "95th percentile of call latency per method.",
+    [(quantile(0.95, f"omrl_{s}_grpc_request_seconds", by="method"), "{{method}}") for s in GRPC_SERVICES],
+    unit="s",
+    w=12,
+)
 b.row("Rollout")
-b.panel("timeseries", "Active episodes and requests",
-        "Episodes in the agent loops and generation requests inside the engines, over all rollout servers.",
-        [(f"sum(omrl_rollout_active_episodes{R})", "episodes"),
-         (f"sum(omrl_rollout_active_requests{R})", "generation requests")])
-b.panel("timeseries", "Queue depth", "Task groups claimed and waiting for a fresh enough policy, per rollout server.",
-        [(f"sum by (instance) (omrl_rollout_queue_depth{R})", "{{instance}}")])
-b.panel("timeseries", "Generation latency", "Latency of one generation call (one model turn).",
-        [(quantile(0.5, "omrl_rollout_generate_latency_seconds"), "p50"),
-         (quantile(0.95, "omrl_rollout_generate_latency_seconds"), "p95")], unit="s")
-b.panel("timeseries", "Weight update duration", "Time a rollout server takes to swap in a pushed weight set.",
-        [(quantile(0.95, "omrl_rollout_weight_update_seconds"), "p95"),
-         (f"sum(rate(omrl_rollout_weight_update_seconds_sum{R}[$__rate_interval])) / "
-          f"sum(rate(omrl_rollout_weight_update_seconds_count{R}[$__rate_interval]))", "mean")], unit="s")
-b.panel("timeseries", "Policy version served", "Per rollout server.",
-        [(f"omrl_rollout_policy_version{R}", "{{instance}}")])
-b.panel("timeseries", "Task groups per second by outcome",
-        "Published to the stream, retried after an env/reward/engine failure, or dropped after the last attempt.",
-        [(rate("omrl_rollout_groups_total", by="outcome"), "{{outcome}}")], unit="ops")
+b.panel(
+    "timeseries",
+    "Active episodes and requests",
+    "Episodes in the agent loops and generation requests inside the engines, over all rollout servers.",
+    [
+        (f"sum(omrl_rollout_active_episodes{R})", "episodes"),
+        (f"sum(omrl_rollout_active_requests{R})", "generation requests"),
+    ],
+)
+b.panel(
+    "timeseries",
+    "Queue depth",
+    "Task groups claimed and waiting for a fresh enough policy, per rollout server.",
+    [(f"sum by (instance) (omrl_rollout_queue_depth{R})", "{{instance}}")],
+)
+b.panel(
+    "timeseries",
+    "Generation latency",
+    "Latency of one generation call (one model turn).",
+    [
+        (quantile(0.5, "omrl_rollout_generate_latency_seconds"), "p50"),
+        (quantile(0.95, "omrl_rollout_generate_latency_seconds"), "p95"),
+    ],
+    unit="s",
+)
+b.panel(
+    "timeseries",
+    "Weight update duration",
+    "Time a rollout server takes to swap in a pushed weight set.",
+    [
+        (quantile(0.95, "omrl_rollout_weight_update_seconds"), "p95"),
+        (
+            f"sum(rate(omrl_rollout_weight_update_seconds_sum{R}[$__rate_interval])) / "
+            f"sum(rate(omrl_rollout_weight_update_seconds_count{R}[$__rate_interval]))",
+            "mean",
+        ),
+    ],
+    unit="s",
+)
+b.panel(
+    "timeseries", "Policy version served", "Per rollout server.", [(f"omrl_rollout_policy_version{R}", "{{instance}}")]
+)
+b.panel(
+    "timeseries",
+    "Task groups per second by outcome",
+    "Published to the stream, retried after an env/reward/engine failure, or dropped after the last attempt.",
+    [(rate("omrl_rollout_groups_total", by="outcome"), "{{outcome}}")],
+    unit="ops",
+)
 b.row("vLLM engines")
-b.panel("timeseries", "KV-cache use", "Share of each rollout engine's KV-cache blocks in use (from vLLM's statistics).",
-        [(f"max by (instance) (omrl_rollout_engine_kv_cache_usage{R})", "{{instance}}")], unit="percentunit", w=6)
-b.panel("timeseries", "Engine requests running and waiting",
-        "Requests in each engine's batch, and queued for a place in it (KV cache or rollout.max_num_seqs full).",
-        [(f"sum by (instance, state) (omrl_rollout_engine_requests{R})", "{{state}} {{instance}}")], w=6)
-b.panel("timeseries", "Prefix-cache hit rate",
-        "Share of prompt tokens found in the prefix cache (a later turn of an episode reuses its earlier turns; "
-        "the cache is dropped at each weight update).",
-        [((f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_hits_total{R}[$__rate_interval])) / "
-           f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_queries_total{R}[$__rate_interval]))"),
-          "{{instance}}")], unit="percentunit", w=6)
-b.panel("timeseries", "Preemptions per second",
-        "Requests an engine preempted for lack of KV-cache blocks (recomputed later): the cache is too small.",
-        [(f"sum by (instance) (rate(omrl_rollout_engine_preemptions_total{R}[$__rate_interval]))", "{{instance}}")],
-        unit="ops", w=6)
+b.panel(
+    "timeseries",
+    "KV-cache use",
+    "Share of each rollout engine's KV-cache blocks in use (from vLLM's statistics).",
+    [(f"max by (instance) (omrl_rollout_engine_kv_cache_usage{R})", "{{instance}}")],
+    unit="percentunit",
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "Engine requests running and waiting",
+    "Requests in each engine's batch, and queued for a place in it (KV cache or rollout.max_num_seqs full).",
+    [(f"sum by (instance, state) (omrl_rollout_engine_requests{R})", "{{state}} {{instance}}")],
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "Prefix-cache hit rate",
+    "Share of prompt tokens found in the prefix cache (a later turn of an episode reuses its earlier turns; "
+    "the cache is dropped at each weight update).",
+    [
+        (
+            (
+                f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_hits_total{R}[$__rate_interval])) / "
+                f"sum by (instance) (rate(omrl_rollout_engine_prefix_cache_queries_total{R}[$__rate_interval]))"
+            ),
+            "{{instance}}",
+        )
+    ],
+    unit="percentunit",
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "Preemptions per second",
+    "Requests an engine preempted for lack of KV-cache blocks (recomputed later): the cache is too small.",
+    [(f"sum by (instance) (rate(omrl_rollout_engine_preemptions_total{R}[$__rate_interval]))", "{{instance}}")],
+    unit="ops",
+    w=6,
+)
 b.row("GPUs (DCGM exporter)")
-b.panel("timeseries", "GPU utilisation",
-        "Per GPU held by the run's pods (needs NVIDIA's dcgm-exporter with its Kubernetes pod mapping, scraped "
-        "with its own pod labels kept: honorLabels).",
-        [(gpu("DCGM_FI_DEV_GPU_UTIL"), "{{pod}} GPU {{gpu}}")], unit="percent", w=6)
-b.panel("timeseries", "GPU memory used", "Framebuffer memory in use per GPU of the run's pods.",
-        [(gpu("DCGM_FI_DEV_FB_USED"), "{{pod}} GPU {{gpu}}")], unit="mbytes", w=6)
-b.panel("timeseries", "GPU memory used share", "Used / (used + free) framebuffer memory per GPU of the run's pods.",
-        [(gpu("DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)"), "{{pod}} GPU {{gpu}}")],
-        unit="percentunit", w=6)
-b.panel("timeseries", "GPU power", "Power draw per GPU of the run's pods.",
-        [(gpu("DCGM_FI_DEV_POWER_USAGE"), "{{pod}} GPU {{gpu}}")], unit="watt", w=6)
+b.panel(
+    "timeseries",
+    "GPU utilisation",
+    "Per GPU held by the run's pods (needs NVIDIA's dcgm-exporter with its Kubernetes pod mapping, scraped "
+    "with its own pod labels kept: honorLabels).",
+    [(gpu("DCGM_FI_DEV_GPU_UTIL"), "{{pod}} GPU {{gpu}}")],
+    unit="percent",
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "GPU memory used",
+    "Framebuffer memory in use per GPU of the run's pods.",
+    [(gpu("DCGM_FI_DEV_FB_USED"), "{{pod}} GPU {{gpu}}")],
+    unit="mbytes",
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "GPU memory used share",
+    "Used / (used + free) framebuffer memory per GPU of the run's pods.",
+    [(gpu("DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)"), "{{pod}} GPU {{gpu}}")],
+    unit="percentunit",
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "GPU power",
+    "Power draw per GPU of the run's pods.",
+    [(gpu("DCGM_FI_DEV_POWER_USAGE"), "{{pod}} GPU {{gpu}}")],
+    unit="watt",
+    w=6,
+)
 b.row("Environments")
-b.panel("timeseries", "Open episodes", "Per environment server.",
-        [(f"sum by (instance) (omrl_envs_active_episodes{R})", "{{instance}}")])
-b.panel("timeseries", "Env step latency", "95th percentile of one environment step, by environment.",
-        [(quantile(0.95, "omrl_envs_call_seconds", by="env", extra='op="step"'), "{{env}}")], unit="s")
-b.panel("timeseries", "Env errors per second by kind", "Failed environment calls by error class.",
-        [(rate("omrl_envs_errors_total", by="kind"), "{{kind}}")], unit="ops")
-b.panel("timeseries", "Episode retries per second",
-        "Episodes the rollout servers played again on a fresh environment after an environment or "
-        "infrastructure failure.",
-        [(rate("omrl_rollout_episode_retries_total"), "retries")], unit="ops")
+b.panel(
+    "timeseries",
+    "Open episodes",
+    "Per environment server.",
+    [(f"sum by (instance) (omrl_envs_active_episodes{R})", "{{instance}}")],
+)
+b.panel(
+    "timeseries",
+    "Env step latency",
+    "95th percentile of one environment step, by environment.",
+    [(quantile(0.95, "omrl_envs_call_seconds", by="env", extra='op="step"'), "{{env}}")],
+    unit="s",
+)
+b.panel(
+    "timeseries",
+    "Env errors per second by kind",
+    "Failed environment calls by error class.",
+    [(rate("omrl_envs_errors_total", by="kind"), "{{kind}}")],
+    unit="ops",
+)
+b.panel(
+    "timeseries",
+    "Episode retries per second",
+    "Episodes the rollout servers played again on a fresh environment after an environment or infrastructure failure.",
+    [(rate("omrl_rollout_episode_retries_total"), "retries")],
+    unit="ops",
+)
 b.row("Reward")
-b.panel("timeseries", "Scoring latency", "Latency of scoring one batch of trajectories.",
-        [(quantile(0.5, "omrl_reward_score_seconds"), "p50"), (quantile(0.95, "omrl_reward_score_seconds"), "p95")],
-        unit="s", w=12)
-b.panel("timeseries", "Trajectories scored per second", "Trajectories the reward service scored.",
-        [(rate("omrl_reward_trajectories_total"), "scored")], unit="ops", w=12)
+b.panel(
+    "timeseries",
+    "Scoring latency",
+    "Latency of scoring one batch of trajectories.",
+    [(quantile(0.5, "omrl_reward_score_seconds"), "p50"), (quantile(0.95, "omrl_reward_score_seconds"), "p95")],
+    unit="s",
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "Trajectories scored per second",
+    "Trajectories the reward service scored.",
+    [(rate("omrl_reward_trajectories_total"), "scored")],
+    unit="ops",
+    w=12,
+)
 b.row("Trajectory stream and learner")
-b.panel("timeseries", "Stream backlog",
-        "Entries in the trajectory stream, delivered to the learner but not yet acknowledged (pending), and not "
-        "yet delivered (lag).",
-        [(f"omrl_stream_length{R}", "length {{run}}"), (f"omrl_stream_pending{R}", "pending {{run}}"),
-         (f"omrl_stream_lag{R}", "lag {{run}}")])
-b.panel("timeseries", "Dropped trajectories per second",
-        "Trajectories the learner did not train on, by reason (stale: beyond algorithm.max_staleness).",
-        [(rate("omrl_learner_dropped_trajectories_total", by="reason"), "{{reason}}")], unit="ops")
-b.panel("timeseries", "Weight push and checkpoint",
-        "Wall time of the last weight push to every rollout server and of the last checkpoint.",
-        [(f"omrl_learner_weight_push_seconds{R}", "push {{run}}"),
-         (f"omrl_learner_checkpoint_seconds{R}", "checkpoint {{run}}")], unit="s")
-b.panel("timeseries", "Failed weight pushes per second", "Pushes a rollout server did not apply.",
-        [(f"sum by (run) (rate(omrl_learner_weight_push_failures_total{R}[$__rate_interval]))", "{{run}}")],
-        unit="ops", w=24)
+b.panel(
+    "timeseries",
+    "Stream backlog",
+    "Entries in the trajectory stream, delivered to the learner but not yet acknowledged (pending), and not "
+    "yet delivered (lag).",
+    [
+        (f"omrl_stream_length{R}", "length {{run}}"),
+        (f"omrl_stream_pending{R}", "pending {{run}}"),
+        (f"omrl_stream_lag{R}", "lag {{run}}"),
+    ],
+)
+b.panel(
+    "timeseries",
+    "Dropped trajectories per second",
+    "Trajectories the learner did not train on, by reason (stale: beyond algorithm.max_staleness).",
+    [(rate("omrl_learner_dropped_trajectories_total", by="reason"), "{{reason}}")],
+    unit="ops",
+)
+b.panel(
+    "timeseries",
+    "Weight push and checkpoint",
+    "Wall time of the last weight push to every rollout server and of the last checkpoint.",
+    [
+        (f"omrl_learner_weight_push_seconds{R}", "push {{run}}"),
+        (f"omrl_learner_checkpoint_seconds{R}", "checkpoint {{run}}"),
+    ],
+    unit="s",
+)
+b.panel(
+    "timeseries",
+    "Failed weight pushes per second",
+    "Pushes a rollout server did not apply.",
+    [(f"sum by (run) (rate(omrl_learner_weight_push_failures_total{R}[$__rate_interval]))", "{{run}}")],
+    unit="ops",
+    w=24,
+)
 b.row("Job API")
-b.panel("timeseries", "Jobs by state", "Jobs the job API knows, by state (not filtered by run).",
-        [("sum by (state) (omrl_api_jobs)", "{{state}}")], w=12)
-b.panel("timeseries", "API p95 latency by route",
-        "95th percentile of request latency (event streams: the whole stream).",
-        [("histogram_quantile(0.95, sum by (le, route) (rate(omrl_api_request_seconds_bucket[$__rate_interval])))",
-          "{{route}}")], unit="s", w=12)
-health = dashboard("omrl-system-health", "OpenManus-RL / System health",
-                   "Are the services healthy: targets, CPU and memory, gRPC traffic and latency, rollout queue, "
-                   "vLLM engines (KV cache, queue, prefix cache), GPUs, environment errors, reward latency, stream "
-                   "backlog.", b)
+b.panel(
+    "timeseries",
+    "Jobs by state",
+    "Jobs the job API knows, by state (not filtered by run).",
+    [("sum by (state) (omrl_api_jobs)", "{{state}}")],
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "API p95 latency by route",
+    "95th percentile of request latency (event streams: the whole stream).",
+    [
+        (
+            "histogram_quantile(0.95, sum by (le, route) (rate(omrl_api_request_seconds_bucket[$__rate_interval])))",
+            "{{route}}",
+        )
+    ],
+    unit="s",
+    w=12,
+)
+health = dashboard(
+    "omrl-system-health",
+    "OpenManus-RL / System health",
+    "Are the services healthy: targets, CPU and memory, gRPC traffic and latency, rollout queue, "
+    "vLLM engines (KV cache, queue, prefix cache), GPUs, environment errors, reward latency, stream "
+    "backlog.",
+    b,
+)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -6,6 +6,7 @@ assigns uids, validates every created object against Kubernetes' schemas (kubern
 strict), answers 404/409 like the API server, refuses calls without a timeout, and on delete
 garbage-collects dependents by ownerReferences — except with the `Orphan` policy, which the API
 server applies by default to batch Jobs."""
+
 from __future__ import annotations
 
 import copy
@@ -19,17 +20,28 @@ from urllib.parse import parse_qs, urlparse
 import kubernetes_validate
 from kubernetes import client
 
-ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
-                   r"(?:/(?P<name>[^/]+))?(?P<log>/log)?$")
-KINDS = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "deployments": "Deployment", "jobs": "Job",
-         "secrets": "Secret", "networkpolicies": "NetworkPolicy"}
+ROUTE = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
+    r"(?:/(?P<name>[^/]+))?(?P<log>/log)?$"
+)
+KINDS = {
+    "configmaps": "ConfigMap",
+    "services": "Service",
+    "pods": "Pod",
+    "deployments": "Deployment",
+    "jobs": "Job",
+    "secrets": "Secret",
+    "networkpolicies": "NetworkPolicy",
+}
 DEFAULT_PROPAGATION = {"Job": "Orphan"}
 
 
 class _Response:
     def __init__(self, status: int, payload: Any):
-        self.status, self.reason = status, {200: "OK", 201: "Created", 404: "Not Found", 409: "Conflict",
-                                            422: "Unprocessable Entity"}.get(status, "")
+        self.status, self.reason = (
+            status,
+            {200: "OK", 201: "Created", 404: "Not Found", 409: "Conflict", 422: "Unprocessable Entity"}.get(status, ""),
+        )
         text = payload if isinstance(payload, str) else json.dumps(payload)
         self.data = text.encode()
         self.headers = {"content-type": "text/plain" if isinstance(payload, str) else "application/json"}
@@ -45,7 +57,7 @@ class _Response:
 
 
 class _Rest:
-    def __init__(self, cluster: "FakeCluster"):
+    def __init__(self, cluster: FakeCluster):
         self.cluster = cluster
 
     def request(self, method, url, headers=None, body=None, post_params=None, _request_timeout=None):
@@ -79,14 +91,32 @@ class FakeCluster:
     def set_status(self, kind: str, name: str, status: dict[str, Any], namespace: str = "default") -> None:
         self.objects[(kind, namespace, name)]["status"] = status
 
-    def add_pod(self, name: str, labels: dict[str, str], status: dict[str, Any], owner: dict[str, Any] | None = None,
-                namespace: str = "default", log: str = "") -> None:
+    def add_pod(
+        self,
+        name: str,
+        labels: dict[str, str],
+        status: dict[str, Any],
+        owner: dict[str, Any] | None = None,
+        namespace: str = "default",
+        log: str = "",
+    ) -> None:
         meta = {"name": name, "namespace": namespace, "labels": labels, "uid": str(uuid.uuid4())}
         if owner is not None:
-            meta["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
-                                        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]
-        self.objects[("Pod", namespace, name)] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                                                  "spec": {"containers": []}, "status": status}
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": owner["apiVersion"],
+                    "kind": owner["kind"],
+                    "name": owner["metadata"]["name"],
+                    "uid": owner["metadata"]["uid"],
+                }
+            ]
+        self.objects[("Pod", namespace, name)] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"containers": []},
+            "status": status,
+        }
         self.pod_logs[(namespace, name)] = log
 
     # -- the API server ----------------------------------------------------------------------------
@@ -103,12 +133,19 @@ class FakeCluster:
             if key not in self.objects:
                 return _Response(404, _status(404, "NotFound", f"pods {name} not found"))
             lines = self.pod_logs.get((ns, name), "").splitlines()
-            return _Response(200, "\n".join(lines[-int(query.get("tailLines", len(lines) or 1)):]))
+            return _Response(200, "\n".join(lines[-int(query.get("tailLines", len(lines) or 1)) :]))
         if method == "POST" and name is None:
             return self._create(kind, ns, body)
         if method == "GET" and name is None:
-            return _Response(200, {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {},
-                                   "items": [o for o in self._in(kind, ns) if _selected(o, query.get("labelSelector"))]})
+            return _Response(
+                200,
+                {
+                    "apiVersion": "v1",
+                    "kind": f"{kind}List",
+                    "metadata": {},
+                    "items": [o for o in self._in(kind, ns) if _selected(o, query.get("labelSelector"))],
+                },
+            )
         if key not in self.objects:
             return _Response(404, _status(404, "NotFound", f"{match['plural']} {name} not found"))
         if method == "GET":
@@ -131,8 +168,12 @@ class FakeCluster:
         name = obj["metadata"]["name"]
         if (kind, ns, name) in self.objects:
             return _Response(409, _status(409, "AlreadyExists", f"{kind} {name} already exists"))
-        obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion="1",
-                               creationTimestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        obj["metadata"].update(
+            namespace=ns,
+            uid=str(uuid.uuid4()),
+            resourceVersion="1",
+            creationTimestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
         obj.setdefault("status", {})
         self.objects[(kind, ns, name)] = obj
         return _Response(201, obj)
@@ -160,5 +201,11 @@ def _selected(obj: dict[str, Any], selector: str | None) -> bool:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Status", "status": "Failure" if code >= 400 else "Success",
-            "reason": reason, "message": message, "code": code}
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure" if code >= 400 else "Success",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }

@@ -1,5 +1,6 @@
 """A launcher that runs nothing, for tests of the job API and its manager: each poll moves a job one
 state further along a script (by default running -> succeeded; `scripts` picks one by the spec's run name)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,12 @@ from services.launcher.base import CANCELLED, Launcher, LaunchStatus, SpecReject
 class FakeLauncher(Launcher):
     name = "fake"
 
-    def __init__(self, script: tuple[str, ...] = ("running", "succeeded"), capacity: int | None = None,
-                 scripts: dict[str, tuple[str, ...]] | None = None):
+    def __init__(
+        self,
+        script: tuple[str, ...] = ("running", "succeeded"),
+        capacity: int | None = None,
+        scripts: dict[str, tuple[str, ...]] | None = None,
+    ):
         self.script, self._capacity, self.scripts = script, capacity, scripts or {}
         self.started: list[str] = []
         self.cancelled: list[str] = []
@@ -49,8 +54,9 @@ class FakeLauncher(Launcher):
         n = self.polls[job_id] = self.polls.get(job_id, 0) + 1
         script = handle.get("script", self.script)
         state = script[min(n, len(script)) - 1] if script else "running"
-        return LaunchStatus(state, error=self.errors.get(job_id), messages=self.messages.pop(job_id, []),
-                            handle={**handle, "polls": n})
+        return LaunchStatus(
+            state, error=self.errors.get(job_id), messages=self.messages.pop(job_id, []), handle={**handle, "polls": n}
+        )
 
     def recover(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
         self.recovered.append(job_id)

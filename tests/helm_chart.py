@@ -1,5 +1,6 @@
 """Rendering the Helm chart (deploy/helm/openmanus-rl) with the real helm binary (scripts/get_helm.sh), and
 picking objects out of the render, for the chart's tests."""
+
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,7 @@ CHART = ROOT / "deploy/helm/openmanus-rl"
 GPU = ("-f", str(CHART / "values-gpu.yaml"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def helm() -> str:
     proc = subprocess.run(["bash", "scripts/get_helm.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -25,7 +26,7 @@ def run_helm(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([helm(), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def render(*args: str) -> tuple[dict, ...]:
     proc = run_helm("template", "omrl", str(CHART), "--namespace", "ml", *args)
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,5 @@
 """An ASGI app served by uvicorn on a free port in a thread, for tests that need real HTTP."""
+
 import threading
 import time
 

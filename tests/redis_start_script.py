@@ -1,5 +1,6 @@
 """Runs a Redis start script of the deploy files (helm chart, compose) against the local redis-server on a
 free port, with the password in REDISCLI_AUTH as those files provide it, to check what the server makes of it."""
+
 from __future__ import annotations
 
 import os
@@ -31,15 +32,25 @@ def start(script: str, data_dir: Path, password: str = PASSWORD) -> Started:
     cli = ["redis-cli", "-p", str(port)]
 
     def ask(*args: str, authed: bool = True) -> str:
-        return subprocess.run([*cli, *args], env=env if authed else {**os.environ, "REDISCLI_AUTH": ""},
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            [*cli, *args],
+            env=env if authed else {**os.environ, "REDISCLI_AUTH": ""},
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+
     try:
         deadline = time.monotonic() + 20
         while (pong := ask("ping")) != "PONG":
             assert time.monotonic() < deadline and server.poll() is None, "redis did not start"
             time.sleep(0.05)
-        return Started(pong, ask("ping", authed=False), Path(f"/proc/{server.pid}/cmdline").read_text(),
-                       ask("config", "get", "appendonly").split()[-1])
+        return Started(
+            pong,
+            ask("ping", authed=False),
+            Path(f"/proc/{server.pid}/cmdline").read_text(),
+            ask("config", "get", "appendonly").split()[-1],
+        )
     finally:
         server.terminate()
         server.wait(timeout=20)

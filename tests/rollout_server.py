@@ -1,5 +1,6 @@
 """A real rollout server process (vLLM on CPU, tiny model) for integration and fault tests: started on
 a free port with its own run name and push token, ready once gRPC health says SERVING."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,9 @@ from services.common.grpc_server import free_port, wait_for_health
 from services.common.tiny_model import build_tiny_model
 from services.rollout.client import GrpcRolloutClient
 
-CORPUS = [f"You are in cell {i}. The exit is to the {'left' if i % 2 else 'right'}. <action>left</action>"
-          for i in range(30)]
+CORPUS = [
+    f"You are in cell {i}. The exit is to the {'left' if i % 2 else 'right'}. <action>left</action>" for i in range(30)
+]
 
 
 @dataclass
@@ -32,13 +34,16 @@ class RolloutProcess:
 
     def call(self, coro_fn, token: str | None = "default"):
         """Runs `coro_fn(client)` on a fresh client carrying the server's token (or `token`)."""
+
         async def go():
-            client = GrpcRolloutClient(self.address, timeout_s=60,
-                                       weight_token=self.token if token == "default" else token)
+            client = GrpcRolloutClient(
+                self.address, timeout_s=60, weight_token=self.token if token == "default" else token
+            )
             try:
                 return await coro_fn(client)
             finally:
                 await client.close()
+
         return asyncio.run(go())
 
     def kill(self) -> None:
@@ -58,11 +63,23 @@ def start_rollout(tmp: Path) -> RolloutProcess:
     log = tmp / "rollout.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.rollout", "--no-produce", "--port", str(port),
-             "--set", f"model.path={model}", "--set", f"run={run}"],
-            stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "services.rollout",
+                "--no-produce",
+                "--port",
+                str(port),
+                "--set",
+                f"model.path={model}",
+                "--set",
+                f"run={run}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "OMRL_WEIGHT_TOKEN": token},
-            start_new_session=True)
+            start_new_session=True,
+        )
     server = RolloutProcess(f"127.0.0.1:{port}", model, proc, log, run, token)
     try:
         asyncio.run(wait_for_health(server.address, timeout_s=240))

@@ -1,8 +1,10 @@
 """A small client of the job API (httpx, every call with a timeout)."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 from httpx_sse import connect_sse
@@ -22,10 +24,15 @@ def format_detail(detail: Any) -> str:
 
 
 class JobsClient:
-    def __init__(self, base_url: str, token: str, timeout_s: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers={"Authorization": f"Bearer {token}"},
-                                 timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)), transport=transport)
+    def __init__(
+        self, base_url: str, token: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None
+    ):
+        self.http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            transport=transport,
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -38,8 +45,11 @@ class JobsClient:
             except ValueError:
                 detail = response.text
             raise ApiError(response.status_code, detail)
-        return response.json() if response.headers.get("content-type", "").startswith("application/json") \
+        return (
+            response.json()
+            if response.headers.get("content-type", "").startswith("application/json")
             else response.text
+        )
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json=spec)
@@ -64,8 +74,9 @@ class JobsClient:
         when the job has finished. The server pings every 15 s, so a read that waits longer than
         `read_timeout_s` means a dead link."""
         timeout = httpx.Timeout(read_timeout_s, connect=10.0)
-        with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", params={"after": after, "follow": "true"},
-                         timeout=timeout) as source:
+        with connect_sse(
+            self.http, "GET", f"/v1/jobs/{job_id}/events", params={"after": after, "follow": "true"}, timeout=timeout
+        ) as source:
             if source.response.status_code >= 400:
                 source.response.read()
                 raise ApiError(source.response.status_code, source.response.json().get("detail"))

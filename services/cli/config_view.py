@@ -1,5 +1,6 @@
 """`omrl config show` and `omrl config explain`: the effective config with each value's source, and what a
 field means (type, bounds, default, valid choices, docstring), from the schema itself."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ def _text(value: Any) -> str:
 def show(resolved: Resolved, changed_only: bool = False, as_json: bool = False) -> str:
     rows = resolved.rows(changed_only)
     if as_json:
-        return json.dumps({path: {"value": json.loads(json.dumps(value, default=_text)), "source": source}
-                           for path, value, source in rows}, indent=1)
+        return json.dumps(
+            {
+                path: {"value": json.loads(json.dumps(value, default=_text)), "source": source}
+                for path, value, source in rows
+            },
+            indent=1,
+        )
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
@@ -43,16 +49,21 @@ def show(resolved: Resolved, changed_only: bool = False, as_json: bool = False) 
 
 def explain(schema: type[BaseModel], path: str) -> str:
     if not path:
-        return "\n".join(f"{d.path:<10} {d.doc.splitlines()[0] if d.doc else type_name(d.annotation)}"
-                         for d in walk(schema) if "." not in d.path)
+        return "\n".join(
+            f"{d.path:<10} {d.doc.splitlines()[0] if d.doc else type_name(d.annotation)}"
+            for d in walk(schema)
+            if "." not in d.path
+        )
     doc = find_field(schema, path)
     if doc.section:
         depth = doc.path.count(".") + 1
         fields = [d for d in walk(schema) if d.path.startswith(doc.path + ".") and d.path.count(".") == depth]
         width = max(len(d.path) for d in fields)
-        return "\n".join([f"{doc.path}: {doc.doc or type_name(doc.annotation)}", ""] +
-                         [f"  {d.path:<{width}}  {_first_sentence(d.doc) or type_name(d.annotation)}" for d in fields] +
-                         ["", f"omrl config explain {fields[0].path} (and so on) for one field"])
+        return "\n".join(
+            [f"{doc.path}: {doc.doc or type_name(doc.annotation)}", ""]
+            + [f"  {d.path:<{width}}  {_first_sentence(d.doc) or type_name(d.annotation)}" for d in fields]
+            + ["", f"omrl config explain {fields[0].path} (and so on) for one field"]
+        )
     return _explain_field(doc)
 
 
@@ -62,8 +73,11 @@ def _first_sentence(doc: str) -> str:
 
 
 def _explain_field(doc: FieldDoc) -> str:
-    lines = [doc.path, f"  type     {type_name(doc.annotation)}" + (f" ({doc.bounds})" if doc.bounds else ""),
-             f"  default  {_text(doc.default)}"]
+    lines = [
+        doc.path,
+        f"  type     {type_name(doc.annotation)}" + (f" ({doc.bounds})" if doc.bounds else ""),
+        f"  default  {_text(doc.default)}",
+    ]
     valid = plugin_names(doc.plugin) if doc.plugin else list(doc.literal)
     if valid:
         lines.append(f"  {'keys' if doc.plugin == 'reward' else 'choices':<8} {', '.join(valid)}")

@@ -1,6 +1,7 @@
 """A run's progress for a person at a terminal (rich): start-up stages as they happen, one kept line per
 step, and a live bottom line with the step bar, reward, success, KL, step time and ETA. Used by
 `omrl follow` and `python -m services.launcher train`; without a terminal both print plain lines instead."""
+
 from __future__ import annotations
 
 from statistics import mean
@@ -28,9 +29,11 @@ def eta_seconds(step: int, total: int, step_seconds: list[float]) -> float | Non
 
 
 def step_stats(m: dict[str, Any], eta: float | None) -> str:
-    return (f"reward {_num(m.get('reward_mean'), '+.3f')}  success {_num(m.get('success_rate'), '.0f', 100)}%  "
-            f"kl {_num(m.get('approx_kl'), '.4f')}  {_num(m.get('step_seconds'), '.1f')}s/step  "
-            f"eta {duration(eta) if eta is not None else '-'}")
+    return (
+        f"reward {_num(m.get('reward_mean'), '+.3f')}  success {_num(m.get('success_rate'), '.0f', 100)}%  "
+        f"kl {_num(m.get('approx_kl'), '.4f')}  {_num(m.get('step_seconds'), '.1f')}s/step  "
+        f"eta {duration(eta) if eta is not None else '-'}"
+    )
 
 
 class LiveView:
@@ -40,13 +43,22 @@ class LiveView:
         self.console = console or Console(highlight=False)
         self.total = total_steps
         self.step_seconds: list[float] = []
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=24),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeElapsedColumn(),
-                                 console=self.console, transient=False, redirect_stdout=False, redirect_stderr=False)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self.task = self.progress.add_task("starting", total=total_steps or None, stats="")
         self.progress.start()
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -4,6 +4,7 @@ validate a spec offline, show the effective config with the source of each value
 Every job-spec field is a flag of submit, validate and config show (`--algorithm.advantage rloo`), over
 the file, `OMRL_CONFIG__SECTION__FIELD` variables and `--set a.b=value`. The API's address and token come
 from --api/--token or OMRL_API_URL/OMRL_API_TOKEN. Errors are one line; --debug shows tracebacks."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,23 +32,36 @@ def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     flags: dict[str, ConfigFlags] = {}
-    submit = sub.add_parser("submit", help="submit a job spec (YAML: a run config plus resources/schedule)",
-                            usage=SPEC_USAGE.format("submit", "SPEC") + " [--follow]")
+    submit = sub.add_parser(
+        "submit",
+        help="submit a job spec (YAML: a run config plus resources/schedule)",
+        usage=SPEC_USAGE.format("submit", "SPEC") + " [--follow]",
+    )
     submit.add_argument("--follow", action="store_true", help="then follow its events until it ends")
     flags["submit"] = ConfigFlags(submit, JobSpec, spec="SPEC")
-    validate = sub.add_parser("validate", help="check a job spec offline: prints ok, or one line per error",
-                              usage=SPEC_USAGE.format("validate", "SPEC"))
+    validate = sub.add_parser(
+        "validate",
+        help="check a job spec offline: prints ok, or one line per error",
+        usage=SPEC_USAGE.format("validate", "SPEC"),
+    )
     flags["validate"] = ConfigFlags(validate, JobSpec, spec="SPEC")
     config = sub.add_parser("config", help="the effective config (show) or one field's meaning (explain)")
     config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=Parser)
-    show = config_sub.add_parser("show", help="every field's value and where it came from (default, file, env, flag)",
-                                 usage=SPEC_USAGE.format("config show", "[SPEC]") + " [--changed] [--json]")
+    show = config_sub.add_parser(
+        "show",
+        help="every field's value and where it came from (default, file, env, flag)",
+        usage=SPEC_USAGE.format("config show", "[SPEC]") + " [--changed] [--json]",
+    )
     show.add_argument("--changed", action="store_true", help="only values that are not the default")
     show.add_argument("--json", action="store_true", help="as JSON: {field: {value, source}}")
     flags["config show"] = ConfigFlags(show, JobSpec, spec="SPEC?")
     explain = config_sub.add_parser("explain", help="a field's type, default, valid choices and meaning")
-    explain.add_argument("field", nargs="?", default="", help="dotted path (algorithm.advantage) or a section "
-                                                             "(algorithm); empty: the sections")
+    explain.add_argument(
+        "field",
+        nargs="?",
+        default="",
+        help="dotted path (algorithm.advantage) or a section (algorithm); empty: the sections",
+    )
     lst = sub.add_parser("list", help="list jobs, newest first")
     lst.add_argument("--state", action="append", help="only jobs in this state (repeatable)")
     lst.add_argument("--limit", type=int, default=50)
@@ -86,7 +100,7 @@ def follow_job(client: JobsClient, job_id: str, after: int = 0, retries: int = 5
                 if attempt == retries:
                     raise
                 print(f"(connection lost: {exc}; resuming after event {after})", file=sys.stderr)
-                time.sleep(min(2 ** attempt, 10))
+                time.sleep(min(2**attempt, 10))
     finally:
         view.close()
     return 1

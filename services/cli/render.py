@@ -1,4 +1,5 @@
 """How the CLI shows jobs and their events."""
+
 from __future__ import annotations
 
 import sys
@@ -29,23 +30,39 @@ def job_table(jobs: list[dict[str, Any]]) -> str:
     rows = [("ID", "STATE", "STEP", "REWARD", "SUCCESS", "AGE", "NAME")]
     for job in jobs:
         m = job.get("metrics") or {}
-        rows.append((job["id"], job["state"], f"{job['step']}/{job['total_steps']}", _num(m.get("reward_mean"), "+.3f"),
-                     _num(100 * m["success_rate"], ".0f") + "%" if isinstance(m.get("success_rate"), (int, float))
-                     else "-", _age(job["created_at"]), job["name"]))
+        rows.append(
+            (
+                job["id"],
+                job["state"],
+                f"{job['step']}/{job['total_steps']}",
+                _num(m.get("reward_mean"), "+.3f"),
+                _num(100 * m["success_rate"], ".0f") + "%" if isinstance(m.get("success_rate"), (int, float)) else "-",
+                _age(job["created_at"]),
+                job["name"],
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def job_status(job: dict[str, Any]) -> str:
     m = job.get("metrics") or {}
-    lines = [f"job       {job['id']} ({job['name']})", f"state     {job['state']}",
-             f"step      {job['step']}/{job['total_steps']}  policy v{_or_dash(job.get('policy_version'))}",
-             f"created   {job['created_at']}  started {job.get('started_at') or '-'}  "
-             f"finished {job.get('finished_at') or '-'}"]
+    lines = [
+        f"job       {job['id']} ({job['name']})",
+        f"state     {job['state']}",
+        f"step      {job['step']}/{job['total_steps']}  policy v{_or_dash(job.get('policy_version'))}",
+        f"created   {job['created_at']}  started {job.get('started_at') or '-'}  "
+        f"finished {job.get('finished_at') or '-'}",
+    ]
     if m:
-        lines.append("metrics   " + "  ".join(f"{k} {_num(m.get(k), '.4g')}" for k in
-                                              ("reward_mean", "success_rate", "loss", "approx_kl", "step_seconds")
-                                              if k in m))
+        lines.append(
+            "metrics   "
+            + "  ".join(
+                f"{k} {_num(m.get(k), '.4g')}"
+                for k in ("reward_mean", "success_rate", "loss", "approx_kl", "step_seconds")
+                if k in m
+            )
+        )
     if job.get("recovered_at"):
         lines.append(f"recovered {job['recovered_at']} (the API restarted while the job ran)")
     if job.get("error"):
@@ -64,11 +81,13 @@ def event_line(event: dict[str, Any], total_steps: int) -> str:
         step, secs = int(data.get("step", 0)), data.get("step_seconds")
         eta = f" eta {max(0, total_steps - step) * secs:.0f}s" if isinstance(secs, (int, float)) else ""
         success = data.get("success_rate")
-        return (f"step {step}/{total_steps} {progress_bar(step, total_steps)}"
-                f" reward {_num(data.get('reward_mean'), '+.3f')}"
-                f" success {_num(100 * success, '.0f') if isinstance(success, (int, float)) else '-'}%"
-                f" kl {_num(data.get('approx_kl'), '.4f')} {_num(secs, '.1f')}s/step"
-                f" v{_or_dash(data.get('policy_version'))}{eta}")
+        return (
+            f"step {step}/{total_steps} {progress_bar(step, total_steps)}"
+            f" reward {_num(data.get('reward_mean'), '+.3f')}"
+            f" success {_num(100 * success, '.0f') if isinstance(success, (int, float)) else '-'}%"
+            f" kl {_num(data.get('approx_kl'), '.4f')} {_num(secs, '.1f')}s/step"
+            f" v{_or_dash(data.get('policy_version'))}{eta}"
+        )
     if kind == "state":
         return f"state: {data['state']}" + (f" ({data['error']})" if data.get("error") else "")
     return f"  {data.get('message', data)}"

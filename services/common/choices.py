@@ -6,14 +6,16 @@ The registries are imported on first check, never at import time (parsing a conf
 or vLLM). Plugins registered outside this package (`--import MODULE` of the envs and reward services)
 are known to other processes through `OMRL_PLUGINS`: comma-separated modules imported before a lookup.
 """
+
 from __future__ import annotations
 
 import importlib
 import inspect
 import os
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -56,6 +58,7 @@ def check_choice(kind: str, name: str) -> str:
 @dataclass(frozen=True)
 class PluginChoice:
     """Marks a config field as the name of a `kind` plugin (help texts list the registered names)."""
+
     kind: str
 
 
@@ -76,8 +79,13 @@ def _located(exc: ValidationError, prefix: tuple, known: list[str], what: str, o
             text = f"unknown {what} {error['loc'][-1]!r} of {owner}; known: {', '.join(known) or 'none'}"
         else:
             kind, text = f"invalid_{what}", error["msg"].removeprefix("Value error, ")
-        details.append(InitErrorDetails(type=PydanticCustomError(kind, "{message}", {"message": text}),
-                                        loc=prefix + tuple(error["loc"]), input=error["input"]))
+        details.append(
+            InitErrorDetails(
+                type=PydanticCustomError(kind, "{message}", {"message": text}),
+                loc=prefix + tuple(error["loc"]),
+                input=error["input"],
+            )
+        )
     return ValidationError.from_exception_data(owner, details)
 
 
@@ -125,5 +133,6 @@ def check_reward_params(name: str, params: dict[str, Any]) -> None:
     try:
         model.model_validate(params)
     except ValidationError as exc:
-        raise _located(exc, (name, "params"), sorted(model.model_fields), "param",
-                       f"reward function {name!r}") from None
+        raise _located(
+            exc, (name, "params"), sorted(model.model_fields), "param", f"reward function {name!r}"
+        ) from None

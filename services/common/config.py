@@ -1,22 +1,33 @@
 """The one configuration schema: CLI flags, config files, REST job specs, helm values and compose env
 all map onto these models. Every field's docstring doubles as its help text."""
+
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from services.common import choices
 
 
 class Section(BaseModel):
     # NaN/Infinity pass Python's json and compare false with every bound; a stored one reads back as null
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False
+    )
 
 
 def _reject_non_finite(value: Any, path: str = "") -> Any:
@@ -41,7 +52,7 @@ def _plugin(kind: str) -> Any:
 
 
 class ModelConfig(Section):
-    path: Optional[str] = None
+    path: str | None = None
     """Hugging Face model id or local directory. Empty: build the tiny local demo model."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype for rollout and learner (float32 on CPU keeps their logprobs identical)."""
@@ -70,7 +81,7 @@ class EnvConfig(Section):
     """Deadline of one environment call."""
     max_episode_attempts: int = Field(3, ge=1, le=20)
     """Tries of one episode on a fresh environment after infrastructure failures; then its group is dropped."""
-    dataset: Optional[str] = None
+    dataset: str | None = None
     """Folder with train.parquet and validation.parquet; empty: `<data_dir>/<name>`, generated on first use."""
     data_dir: str = "data"
     """Where generated task datasets are written."""
@@ -148,11 +159,13 @@ class RewardComponentConfig(Section):
 class RewardConfig(Section):
     address: str = "127.0.0.1:50053"
     """host:port of the reward service."""
-    components: dict[_plugin("reward"), RewardComponentConfig] = Field(default_factory=lambda: {
-        "goal": RewardComponentConfig(weight=1.0),
-        "format": RewardComponentConfig(weight=0.1),
-        "length_penalty": RewardComponentConfig(weight=0.1, params={"max_tokens": 64}),
-    })
+    components: dict[_plugin("reward"), RewardComponentConfig] = Field(
+        default_factory=lambda: {
+            "goal": RewardComponentConfig(weight=1.0),
+            "format": RewardComponentConfig(weight=0.1),
+            "length_penalty": RewardComponentConfig(weight=0.1, params={"max_tokens": 64}),
+        }
+    )
     """Registered reward functions and their weights; the total is the weighted sum."""
 
     @field_validator("components")
@@ -161,6 +174,7 @@ class RewardConfig(Section):
         for name, component in components.items():
             choices.check_reward_params(name, component.params)
         return components
+
     allocation: Literal["last_token", "uniform_positive", "discounted"] = "last_token"
     """How a trajectory's reward is placed on its model tokens."""
     gamma: float = Field(1.0, ge=0, le=1)
@@ -303,7 +317,7 @@ class TrainConfig(Section):
     stream: StreamConfig = Field(default_factory=StreamConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainConfig":
+    def _check(self) -> TrainConfig:
         if self.algorithm.advantage in {"grpo", "rloo"} and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be at least 2 for group-based advantages")
         return self
@@ -317,8 +331,9 @@ class TrainConfig(Section):
         return f"{self.stream.prefix}:{self.run}:{name}"
 
 
-def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None,
-                schema: type[TrainConfig] = TrainConfig) -> TrainConfig:
+def load_config(
+    path: str | None = None, overrides: list[str] | None = None, schema: type[TrainConfig] = TrainConfig
+) -> TrainConfig:
     """Reads a YAML/JSON file (optional) and applies `a.b.c=value` overrides (values parsed as YAML)."""
     data: dict[str, Any] = {}
     if path:
@@ -360,25 +375,25 @@ class ResourcesConfig(Section):
     rollout: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="4", memory="16Gi"))
     envs: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="1", memory="2Gi"))
     reward: ComponentResources = Field(default_factory=lambda: ComponentResources(cpu="1", memory="2Gi"))
-    image: Optional[str] = None
+    image: str | None = None
     """Container image for every component (Kubernetes); empty: the launcher's default images."""
-    volume_claim: Optional[DnsName] = None
+    volume_claim: DnsName | None = None
     """PersistentVolumeClaim mounted at /data in every pod (models, checkpoints); empty: scratch space per pod."""
 
 
 class Toleration(Section):
-    key: Optional[str] = None
+    key: str | None = None
     operator: Literal["Equal", "Exists"] = "Equal"
-    value: Optional[str] = None
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
 class ScheduleConfig(Section):
-    max_runtime_s: Optional[int] = Field(None, ge=60, le=30 * 86400)
+    max_runtime_s: int | None = Field(None, ge=60, le=30 * 86400)
     """Wall-clock limit of the job; past it the job is stopped and marked failed. Empty: no limit."""
     backoff_limit: int = Field(0, ge=0, le=10)
     """Kubernetes: retries of the learner pods before the job fails."""
-    priority_class: Optional[DnsName] = None
+    priority_class: DnsName | None = None
     """Kubernetes PriorityClass of the job's pods."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Kubernetes node labels every pod of the job requires."""
@@ -391,16 +406,18 @@ class ScheduleConfig(Section):
 class JobSpec(TrainConfig):
     """A training job: the run config plus the resources and schedule it runs with. Every run config
     file is a valid job spec; `run` becomes the job's name."""
+
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
 
     @model_validator(mode="after")
-    def _check_resources(self) -> "JobSpec":
+    def _check_resources(self) -> JobSpec:
         # env-service replicas: one number, whichever of the two fields says it
         envs, env = self.resources.envs, self.env
         if "replicas" in envs.model_fields_set and "replicas" in env.model_fields_set and envs.replicas != env.replicas:
-            raise ValueError(f"resources.envs.replicas ({envs.replicas}) and env.replicas ({env.replicas}) disagree; "
-                             "set one of them")
+            raise ValueError(
+                f"resources.envs.replicas ({envs.replicas}) and env.replicas ({env.replicas}) disagree; set one of them"
+            )
         if "replicas" in envs.model_fields_set:
             try:
                 env.replicas = envs.replicas
@@ -410,17 +427,23 @@ class JobSpec(TrainConfig):
             envs.replicas = env.replicas
         learner_gpus = self.resources.learner.gpus
         if learner_gpus and learner_gpus != self.learner.nproc:
-            raise ValueError(f"resources.learner.gpus ({learner_gpus}) must equal learner.nproc "
-                             f"({self.learner.nproc}): the learner runs one process per GPU")
+            raise ValueError(
+                f"resources.learner.gpus ({learner_gpus}) must equal learner.nproc "
+                f"({self.learner.nproc}): the learner runs one process per GPU"
+            )
         rollout_gpus = self.resources.rollout.gpus
         if rollout_gpus and "gpus" in self.rollout.model_fields_set and rollout_gpus != self.rollout.gpus:
-            raise ValueError(f"resources.rollout.gpus ({rollout_gpus}) and rollout.gpus ({self.rollout.gpus}) "
-                             "disagree; set one of them")
+            raise ValueError(
+                f"resources.rollout.gpus ({rollout_gpus}) and rollout.gpus ({self.rollout.gpus}) "
+                "disagree; set one of them"
+            )
         if rollout_gpus:
             self.rollout.gpus = rollout_gpus  # tensor-parallel over the pod's GPUs
         elif self.rollout.gpus > 1:
-            raise ValueError(f"rollout.gpus ({self.rollout.gpus}) needs resources.rollout.gpus = {self.rollout.gpus}: "
-                             "tensor parallelism runs on GPU pods")
+            raise ValueError(
+                f"rollout.gpus ({self.rollout.gpus}) needs resources.rollout.gpus = {self.rollout.gpus}: "
+                "tensor parallelism runs on GPU pods"
+            )
         return self
 
     def train_config(self) -> TrainConfig:

@@ -2,6 +2,7 @@
 the field's docstring (pydantic-settings' CLI source builds them), beside `--config FILE`, `--set a.b=value`
 and `OMRL_CONFIG__A__B=value` environment variables. Layers apply in the order default < file < env < flag,
 and a resolved config remembers which layer gave each value (`omrl config show`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,10 +10,11 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -54,8 +56,9 @@ def _suggest(message: str, parser: argparse.ArgumentParser) -> str:
     if not message.startswith("unrecognized arguments: "):
         return message
     known = _options(parser)
-    flags = [arg.split("=", 1)[0] for arg in message.removeprefix("unrecognized arguments: ").split()
-             if arg.startswith("--")]
+    flags = [
+        arg.split("=", 1)[0] for arg in message.removeprefix("unrecognized arguments: ").split() if arg.startswith("--")
+    ]
     for flag in flags:
         close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
         if close:
@@ -126,8 +129,16 @@ def walk(schema: type[BaseModel], prefix: str = "", instance: BaseModel | None =
     for name, info in schema.model_fields.items():
         path, value = f"{prefix}{name}", getattr(instance, name)
         sub = _section_type(info.annotation)
-        yield FieldDoc(path, info.annotation, value, (info.description or "").strip(), _bounds(info),
-                       _plugin_kind(info.annotation, info.metadata), _literal(info.annotation), sub is not None)
+        yield FieldDoc(
+            path,
+            info.annotation,
+            value,
+            (info.description or "").strip(),
+            _bounds(info),
+            _plugin_kind(info.annotation, info.metadata),
+            _literal(info.annotation),
+            sub is not None,
+        )
         if sub is not None:
             yield from walk(sub, f"{path}.", value)
 
@@ -169,8 +180,13 @@ SHORTCUTS = {"--model.path": "--model", "--env.name": "--env", "--learner.steps"
 class ConfigFlags:
     """Adds `--config`, `--set` and one flag per field of `schema` to `parser`; `resolve` merges the layers."""
 
-    def __init__(self, parser: argparse.ArgumentParser, schema: type[TrainConfig] = TrainConfig,
-                 shortcuts: bool = False, spec: Literal["--config", "SPEC", "SPEC?"] = "--config"):
+    def __init__(
+        self,
+        parser: argparse.ArgumentParser,
+        schema: type[TrainConfig] = TrainConfig,
+        shortcuts: bool = False,
+        spec: Literal["--config", "SPEC", "SPEC?"] = "--config",
+    ):
         """`spec`: the file as `--config FILE`, or as a positional argument, required or optional."""
         self.schema = schema
         what = f"YAML file ({schema.__module__}.{schema.__name__})"
@@ -178,8 +194,13 @@ class ConfigFlags:
             parser.add_argument("--config", metavar="FILE", help=what)
         else:
             parser.add_argument("config", metavar="SPEC", nargs="?" if spec == "SPEC?" else None, help=what)
-        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                            help="override one field, the value read as YAML (e.g. --set 'env.options={size: 6}')")
+        parser.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override one field, the value read as YAML (e.g. --set 'env.options={size: 6}')",
+        )
         docs = list(walk(schema))
         self._plugins = {f"--{d.path}": d.plugin for d in docs if d.plugin}
         defaults = {f"--{d.path}": d.default for d in docs if not d.section}
@@ -197,11 +218,22 @@ class ConfigFlags:
                 kwargs["help"] = f"{kwargs['help']} One of: {names_}." if names_ else kwargs["help"]
             return group.add_argument(*names, *(short[n] for n in names if n in short), **kwargs)
 
-        settings = type(f"{schema.__name__}Flags", (BaseSettings, schema), {
-            "model_config": SettingsConfigDict(cli_avoid_json=False, cli_hide_none_type=True, case_sensitive=True,
-                                               cli_implicit_flags=False)})
-        self.source = CliSettingsSource(settings, root_parser=parser, cli_prog_name=parser.prog,
-                                        add_argument_method=add_argument, cli_exit_on_error=False)
+        settings = type(
+            f"{schema.__name__}Flags",
+            (BaseSettings, schema),
+            {
+                "model_config": SettingsConfigDict(
+                    cli_avoid_json=False, cli_hide_none_type=True, case_sensitive=True, cli_implicit_flags=False
+                )
+            },
+        )
+        self.source = CliSettingsSource(
+            settings,
+            root_parser=parser,
+            cli_prog_name=parser.prog,
+            add_argument_method=add_argument,
+            cli_exit_on_error=False,
+        )
 
     def flag_layer(self, args: argparse.Namespace) -> dict[str, Any]:
         values = {k: v for k, v in vars(args).items() if "." in k or k in self.schema.model_fields}
@@ -210,7 +242,7 @@ class ConfigFlags:
         except SettingsError as exc:
             raise ConfigError([_settings_error(exc)]) from None
 
-    def resolve(self, args: argparse.Namespace, environ: dict[str, str] | None = None) -> "Resolved":
+    def resolve(self, args: argparse.Namespace, environ: dict[str, str] | None = None) -> Resolved:
         return resolve(self.schema, args.config, args.set, self.flag_layer(args), environ)
 
 
@@ -246,7 +278,7 @@ def env_layer(environ: dict[str, str]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
         if name.upper().startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-            path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+            path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
             _put(data, path, _yaml(raw, name), name)
     return data
 
@@ -338,11 +370,19 @@ def _value(model: BaseModel, path: str) -> Any:
     return value
 
 
-def resolve(schema: type[TrainConfig], config_path: str | None, overrides: list[str],
-            flags: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Resolved:
+def resolve(
+    schema: type[TrainConfig],
+    config_path: str | None,
+    overrides: list[str],
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Resolved:
     """Defaults < file < env < `--set` < flags, validated once; a problem raises ConfigError naming the field."""
-    layers = [("file", file_layer(config_path)), ("env", env_layer(dict(os.environ if environ is None else environ))),
-              ("flag", _merge(set_layer(overrides), flags or {}))]
+    layers = [
+        ("file", file_layer(config_path)),
+        ("env", env_layer(dict(os.environ if environ is None else environ))),
+        ("flag", _merge(set_layer(overrides), flags or {})),
+    ]
     data: dict[str, Any] = {}
     for _, layer in layers:
         data = _merge(data, layer)

@@ -1,4 +1,5 @@
 """Config errors as one line per problem, `field.path: message`, for CLIs (no pydantic banner, no traceback)."""
+
 from __future__ import annotations
 
 from pydantic import ValidationError

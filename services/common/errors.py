@@ -1,9 +1,10 @@
 """Typed service errors. Service cores raise them; the gRPC server turns them into status codes and the
 gRPC clients turn status codes back into them, so callers handle one set of exceptions either way."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 
@@ -50,8 +51,19 @@ class Internal(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
 
-_BY_CODE = {cls.code: cls for cls in (NotFound, InvalidArgument, FailedPrecondition, DeadlineExceeded,
-                                      Unavailable, ResourceExhausted, Unauthenticated, Internal)}
+_BY_CODE = {
+    cls.code: cls
+    for cls in (
+        NotFound,
+        InvalidArgument,
+        FailedPrecondition,
+        DeadlineExceeded,
+        Unavailable,
+        ResourceExhausted,
+        Unauthenticated,
+        Internal,
+    )
+}
 
 
 def from_rpc_error(err: grpc.RpcError) -> ServiceError:

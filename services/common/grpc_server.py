@@ -1,4 +1,5 @@
 """What every service's gRPC server shares: health, error mapping, metrics endpoint, graceful shutdown."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,8 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -24,7 +26,7 @@ AddServicer = Callable[[grpc.aio.Server], None]
 BIND_HOST_ENV = "OMRL_BIND_HOST"
 
 
-def bind_host(flag: Optional[str] = None) -> str:
+def bind_host(flag: str | None = None) -> str:
     """Where servers listen: the --host flag, else $OMRL_BIND_HOST, else loopback. Loopback by default
     so a service is reachable from the network only where a deployment says so (the chart and compose
     set 0.0.0.0)."""
@@ -42,8 +44,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     carries an error inside), and counts every call by method and code."""
 
     def __init__(self, service: str):
-        self._requests = metrics.counter(service, "grpc_requests_total", "gRPC calls by method and status code",
-                                         ["method", "code"])
+        self._requests = metrics.counter(
+            service, "grpc_requests_total", "gRPC calls by method and status code", ["method", "code"]
+        )
         self._latency = metrics.histogram(service, "grpc_request_seconds", "gRPC call latency", ["method"])
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -54,13 +57,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             behavior = getattr(handler, kind)
             if behavior is not None:
                 factory = getattr(grpc, f"{kind}_rpc_method_handler")
-                return factory(self._wrap(handler_call_details.method, behavior),
-                               request_deserializer=handler.request_deserializer,
-                               response_serializer=handler.response_serializer)
+                return factory(
+                    self._wrap(handler_call_details.method, behavior),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
         return handler
 
     def _wrap(self, method: str, behavior: Callable) -> Callable:
         if inspect.isasyncgenfunction(behavior):
+
             async def stream(request, context):
                 with self._observe(method) as outcome:
                     try:
@@ -68,6 +74,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                             yield item
                     except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
                         await self._abort(method, exc, context, outcome)
+
             return stream
 
         async def call(request, context):
@@ -76,6 +83,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     return await behavior(request, context)
                 except Exception as exc:  # noqa: BLE001
                     await self._abort(method, exc, context, outcome)
+
         return call
 
     @contextlib.contextmanager
@@ -136,8 +144,9 @@ async def _set_health(health: HealthServicer, services: list[str], serving: bool
         await health.set(service, status)
 
 
-async def _mirror_health(health: HealthServicer, services: list[str], serving: Callable[[], bool], last: bool,
-                         poll_s: float = 0.2) -> None:
+async def _mirror_health(
+    health: HealthServicer, services: list[str], serving: Callable[[], bool], last: bool, poll_s: float = 0.2
+) -> None:
     while True:
         await asyncio.sleep(poll_s)
         now = bool(serving())
@@ -146,19 +155,33 @@ async def _mirror_health(health: HealthServicer, services: list[str], serving: C
             last = now
 
 
-async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host: Optional[str] = None,
-                metrics_port: Optional[int] = None, grace_s: float = 5.0, on_shutdown: Optional[Callable] = None,
-                stop: Optional[asyncio.Event] = None, ready: Optional[Callable[[int], Any]] = None,
-                max_message_bytes: int = 64 * 2**20, serving: Optional[Callable[[], bool]] = None) -> None:
+async def serve(
+    name: str,
+    port: int,
+    add_servicers: list[AddServicer],
+    *,
+    host: str | None = None,
+    metrics_port: int | None = None,
+    grace_s: float = 5.0,
+    on_shutdown: Callable | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[int], Any] | None = None,
+    max_message_bytes: int = 64 * 2**20,
+    serving: Callable[[], bool] | None = None,
+) -> None:
     """Runs a gRPC server until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully: health
     NOT_SERVING, no new calls, in-flight calls get `grace_s`, then `on_shutdown` (sync or async) runs.
     `ready(bound_port)` is called once serving. `host` defaults to `bind_host()`; the metrics endpoint
     binds the same host. `serving()`, when given, is mirrored into health (polled) while running."""
     host = bind_host(host)
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(name)], options=[
-        ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it silently
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes)])
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor(name)],
+        options=[
+            ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it silently
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+    )
     recorder = _Recorder(server)
     for add in add_servicers:
         add(recorder)
@@ -180,6 +203,7 @@ async def serve(name: str, port: int, add_servicers: list[AddServicer], *, host:
     try:
         if metrics_port is not None:
             from prometheus_client import start_http_server
+
             http, _ = start_http_server(metrics_port, addr=host)
             print(f"{name} metrics on {_hostport(host, http.server_address[1])}", file=sys.stderr, flush=True)
         await server.start()
@@ -220,8 +244,7 @@ async def wait_for_health(address: str, timeout_s: float, service: str = "") -> 
             if remaining <= 0:
                 raise TimeoutError(f"{address} not healthy after {timeout_s:.1f}s (last: {last})")
             try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service),
-                                         timeout=min(1.0, remaining))
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=min(1.0, remaining))
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

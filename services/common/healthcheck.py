@@ -3,6 +3,7 @@
 ADDRESS is `host:port` for a gRPC server (the standard health service must answer SERVING) or an
 `http://` URL (it must answer 2xx; the learner's metrics endpoint, the job API's health route).
 Made for container healthchecks (compose), where no native gRPC probe exists as it does in Kubernetes."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,9 @@ def check_grpc(address: str, service: str, timeout_s: float) -> str | None:
 
     with grpc.insecure_channel(address) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                              timeout=timeout_s)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+            )
         except grpc.RpcError as err:
             return f"{err.code().name}: {err.details()}"
     if reply.status != health_pb2.HealthCheckResponse.SERVING:
@@ -38,8 +40,11 @@ def check_http(url: str, timeout_s: float) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.common.healthcheck", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m services.common.healthcheck",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("address", help="host:port (gRPC health) or http://host:port/path")
     parser.add_argument("--service", default="", help="gRPC service name to check ('' is the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds before the check counts as failed")

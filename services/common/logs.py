@@ -1,6 +1,7 @@
 """One logging setup for every entry point (`python -m services.<name>`): plain lines for people, one JSON
 object per line for clusters (`OMRL_LOG_FORMAT=json`, read by Loki, Cloud Logging, Elasticsearch), and no
 progress bars in either. Child processes inherit the choice through the environment."""
+
 from __future__ import annotations
 
 import logging
@@ -37,11 +38,15 @@ def setup_logging(service: str, level: str | int | None = None) -> str:
         from pythonjsonlogger.core import RESERVED_ATTRS
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                           rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-                                           static_fields={"service": service},
-                                           # uvicorn's ANSI-coloured copy of each message
-                                           reserved_attrs=[*RESERVED_ATTRS, "color_message"]))
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+                static_fields={"service": service},
+                # uvicorn's ANSI-coloured copy of each message
+                reserved_attrs=[*RESERVED_ATTRS, "color_message"],
+            )
+        )
         # vLLM's own text handler off: its records reach this one (engine workers log to stderr as before)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     else:

@@ -14,25 +14,27 @@ Conventions every service follows (docs/operations.md lists the whole catalogue)
 - a labelled counter whose label values are known up front is created with every child at zero
   (`preset`), so rates read 0 rather than "no data" before the first event.
 """
+
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # generation calls, weight loads: seconds on a small model, many minutes on a large one
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-_created: "weakref.WeakKeyDictionary[CollectorRegistry, dict]" = weakref.WeakKeyDictionary()
+_created: weakref.WeakKeyDictionary[CollectorRegistry, dict] = weakref.WeakKeyDictionary()
 
 
 def metric_name(service: str, name: str) -> str:
     return f"omrl_{service}_{name}"
 
 
-def _get_or_create(cls, service: str, name: str, doc: str, labels: Sequence[str],
-                   registry: CollectorRegistry | None, **kwargs):
+def _get_or_create(
+    cls, service: str, name: str, doc: str, labels: Sequence[str], registry: CollectorRegistry | None, **kwargs
+):
     registry = registry if registry is not None else REGISTRY
     full = metric_name(service, name)
     table = _created.setdefault(registry, {})
@@ -46,18 +48,26 @@ def _get_or_create(cls, service: str, name: str, doc: str, labels: Sequence[str]
     return metric
 
 
-def counter(service: str, name: str, doc: str, labels: Sequence[str] = (),
-            registry: CollectorRegistry | None = None) -> Counter:
+def counter(
+    service: str, name: str, doc: str, labels: Sequence[str] = (), registry: CollectorRegistry | None = None
+) -> Counter:
     return _get_or_create(Counter, service, name, doc, labels, registry)
 
 
-def gauge(service: str, name: str, doc: str, labels: Sequence[str] = (),
-          registry: CollectorRegistry | None = None) -> Gauge:
+def gauge(
+    service: str, name: str, doc: str, labels: Sequence[str] = (), registry: CollectorRegistry | None = None
+) -> Gauge:
     return _get_or_create(Gauge, service, name, doc, labels, registry)
 
 
-def histogram(service: str, name: str, doc: str, labels: Sequence[str] = (),
-              registry: CollectorRegistry | None = None, buckets: Sequence[float] = LATENCY_BUCKETS) -> Histogram:
+def histogram(
+    service: str,
+    name: str,
+    doc: str,
+    labels: Sequence[str] = (),
+    registry: CollectorRegistry | None = None,
+    buckets: Sequence[float] = LATENCY_BUCKETS,
+) -> Histogram:
     return _get_or_create(Histogram, service, name, doc, labels, registry, buckets=tuple(buckets))
 
 

@@ -10,6 +10,7 @@ is allowed.
 
     python -m services.common.proto_breaking          # prints the breaking changes, exits 1 if any
     python -m services.common.proto_breaking release  # a deliberate release: rewrite the snapshot"""
+
 from __future__ import annotations
 
 import pathlib
@@ -109,8 +110,11 @@ def _messages(name: str, old: descriptor_pb2.DescriptorProto, new: descriptor_pb
         if after is None:
             if not (_reserved(new.reserved_range, before.number) and before.name in new.reserved_name):
                 moved = next((f.number for f in new.field if f.name == before.name), None)
-                yield (f"{where} renumbered to {moved}" if moved is not None else
-                       f"{where} deleted without reserving its number and name")
+                yield (
+                    f"{where} renumbered to {moved}"
+                    if moved is not None
+                    else f"{where} deleted without reserving its number and name"
+                )
             continue
         if after.name != before.name:
             yield f"{where} renamed to {after.name}"
@@ -124,8 +128,9 @@ def _messages(name: str, old: descriptor_pb2.DescriptorProto, new: descriptor_pb
             yield f"{where} moved from oneof '{_oneof(old, before)}' to '{_oneof(new, after)}'"
 
 
-def _enums(name: str, old: descriptor_pb2.EnumDescriptorProto,
-           new: descriptor_pb2.EnumDescriptorProto) -> Iterator[str]:
+def _enums(
+    name: str, old: descriptor_pb2.EnumDescriptorProto, new: descriptor_pb2.EnumDescriptorProto
+) -> Iterator[str]:
     new_values = {v.number: v for v in new.value}
     for before in old.value:
         after = new_values.get(before.number)
@@ -137,8 +142,9 @@ def _enums(name: str, old: descriptor_pb2.EnumDescriptorProto,
             yield f"{where} renamed to {after.name}"
 
 
-def _services(name: str, old: descriptor_pb2.ServiceDescriptorProto,
-              new: descriptor_pb2.ServiceDescriptorProto) -> Iterator[str]:
+def _services(
+    name: str, old: descriptor_pb2.ServiceDescriptorProto, new: descriptor_pb2.ServiceDescriptorProto
+) -> Iterator[str]:
     new_methods = {m.name: m for m in new.method}
     for before in old.method:
         after = new_methods.get(before.name)
@@ -146,12 +152,16 @@ def _services(name: str, old: descriptor_pb2.ServiceDescriptorProto,
         if after is None:
             yield f"{where} deleted"
             continue
-        for part, was, now in (("request", before.input_type, after.input_type),
-                               ("response", before.output_type, after.output_type)):
+        for part, was, now in (
+            ("request", before.input_type, after.input_type),
+            ("response", before.output_type, after.output_type),
+        ):
             if was != now:
                 yield f"{where} changed its {part} type from {was.lstrip('.')} to {now.lstrip('.')}"
-        for side, was, now in (("client", before.client_streaming, after.client_streaming),
-                               ("server", before.server_streaming, after.server_streaming)):
+        for side, was, now in (
+            ("client", before.client_streaming, after.client_streaming),
+            ("server", before.server_streaming, after.server_streaming),
+        ):
             if was != now:
                 yield f"{where} {'became' if now else 'stopped being'} {side}-streaming"
 
@@ -167,9 +177,11 @@ def breaking_changes(old: descriptor_pb2.FileDescriptorSet, new: descriptor_pb2.
                 found.append(f"file {path} changed package from {file.package} to {moved.package}")
             if (moved.syntax or "proto2") != (file.syntax or "proto2"):
                 found.append(f"file {path} changed syntax from {file.syntax or 'proto2'} to {moved.syntax or 'proto2'}")
-    for kind, olds, news, compare in (("message", before.messages, after.messages, _messages),
-                                      ("enum", before.enums, after.enums, _enums),
-                                      ("service", before.services, after.services, _services)):
+    for kind, olds, news, compare in (
+        ("message", before.messages, after.messages, _messages),
+        ("enum", before.enums, after.enums, _enums),
+        ("service", before.services, after.services, _services),
+    ):
         for name, old_def in sorted(olds.items()):
             if name not in news:
                 found.append(f"{kind} {name} deleted")

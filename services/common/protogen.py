@@ -1,4 +1,5 @@
 """Build step: compile proto/**/*.proto into services/common/gen with grpcio-tools."""
+
 from __future__ import annotations
 
 import pathlib
@@ -15,8 +16,15 @@ def generate() -> list[pathlib.Path]:
 
     protos = sorted(PROTO_DIR.rglob("*.proto"))
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
-    args = ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={OUT_DIR}", f"--pyi_out={OUT_DIR}",
-            f"--grpc_python_out={OUT_DIR}", *map(str, protos)]
+    args = [
+        "protoc",
+        f"-I{PROTO_DIR}",
+        f"-I{include}",
+        f"--python_out={OUT_DIR}",
+        f"--pyi_out={OUT_DIR}",
+        f"--grpc_python_out={OUT_DIR}",
+        *map(str, protos),
+    ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     for module in OUT_DIR.rglob("*_pb2.py"):

@@ -1,8 +1,10 @@
 """A name -> implementation table for the pluggable parts (backends, envs, rewards, estimators)."""
+
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

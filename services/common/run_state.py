@@ -3,6 +3,7 @@ claims and their leases, per-step metrics and the done flag. Keys live under `<p
 
 `RunState` and `GroupLeases` use a blocking client (learner, launcher, job API); `AsyncRunState` and
 `AsyncGroupLeases` are the same keys and scripts over `redis.asyncio`, for the rollout server's event loop."""
+
 from __future__ import annotations
 
 import json
@@ -30,20 +31,28 @@ def redis_client(url: str, timeout_s: float = 10.0, retries: int = RECONNECT_TRI
     """A client that reconnects with back-off when Redis goes away (every service uses this one; `retries=0`
     fails at once). A URL without a password takes it from $REDIS_PASSWORD, so that it never has to be on a
     command line."""
-    return redis.Redis.from_url(url, **_client_options(url, timeout_s),
-                                retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries))
+    return redis.Redis.from_url(
+        url, **_client_options(url, timeout_s), retry=Retry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries)
+    )
 
 
 def async_redis_client(url: str, timeout_s: float = 10.0, retries: int = RECONNECT_TRIES) -> redis.asyncio.Redis:
     """`redis_client` for asyncio code: the same reconnection, back-off and password."""
-    return redis.asyncio.Redis.from_url(url, **_client_options(url, timeout_s),
-                                        retry=AsyncRetry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries))
+    return redis.asyncio.Redis.from_url(
+        url,
+        **_client_options(url, timeout_s),
+        retry=AsyncRetry(ExponentialWithJitterBackoff(cap=5.0, base=0.2), retries),
+    )
 
 
 def _client_options(url: str, timeout_s: float) -> dict[str, Any]:
     password = None if urlsplit(url).password else os.environ.get("REDIS_PASSWORD") or None
-    return {"password": password, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
-            "retry_on_error": [redis.ConnectionError, redis.TimeoutError]}
+    return {
+        "password": password,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
 
 
 class RunState:
@@ -53,7 +62,7 @@ class RunState:
         self._leases: GroupLeases | None = None
 
     @classmethod
-    def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> "RunState":
+    def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> RunState:
         return cls(redis_client(config.stream.redis_url, timeout_s), config)
 
     @property
@@ -110,7 +119,7 @@ class RunState:
         return int(self.client.get(self.k("policy_version")) or 0)
 
     @property
-    def leases(self) -> "GroupLeases":
+    def leases(self) -> GroupLeases:
         """Group claims as leases that expire and are taken over (see GroupLeases)."""
         if self._leases is None:
             self._leases = GroupLeases(self.client, self.k)
@@ -124,9 +133,13 @@ class RunState:
 
     def raise_claims_to(self, floor: int) -> None:
         """Makes the next claim at least `floor` (after Redis lost the counter), never lowering it."""
-        self.client.eval("local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
-                         "if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
-                         1, self.k("group_claims"), floor)
+        self.client.eval(
+            "local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
+            "if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end",
+            1,
+            self.k("group_claims"),
+            floor,
+        )
 
     def publish_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         self.client.xadd(self.k("metrics"), {"step": step, "metrics": json.dumps(metrics)}, maxlen=100000)
@@ -156,7 +169,7 @@ class AsyncRunState:
         self.leases = AsyncGroupLeases(client, self.k)
 
     @classmethod
-    def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> "AsyncRunState":
+    def connect(cls, config: TrainConfig, timeout_s: float = 10.0) -> AsyncRunState:
         return cls(async_redis_client(config.stream.redis_url, timeout_s), config)
 
     async def aclose(self) -> None:
@@ -199,6 +212,7 @@ class Lease:
     `attempt` counts the times the slot was started (claim or take-over); `task` picks its task
     (`Producer.task_of(slot, task)`): kept when a dead holder's lease is taken over, so a lost group is
     replayed on the same task, and bumped when a failed attempt is released."""
+
     slot: int
     holder: str
     attempt: int
@@ -216,7 +230,9 @@ _NOW = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] /
 
 # KEYS: claims, stale_groups, dead_groups, leases, expiry; ARGV: holder, groups_per_step, limit_step, ttl_ms,
 # floor_step
-_CLAIM = _NOW + """
+_CLAIM = (
+    _NOW
+    + """
 local lost = tonumber(redis.call('GET', KEYS[2]) or '0') + tonumber(redis.call('GET', KEYS[3]) or '0')
 local c = tonumber(redis.call('GET', KEYS[1]) or '0')
 local floor = tonumber(ARGV[5]) * tonumber(ARGV[2]) + lost
@@ -227,9 +243,12 @@ redis.call('HSET', KEYS[4], c, cjson.encode({holder = ARGV[1], attempt = 1, task
 redis.call('ZADD', KEYS[5], now + tonumber(ARGV[4]), c)
 return c
 """
+)
 
 # KEYS: leases, expiry, dead_groups; ARGV: holder, ttl_ms, max_attempts
-_TAKE_OVER = _NOW + """
+_TAKE_OVER = (
+    _NOW
+    + """
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
 if #due == 0 then return false end
 local slot = due[1]
@@ -246,6 +265,7 @@ redis.call('HSET', KEYS[1], slot, cjson.encode(lease))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), slot)
 return {slot, 'taken', previous, lease.attempt, lease.task}
 """
+)
 
 _HELD = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
@@ -255,13 +275,20 @@ if lease.holder ~= ARGV[2] then return 0 end
 """
 
 # KEYS: leases, expiry; ARGV: slot, holder, ttl_ms
-_RENEW = _NOW + _HELD + """
+_RENEW = (
+    _NOW
+    + _HELD
+    + """
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 return 1
 """
+)
 
 # KEYS: leases, expiry, dead_groups; ARGV: slot, holder, backoff_ms, max_attempts
-_RELEASE = _NOW + _HELD + """
+_RELEASE = (
+    _NOW
+    + _HELD
+    + """
 if lease.attempt >= tonumber(ARGV[4]) then
   redis.call('HDEL', KEYS[1], ARGV[1]) redis.call('ZREM', KEYS[2], ARGV[1]) redis.call('INCR', KEYS[3])
   return 2
@@ -271,14 +298,18 @@ redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 return 1
 """
+)
 
 # KEYS: leases, expiry, stream; ARGV: slot, holder, max_len, then the entry's field/value pairs
-_PUBLISH = _HELD + """
+_PUBLISH = (
+    _HELD
+    + """
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 return id
 """
+)
 
 
 class _LeaseScripts:
@@ -295,10 +326,13 @@ class _LeaseScripts:
     def _keys(self) -> list[str]:
         return [self.k("group_leases"), self.k("group_lease_expiry")]
 
-    def _claim_call(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
-                    floor_step: int) -> dict[str, list]:
-        return {"keys": [self.k("group_claims"), self.k("stale_groups"), self.k("dead_groups"), *self._keys],
-                "args": [holder, groups_per_step, limit_step, int(ttl_s * 1000), floor_step]}
+    def _claim_call(
+        self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float, floor_step: int
+    ) -> dict[str, list]:
+        return {
+            "keys": [self.k("group_claims"), self.k("stale_groups"), self.k("dead_groups"), *self._keys],
+            "args": [holder, groups_per_step, limit_step, int(ttl_s * 1000), floor_step],
+        }
 
     @staticmethod
     def _claimed(reply, holder: str) -> Lease | None:
@@ -315,16 +349,23 @@ class _LeaseScripts:
         if reply[1] == b"gone":
             return None
         slot, outcome, previous, attempt, task = reply
-        lease = Lease(int(slot), holder if outcome == b"taken" else previous.decode(), int(attempt), int(task),
-                      taken_from=previous.decode())
+        lease = Lease(
+            int(slot),
+            holder if outcome == b"taken" else previous.decode(),
+            int(attempt),
+            int(task),
+            taken_from=previous.decode(),
+        )
         return LeaseOutcome(outcome.decode()), lease
 
     def _renew_call(self, lease: Lease, ttl_s: float) -> dict[str, list]:
         return {"keys": self._keys, "args": [lease.slot, lease.holder, int(ttl_s * 1000)]}
 
     def _release_call(self, lease: Lease, backoff_s: float, max_attempts: int) -> dict[str, list]:
-        return {"keys": [*self._keys, self.k("dead_groups")],
-                "args": [lease.slot, lease.holder, int(backoff_s * 1000), max_attempts]}
+        return {
+            "keys": [*self._keys, self.k("dead_groups")],
+            "args": [lease.slot, lease.holder, int(backoff_s * 1000), max_attempts],
+        }
 
     @staticmethod
     def _released(reply) -> LeaseOutcome | None:
@@ -360,13 +401,15 @@ class GroupLeases(_LeaseScripts):
     the lease's holder, so a slot is published at most once. A released slot (failed attempt) has no
     holder and becomes due after its back-off; an unrenewed lease becomes due at its expiry."""
 
-    def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
-              floor_step: int = 0) -> Lease | None:
+    def claim(
+        self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float, floor_step: int = 0
+    ) -> Lease | None:
         """A new slot whose step (counting lost groups, see `lost_groups`) is below `limit_step`, or None.
         Steps below `floor_step` (the served policy version: the learner is past them) are skipped, which
         only happens when Redis lost the claim counter."""
-        return self._claimed(self._claim(**self._claim_call(holder, groups_per_step, limit_step, ttl_s, floor_step)),
-                             holder)
+        return self._claimed(
+            self._claim(**self._claim_call(holder, groups_per_step, limit_step, ttl_s, floor_step)), holder
+        )
 
     def take_over(self, holder: str, ttl_s: float, max_attempts: int) -> tuple[LeaseOutcome, Lease | None]:
         """The first due slot (holder gone or back-off over): TAKEN with its lease, DEAD with the lease it
@@ -404,8 +447,9 @@ class GroupLeases(_LeaseScripts):
 class AsyncGroupLeases(_LeaseScripts):
     """GroupLeases over `redis.asyncio`: the same scripts and invariants, each method awaitable."""
 
-    async def claim(self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float,
-                    floor_step: int = 0) -> Lease | None:
+    async def claim(
+        self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float, floor_step: int = 0
+    ) -> Lease | None:
         call = self._claim_call(holder, groups_per_step, limit_step, ttl_s, floor_step)
         return self._claimed(await self._claim(**call), holder)
 

@@ -4,11 +4,12 @@ consumer group and acknowledges them only once they are part of a committed upda
 An entry the learner must not train on (undecodable, larger than `max_entry_bytes`, or rejected by the
 learner's validation) is copied to the dead-letter stream `<key>:dead` with its reason and error, and
 acknowledged: it never stays pending and never comes back after a restart."""
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
 
 import redis
 
@@ -34,24 +35,32 @@ DEAD_LETTER_MAX_LEN = 1000
 
 
 class TrajectoryStream:
-    def __init__(self, client: redis.Redis, key: str, group: str = "learner", max_len: int = 10000,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES):
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: str,
+        group: str = "learner",
+        max_len: int = 10000,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+    ):
         self.client, self.key, self.group, self.max_len = client, key, group, max_len
         self.max_entry_bytes = max_entry_bytes
         self.dead_letter_key = f"{key}:dead"
-        self.on_dead_letter: Optional[Callable[[str, str, list[str]], None]] = None
+        self.on_dead_letter: Callable[[str, str, list[str]], None] | None = None
         """Called with (entry id, reason, group ids) after each dead letter: the learner counts lost groups."""
 
     @classmethod
-    def from_url(cls, url: str, key: str, group: str = "learner", max_len: int = 10000,
-                 timeout_s: float = 10.0) -> "TrajectoryStream":
+    def from_url(
+        cls, url: str, key: str, group: str = "learner", max_len: int = 10000, timeout_s: float = 10.0
+    ) -> TrajectoryStream:
         from services.common.run_state import redis_client
 
         return cls(redis_client(url, timeout_s), key, group, max_len)
 
     def publish(self, trajectories: Iterable[Trajectory], batch_id: str | None = None) -> str:
-        entry_id = self.client.xadd(self.key, entry_fields(trajectories, batch_id), maxlen=self.max_len,
-                                    approximate=True)
+        entry_id = self.client.xadd(
+            self.key, entry_fields(trajectories, batch_id), maxlen=self.max_len, approximate=True
+        )
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     def ensure_group(self) -> None:
@@ -65,8 +74,9 @@ class TrajectoryStream:
 
     def read(self, consumer: str, count: int, block_ms: int, pending: bool = False) -> list[StreamEntry]:
         """New entries for this consumer, or (pending=True) the ones it was given before and never acked."""
-        reply = self.client.xreadgroup(self.group, consumer, {self.key: "0" if pending else ">"},
-                                       count=count, block=None if pending else block_ms)
+        reply = self.client.xreadgroup(
+            self.group, consumer, {self.key: "0" if pending else ">"}, count=count, block=None if pending else block_ms
+        )
         return self._decode([item for _, items in reply or [] for item in items])
 
     def pending_ids(self, consumer: str, count: int = 100000) -> list[str]:
@@ -91,8 +101,12 @@ class TrajectoryStream:
                 continue
             size = sum(len(value) for value in fields.values())
             if size > self.max_entry_bytes:  # checked before decoding: its tensors could be any size
-                self.dead_letter(entry_id, "too_large", f"entry of {size} bytes exceeds the limit of "
-                                 f"{self.max_entry_bytes} (stream.max_entry_bytes)", extra={b"bytes": size})
+                self.dead_letter(
+                    entry_id,
+                    "too_large",
+                    f"entry of {size} bytes exceeds the limit of {self.max_entry_bytes} (stream.max_entry_bytes)",
+                    extra={b"bytes": size},
+                )
                 continue
             try:
                 entries.append(StreamEntry(entry_id, decode_batch(fields[b"batch"])))
@@ -100,16 +114,34 @@ class TrajectoryStream:
                 self.dead_letter(entry_id, "undecodable", str(exc), _group_ids(fields), extra=fields)
         return entries
 
-    def dead_letter(self, entry_id: str, reason: str, error: str, group_ids: Iterable[str] = (),
-                    extra: Optional[dict] = None, ack: bool = True) -> None:
+    def dead_letter(
+        self,
+        entry_id: str,
+        reason: str,
+        error: str,
+        group_ids: Iterable[str] = (),
+        extra: dict | None = None,
+        ack: bool = True,
+    ) -> None:
         """Records an entry (its bytes, or the part named by `extra`, e.g. its rejected groups) in the
         dead-letter stream with `reason`, `error` and `groups`, then acknowledges it unless `ack` is False
         (other groups of the entry are still to be trained on)."""
         groups = sorted(set(group_ids))
-        log.error("stream entry %s (groups %s) dead-lettered to %s: %s: %s", entry_id, ",".join(groups) or "?",
-                  self.dead_letter_key, reason, error)
-        record = {**(extra or {}), b"entry_id": entry_id, b"reason": reason, b"error": error[:4000],
-                  b"groups": ",".join(groups)}
+        log.error(
+            "stream entry %s (groups %s) dead-lettered to %s: %s: %s",
+            entry_id,
+            ",".join(groups) or "?",
+            self.dead_letter_key,
+            reason,
+            error,
+        )
+        record = {
+            **(extra or {}),
+            b"entry_id": entry_id,
+            b"reason": reason,
+            b"error": error[:4000],
+            b"groups": ",".join(groups),
+        }
         self.client.xadd(self.dead_letter_key, record, maxlen=DEAD_LETTER_MAX_LEN, approximate=True)
         if ack:
             self.ack([entry_id])

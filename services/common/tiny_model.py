@@ -4,10 +4,11 @@ Both vLLM and transformers load the result; it is the demo policy and the model 
 `build_tiny_model` is a pure function of its arguments: the same corpus and seed give the same files
 (timestamps aside), so a numerical change in a test shows up as a change, not as noise.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
 
 PAD, USER, ASSISTANT, END = "<|pad|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = [PAD, USER, ASSISTANT, END]
@@ -19,9 +20,15 @@ VOCAB_SIZE = 512
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
-    "{%- if message['role'] == 'user' -%}" + USER + "{{ message['content'] }}" + END +
-    "{%- elif message['role'] == 'assistant' -%}" + ASSISTANT + "{{ message['content'] }}" + END +
-    "{%- else -%}{{ raise_exception('tiny model chat template: unsupported role ' + message['role']) }}"
+    "{%- if message['role'] == 'user' -%}"
+    + USER
+    + "{{ message['content'] }}"
+    + END
+    + "{%- elif message['role'] == 'assistant' -%}"
+    + ASSISTANT
+    + "{{ message['content'] }}"
+    + END
+    + "{%- else -%}{{ raise_exception('tiny model chat template: unsupported role ' + message['role']) }}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}" + ASSISTANT + "{%- endif -%}"
@@ -57,7 +64,7 @@ def _train_tokenizer(corpus: Sequence[str]):
 
 
 def build_tiny_model(
-    out_dir: Union[str, Path],
+    out_dir: str | Path,
     corpus: list[str],
     *,
     seed: int = 0,

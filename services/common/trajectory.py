@@ -1,10 +1,11 @@
 """The trajectory record (proto `openmanus.trajectory.v1`): building it turn by turn, checking its
 invariants, and the bytes that go on the stream."""
+
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -23,11 +24,24 @@ class RecordError(ValueError):
 class TrajectoryBuilder:
     """Accumulates the exact token sequence of one episode; tokens are never re-tokenised."""
 
-    def __init__(self, *, env: str, task_index: int, group_id: str, prompt_ids: Sequence[int],
-                 rollout_server: str = "", trajectory_id: str | None = None):
+    def __init__(
+        self,
+        *,
+        env: str,
+        task_index: int,
+        group_id: str,
+        prompt_ids: Sequence[int],
+        rollout_server: str = "",
+        trajectory_id: str | None = None,
+    ):
         self.record = Trajectory(
-            trajectory_id=trajectory_id or uuid.uuid4().hex, group_id=group_id, env=env,
-            task_index=task_index, prompt_length=len(prompt_ids), rollout_server=rollout_server)
+            trajectory_id=trajectory_id or uuid.uuid4().hex,
+            group_id=group_id,
+            env=env,
+            task_index=task_index,
+            prompt_length=len(prompt_ids),
+            rollout_server=rollout_server,
+        )
         self._extend(prompt_ids, mask=0)
 
     def _extend(self, ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None = None) -> None:
@@ -39,13 +53,28 @@ class TrajectoryBuilder:
     def length(self) -> int:
         return len(self.record.token_ids)
 
-    def add_model_turn(self, ids: Sequence[int], logprobs: Sequence[float], *, policy_version: int, text: str,
-                       action: str, action_valid: bool, finish_reason: str) -> Turn:
+    def add_model_turn(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        *,
+        policy_version: int,
+        text: str,
+        action: str,
+        action_valid: bool,
+        finish_reason: str,
+    ) -> Turn:
         if len(ids) != len(logprobs):
             raise RecordError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
-        turn = self.record.turns.add(start=self.length, model_tokens=len(ids), policy_version=policy_version,
-                                     text=text, action=action, action_valid=action_valid,
-                                     finish_reason=finish_reason)
+        turn = self.record.turns.add(
+            start=self.length,
+            model_tokens=len(ids),
+            policy_version=policy_version,
+            text=text,
+            action=action,
+            action_valid=action_valid,
+            finish_reason=finish_reason,
+        )
         self._extend(ids, mask=1, logprobs=logprobs)
         return turn
 
@@ -67,8 +96,10 @@ class TrajectoryBuilder:
 def validate(traj: Trajectory) -> None:
     n = len(traj.token_ids)
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
-        raise RecordError(f"{traj.trajectory_id}: token_ids/loss_mask/logprobs lengths differ "
-                          f"({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})")
+        raise RecordError(
+            f"{traj.trajectory_id}: token_ids/loss_mask/logprobs lengths differ "
+            f"({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})"
+        )
     counted = traj.prompt_length + sum(turn.model_tokens + turn.env_tokens for turn in traj.turns)
     if counted != n:  # checked first: the mask built below must never outgrow the record
         raise RecordError(f"{traj.trajectory_id}: prompt and turns cover {counted} tokens, the record has {n}")

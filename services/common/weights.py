@@ -2,11 +2,12 @@
 
 The checksum covers names, dtypes, shapes and bytes in order, so the learner and a rollout server
 that computed the same value hold the same weights."""
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -61,7 +62,7 @@ class PackedWeights:
     def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
         view = memoryview(self.payload)
         for start in range(0, len(view), size):
-            yield bytes(view[start:start + size])
+            yield bytes(view[start : start + size])
 
 
 def pack(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> PackedWeights:
@@ -86,7 +87,7 @@ def unpack(specs: Sequence[TensorSpec], payload: bytes, expected_checksum: str) 
     hasher, out, offset = _Hasher(), [], 0
     buffer = bytearray(payload)
     for spec in specs:
-        data = memoryview(buffer)[offset:offset + spec.nbytes]
+        data = memoryview(buffer)[offset : offset + spec.nbytes]
         hasher.add(spec, data)
         flat = torch.frombuffer(data, dtype=torch.uint8) if spec.nbytes else torch.empty(0, dtype=torch.uint8)
         out.append((spec.name, flat.view(getattr(torch, spec.dtype)).reshape(spec.shape)))
@@ -113,11 +114,11 @@ class ModelSignature:
     tensors: dict[str, tuple[str, tuple[int, ...]]]
 
     @classmethod
-    def of(cls, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> "ModelSignature":
+    def of(cls, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> ModelSignature:
         return cls({name: (_dtype_name(t), tuple(t.shape)) for name, t in named_tensors})
 
     @classmethod
-    def of_pretrained(cls, path: str, dtype: str) -> "ModelSignature":
+    def of_pretrained(cls, path: str, dtype: str) -> ModelSignature:
         """The Hugging Face state-dict names and shapes of the model at `path` (built on the meta
         device: no memory, no weights read), in the served `dtype`: what the learner pushes."""
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -146,15 +147,19 @@ class ModelSignature:
             if spec.dtype != dtype:
                 raise WeightSetRejected(f"tensor {spec.name!r}: dtype {spec.dtype}, the served model has {dtype}")
             if tuple(spec.shape) != shape:
-                raise WeightSetRejected(f"tensor {spec.name!r}: shape {list(spec.shape)}, "
-                                        f"the served model has {list(shape)}")
+                raise WeightSetRejected(
+                    f"tensor {spec.name!r}: shape {list(spec.shape)}, the served model has {list(shape)}"
+                )
             if spec.nbytes != _nbytes(dtype, shape):
-                raise WeightSetRejected(f"tensor {spec.name!r}: declares {spec.nbytes} bytes, "
-                                        f"its shape and dtype take {_nbytes(dtype, shape)}")
+                raise WeightSetRejected(
+                    f"tensor {spec.name!r}: declares {spec.nbytes} bytes, "
+                    f"its shape and dtype take {_nbytes(dtype, shape)}"
+                )
         missing = [name for name in self.tensors if name not in seen]
         if missing:
-            raise WeightSetRejected(f"incomplete weight set: {len(missing)} of {len(self.tensors)} tensors "
-                                    f"missing, first {missing[0]!r}")
+            raise WeightSetRejected(
+                f"incomplete weight set: {len(missing)} of {len(self.tensors)} tensors missing, first {missing[0]!r}"
+            )
         if declared > self.total_bytes:  # unreachable after the checks above; kept as the stated bound
             raise WeightSetRejected(f"declares {declared} bytes, the served model has {self.total_bytes}")
 

@@ -1,4 +1,5 @@
 """python -m services.envs --port 50052 --metrics-port 9102"""
+
 import argparse
 import asyncio
 import logging
@@ -15,20 +16,43 @@ def main() -> None:
     parser.add_argument("--step-timeout-s", type=float, default=None, help="Deadline of one env call")
     parser.add_argument("--max-observation-chars", type=int, default=4096, help="Longer observations are cut")
     parser.add_argument("--max-episodes", type=int, default=4096, help="Open episodes at most")
-    parser.add_argument("--max-episode-steps", type=int, default=1000,
-                        help="Steps after which the service ends an episode whatever the env says")
+    parser.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=1000,
+        help="Steps after which the service ends an episode whatever the env says",
+    )
     parser.add_argument("--workers", type=int, default=32, help="Threads running env calls")
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="Import MODULE first, so its envs registered with @register_env are served")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="Import MODULE first, so its envs registered with @register_env are served",
+    )
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
-    parser.add_argument("--replica-id", default=None,
-                        help="This replica's id, the prefix of its episode ids (default: random)")
-    parser.add_argument("--advertise", default=None,
-                        help="Direct address peers forward this replica's episodes to (default 127.0.0.1:PORT)")
-    parser.add_argument("--registry", choices=["none", "redis"], default="none",
-                        help="Where replicas find each other: redis (the run config's stream.redis_url) or none")
-    parser.add_argument("--peer", action="append", default=[], metavar="ID=HOST:PORT",
-                        help="A peer replica's direct address (a static directory instead of Redis)")
+    parser.add_argument(
+        "--replica-id", default=None, help="This replica's id, the prefix of its episode ids (default: random)"
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        help="Direct address peers forward this replica's episodes to (default 127.0.0.1:PORT)",
+    )
+    parser.add_argument(
+        "--registry",
+        choices=["none", "redis"],
+        default="none",
+        help="Where replicas find each other: redis (the run config's stream.redis_url) or none",
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="ID=HOST:PORT",
+        help="A peer replica's direct address (a static directory instead of Redis)",
+    )
     args = parser.parse_args()
     setup_logging("envs")
 
@@ -40,9 +64,14 @@ def main() -> None:
     for module in args.imports:
         importlib.import_module(module)
     config = load_config(args.config)
-    service = EnvService(step_timeout_s=args.step_timeout_s or config.env.step_timeout_s,
-                         max_observation_chars=args.max_observation_chars, max_episodes=args.max_episodes,
-                         max_episode_steps=args.max_episode_steps, workers=args.workers, replica_id=args.replica_id)
+    service = EnvService(
+        step_timeout_s=args.step_timeout_s or config.env.step_timeout_s,
+        max_observation_chars=args.max_observation_chars,
+        max_episodes=args.max_episodes,
+        max_episode_steps=args.max_episode_steps,
+        workers=args.workers,
+        replica_id=args.replica_id,
+    )
     asyncio.run(run(args, config, service))
 
 
@@ -74,8 +103,15 @@ async def run(args, config, service) -> None:
             await directory.unregister(service.replica_id)
         await routed.aclose()
 
-    await serve("envs", args.port, [add_env_service(routed)], host=args.host, metrics_port=args.metrics_port,
-                grace_s=args.grace_s, on_shutdown=on_shutdown)
+    await serve(
+        "envs",
+        args.port,
+        [add_env_service(routed)],
+        host=args.host,
+        metrics_port=args.metrics_port,
+        grace_s=args.grace_s,
+        on_shutdown=on_shutdown,
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The text-environment interface. The agent answers with `<action>...</action>`; an env only ever
 receives the inner text, and says so (with the exact action format) in its first observation."""
+
 from __future__ import annotations
 
 import abc
@@ -20,6 +21,7 @@ class MissingDependency(InvalidTask):
 
 class EnvOptions(BaseModel):
     """Per-env knobs; subclasses add fields. Unknown keys are rejected."""
+
     model_config = ConfigDict(extra="forbid")
 
 

@@ -1,8 +1,9 @@
 """How callers (rollout, tests) reach the env service: one interface, in-process or over gRPC."""
+
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional
+from typing import Any
 
 import grpc
 
@@ -19,7 +20,7 @@ class EnvClient(abc.ABC):
     async def list_envs(self) -> list[EnvInfo]: ...
 
     @abc.abstractmethod
-    async def create(self, env: str, task_index: int = 0, options: Optional[dict[str, Any]] = None) -> EpisodeState:
+    async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         """A new episode, already reset to `task_index`."""
 
     @abc.abstractmethod
@@ -36,7 +37,7 @@ class EnvClient(abc.ABC):
     async def aclose(self) -> None:
         """Releases the client's own resources (not the service's)."""
 
-    async def __aenter__(self) -> "EnvClient":
+    async def __aenter__(self) -> EnvClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -50,7 +51,7 @@ class InProcessEnvClient(EnvClient):
     async def list_envs(self) -> list[EnvInfo]:
         return await self.service.list_envs()
 
-    async def create(self, env: str, task_index: int = 0, options: Optional[dict[str, Any]] = None) -> EpisodeState:
+    async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         return await self.service.create(env, task_index, options)
 
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
@@ -70,8 +71,8 @@ class GrpcEnvClient(EnvClient):
         `address` may name several replicas (`ipv4:h1:p1,h2:p2`, or a DNS name with several records):
         calls are spread round-robin, and the replicas route each episode's calls to its owner."""
         self.address, self.timeout_s = address, timeout_s
-        self._channel: Optional[grpc.aio.Channel] = None
-        self._stub: Optional[envs_pb2_grpc.EnvServiceStub] = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: envs_pb2_grpc.EnvServiceStub | None = None
 
     @property
     def stub(self) -> envs_pb2_grpc.EnvServiceStub:
@@ -86,7 +87,7 @@ class GrpcEnvClient(EnvClient):
             reply = await self.stub.ListEnvs(envs_pb2.ListEnvsRequest(), timeout=self.timeout_s)
         return [EnvInfo.from_proto(info) for info in reply.envs]
 
-    async def create(self, env: str, task_index: int = 0, options: Optional[dict[str, Any]] = None) -> EpisodeState:
+    async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         request = _request(envs_pb2.CreateRequest, env=env, task_index=task_index, options=options)
         with rpc_errors():
             return EpisodeState.from_proto(await self.stub.Create(request, timeout=self.timeout_s))

@@ -8,6 +8,7 @@ are set) and is generated on first use: train tasks 0..train_tasks-1, validation
 
     python -m services.envs.datasets --env maze --set env.train_tasks=2000   # writes data/maze/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,16 +31,18 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "validation")
 FORMAT = 1
 """Bumped when generated files change shape; older generated files are rewritten."""
-SCHEMA = pa.schema([
-    ("task_index", pa.int64()),
-    ("seed", pa.int64()),
-    ("data_source", pa.string()),
-    ("split", pa.string()),
-    ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-    ("ability", pa.string()),
-    ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-    ("extra_info", pa.struct([("index", pa.int64()), ("options", pa.string())])),
-])
+SCHEMA = pa.schema(
+    [
+        ("task_index", pa.int64()),
+        ("seed", pa.int64()),
+        ("data_source", pa.string()),
+        ("split", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+        ("extra_info", pa.struct([("index", pa.int64()), ("options", pa.string())])),
+    ]
+)
 
 
 def dataset_dir(env: EnvConfig) -> Path:
@@ -57,8 +60,9 @@ def _meta(env: EnvConfig, split: str) -> dict[str, Any]:
 
 
 def split_range(env: EnvConfig, split: str) -> range:
-    return range(env.train_tasks) if split == "train" else range(env.train_tasks,
-                                                                  env.train_tasks + env.validation_tasks)
+    return (
+        range(env.train_tasks) if split == "train" else range(env.train_tasks, env.train_tasks + env.validation_tasks)
+    )
 
 
 def generate_rows(env: EnvConfig, split: str) -> list[dict[str, Any]]:
@@ -83,14 +87,22 @@ def generate_rows(env: EnvConfig, split: str) -> list[dict[str, Any]]:
                 offline = False
             finally:
                 instance.close()
-        rows.append({"task_index": task_index, "seed": task_index, "data_source": env.name, "split": split,
-                     "prompt": prompt, "ability": "agent",
-                     "reward_model": {"style": "rule" if truth else "env", "ground_truth": json.dumps(truth)},
-                     "extra_info": {"index": i, "options": json.dumps(env.options, sort_keys=True)}})
+        rows.append(
+            {
+                "task_index": task_index,
+                "seed": task_index,
+                "data_source": env.name,
+                "split": split,
+                "prompt": prompt,
+                "ability": "agent",
+                "reward_model": {"style": "rule" if truth else "env", "ground_truth": json.dumps(truth)},
+                "extra_info": {"index": i, "options": json.dumps(env.options, sort_keys=True)},
+            }
+        )
     return rows
 
 
-def write_split(env: EnvConfig, split: str, folder: Optional[Path] = None) -> Path:
+def write_split(env: EnvConfig, split: str, folder: Path | None = None) -> Path:
     folder = folder or dataset_dir(env)
     folder.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(generate_rows(env, split), schema=SCHEMA)
@@ -117,7 +129,7 @@ def ensure(env: EnvConfig) -> Path:
     return folder
 
 
-def _stored_meta(path: Path) -> Optional[dict[str, Any]]:
+def _stored_meta(path: Path) -> dict[str, Any] | None:
     try:
         raw = (pq.read_schema(path).metadata or {}).get(b"omrl")
     except (FileNotFoundError, pa.ArrowInvalid, OSError):
@@ -128,11 +140,12 @@ def _stored_meta(path: Path) -> Optional[dict[str, Any]]:
 @dataclass
 class TaskSplit:
     """The task indices of one split, in file order."""
+
     split: str
     task_indices: list[int]
 
     @classmethod
-    def load(cls, env: EnvConfig, split: str) -> "TaskSplit":
+    def load(cls, env: EnvConfig, split: str) -> TaskSplit:
         path = ensure(env) / f"{split}.parquet"
         indices = pq.read_table(path, columns=["task_index"]).column("task_index").to_pylist()
         if not indices:
@@ -149,8 +162,11 @@ class TaskSplit:
 def main() -> None:
     from services.common.config import load_config
 
-    parser = argparse.ArgumentParser(prog="python -m services.envs.datasets", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m services.envs.datasets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", help="run config (its env section)")
     parser.add_argument("--env", help="environment name (env.name)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")

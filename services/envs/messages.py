@@ -1,4 +1,5 @@
 """What the env service hands back, and its wire form (both clients return these, never protos)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ class EnvInfo:
         return envs_pb2.EnvInfo(name=self.name, description=self.description, max_turns=self.max_turns)
 
     @classmethod
-    def from_proto(cls, msg: envs_pb2.EnvInfo) -> "EnvInfo":
+    def from_proto(cls, msg: envs_pb2.EnvInfo) -> EnvInfo:
         return cls(msg.name, msg.description, msg.max_turns)
 
 
@@ -33,11 +34,17 @@ class EpisodeState:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_proto(self) -> envs_pb2.EpisodeState:
-        return envs_pb2.EpisodeState(episode_id=self.episode_id, observation=self.observation, reward=self.reward,
-                                     done=self.done, success=self.success, info=to_struct(self.info))
+        return envs_pb2.EpisodeState(
+            episode_id=self.episode_id,
+            observation=self.observation,
+            reward=self.reward,
+            done=self.done,
+            success=self.success,
+            info=to_struct(self.info),
+        )
 
     @classmethod
-    def from_proto(cls, msg: envs_pb2.EpisodeState) -> "EpisodeState":
+    def from_proto(cls, msg: envs_pb2.EpisodeState) -> EpisodeState:
         return cls(msg.episode_id, msg.observation, msg.reward, msg.done, msg.success, from_struct(msg.info))
 
 

@@ -1,9 +1,11 @@
 """The environment table. To add an env: write a module with a `TextEnv` subclass decorated with
 `@register_env("<name>")`, and add one `ENVS.register_lazy("<name>", "<module>")` line below so the
 service finds it without importing every env up front."""
+
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from services.common.registry import Registry
 from services.envs.base import TextEnv

@@ -11,6 +11,7 @@ on a fresh environment. Clients need no knowledge of replicas, and any balancer,
 per-call (gRPC round_robin, Envoy, a Kubernetes Service), works; a misrouted call costs one extra
 hop between replicas.
 """
+
 from __future__ import annotations
 
 import abc
@@ -18,7 +19,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 import grpc
 
@@ -37,7 +38,7 @@ class ReplicaDirectory(abc.ABC):
     """Where each replica can be reached directly."""
 
     @abc.abstractmethod
-    async def address_of(self, replica_id: str) -> Optional[str]: ...
+    async def address_of(self, replica_id: str) -> str | None: ...
 
     async def register(self, replica_id: str, address: str) -> None:
         """Announces this replica (called periodically)."""
@@ -49,7 +50,7 @@ class StaticDirectory(ReplicaDirectory):
     def __init__(self, peers: dict[str, str]):
         self.peers = dict(peers)
 
-    async def address_of(self, replica_id: str) -> Optional[str]:
+    async def address_of(self, replica_id: str) -> str | None:
         return self.peers.get(replica_id)
 
 
@@ -60,7 +61,7 @@ class RedisDirectory(ReplicaDirectory):
     def __init__(self, client: Any, key: str, max_age_s: float = 15.0):
         self.client, self.key, self.max_age_s = client, key, max_age_s
 
-    async def address_of(self, replica_id: str) -> Optional[str]:
+    async def address_of(self, replica_id: str) -> str | None:
         raw = await self.client.hget(self.key, replica_id)
         if raw is None:
             return None
@@ -78,12 +79,16 @@ class RoutedEnvService:
     """What the gRPC shell serves: local episodes from the local EnvService, a peer's episodes
     forwarded to that peer. Same methods as EnvService, plus `forwarded` on episode calls."""
 
-    def __init__(self, local: EnvService, directory: Optional[ReplicaDirectory] = None, timeout_s: float = 30.0):
+    def __init__(self, local: EnvService, directory: ReplicaDirectory | None = None, timeout_s: float = 30.0):
         self.local, self.directory, self.timeout_s = local, directory, timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._m_forwarded = metrics.counter("envs", "forwarded_calls_total",
-                                            "Episode calls forwarded to the replica that holds the episode",
-                                            ["op", "outcome"], registry=local.metrics_registry)
+        self._m_forwarded = metrics.counter(
+            "envs",
+            "forwarded_calls_total",
+            "Episode calls forwarded to the replica that holds the episode",
+            ["op", "outcome"],
+            registry=local.metrics_registry,
+        )
 
     @property
     def replica_id(self) -> str:
@@ -92,14 +97,15 @@ class RoutedEnvService:
     async def list_envs(self) -> list[EnvInfo]:
         return await self.local.list_envs()
 
-    async def create(self, env: str, task_index: int = 0, options: Optional[dict[str, Any]] = None) -> EpisodeState:
+    async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         return await self.local.create(env, task_index, options)
 
     async def reset(self, episode_id: str, task_index: int, forwarded: bool = False) -> EpisodeState:
         if self._is_local(episode_id, forwarded):
             return await self.local.reset(episode_id, task_index)
-        reply = await self._forward("Reset", episode_id, envs_pb2.ResetRequest(episode_id=episode_id,
-                                                                                task_index=task_index))
+        reply = await self._forward(
+            "Reset", episode_id, envs_pb2.ResetRequest(episode_id=episode_id, task_index=task_index)
+        )
         return EpisodeState.from_proto(reply)
 
     async def step(self, episode_id: str, action: str, forwarded: bool = False) -> EpisodeState:
@@ -136,8 +142,9 @@ class RoutedEnvService:
                 reply = await getattr(stub, method)(request, timeout=self.timeout_s, metadata=((FORWARDED, "1"),))
         except Unavailable as exc:
             self._m_forwarded.labels(method, "owner_unreachable").inc()
-            raise Unavailable(f"episode {episode_id}: env replica {owner} at {address} is unreachable "
-                              f"({exc.message})") from None
+            raise Unavailable(
+                f"episode {episode_id}: env replica {owner} at {address} is unreachable ({exc.message})"
+            ) from None
         except ServiceError as exc:
             self._m_forwarded.labels(method, type(exc).__name__).inc()
             raise
@@ -163,4 +170,3 @@ async def heartbeat(directory: ReplicaDirectory, replica_id: str, address: str, 
         except Exception as exc:  # noqa: BLE001 - a Redis blip must not stop the replica; peers retry
             log.warning("replica heartbeat failed: %s", exc)
         await asyncio.sleep(every_s)
-

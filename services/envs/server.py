@@ -1,7 +1,8 @@
 """The gRPC shell around EnvService: protos in, protos out, errors raised (the interceptor maps them)."""
+
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
 
 import grpc
 
@@ -16,7 +17,7 @@ def _forwarded(context) -> bool:
 
 
 class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
-    def __init__(self, service: Union[EnvService, RoutedEnvService]):
+    def __init__(self, service: EnvService | RoutedEnvService):
         self.service = service if isinstance(service, RoutedEnvService) else RoutedEnvService(service)
 
     async def ListEnvs(self, request: envs_pb2.ListEnvsRequest, context) -> envs_pb2.ListEnvsResponse:
@@ -36,5 +37,5 @@ class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
         return envs_pb2.CloseResponse(closed=await self.service.close(request.episode_id, _forwarded(context)))
 
 
-def add_env_service(service: Union[EnvService, RoutedEnvService]) -> Callable[[grpc.aio.Server], None]:
+def add_env_service(service: EnvService | RoutedEnvService) -> Callable[[grpc.aio.Server], None]:
     return lambda server: envs_pb2_grpc.add_EnvServiceServicer_to_server(EnvServicer(service), server)

@@ -1,5 +1,6 @@
 """The env service core: many concurrent episodes, each env call in a worker thread under a deadline.
 Failures are typed errors (services.common.errors); one failing episode never affects another."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,14 +10,22 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from services.common import metrics
-from services.common.errors import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
-                                    ResourceExhausted, ServiceError)
+from services.common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+)
 from services.common.registry import Registry
 from services.envs.base import InvalidTask, StepResult, TextEnv
 from services.envs.messages import EnvInfo, EpisodeState
@@ -36,25 +45,34 @@ class _Episode:
     options: dict[str, Any]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     done: bool = False
-    broken: Optional[str] = None
+    broken: str | None = None
     """Why the episode can no longer be used (its env call timed out or was abandoned mid-run)."""
-    running: Optional[concurrent.futures.Future] = None
+    running: concurrent.futures.Future | None = None
     """The latest env call; closing waits for it, as it may outlive a caller that gave up."""
     last_used: float = field(default_factory=time.monotonic)
     steps: int = 0
 
 
-def owner_of(episode_id: str) -> Optional[str]:
+def owner_of(episode_id: str) -> str | None:
     """The replica that created an episode: ids are `<replica id>.<hex>` (see services.envs.replicas)."""
     owner, sep, _ = episode_id.rpartition(".")
     return owner if sep else None
 
 
 class EnvService:
-    def __init__(self, *, step_timeout_s: float = 10.0, max_observation_chars: int = 4096, workers: int = 32,
-                 max_episodes: int = 4096, idle_ttl_s: float = 900.0, max_episode_steps: int = 1000,
-                 replica_id: Optional[str] = None, envs: Registry[TextEnv] = ENVS,
-                 metrics_registry: Optional[CollectorRegistry] = None):
+    def __init__(
+        self,
+        *,
+        step_timeout_s: float = 10.0,
+        max_observation_chars: int = 4096,
+        workers: int = 32,
+        max_episodes: int = 4096,
+        idle_ttl_s: float = 900.0,
+        max_episode_steps: int = 1000,
+        replica_id: str | None = None,
+        envs: Registry[TextEnv] = ENVS,
+        metrics_registry: CollectorRegistry | None = None,
+    ):
         """`max_episode_steps`: a step that reaches it ends the episode (done, info.truncated) whatever
         the env says, so a runaway client cannot keep an episode forever. `replica_id` prefixes every
         episode id so that replicas can route calls to the owner."""
@@ -75,13 +93,16 @@ class EnvService:
         self._last_sweep = time.monotonic()
         reg = metrics_registry
         self._m_active = metrics.gauge("envs", "active_episodes", "Open episodes", registry=reg)
-        self._m_latency = metrics.histogram("envs", "call_seconds", "Env call latency (create, reset, step)",
-                                            ["env", "op"], registry=reg)
-        self._m_errors = metrics.counter("envs", "errors_total", "Failed calls by error kind", ["env", "kind"],
-                                         registry=reg)
+        self._m_latency = metrics.histogram(
+            "envs", "call_seconds", "Env call latency (create, reset, step)", ["env", "op"], registry=reg
+        )
+        self._m_errors = metrics.counter(
+            "envs", "errors_total", "Failed calls by error kind", ["env", "kind"], registry=reg
+        )
         metrics.preset(self._m_errors, *((name, kind.__name__) for name in envs.names() for kind in ERROR_KINDS))
-        self._m_finished = metrics.counter("envs", "episodes_finished_total", "Episodes that reached done",
-                                           ["env", "success"], registry=reg)
+        self._m_finished = metrics.counter(
+            "envs", "episodes_finished_total", "Episodes that reached done", ["env", "success"], registry=reg
+        )
 
     @property
     def active(self) -> int:
@@ -98,7 +119,7 @@ class EnvService:
             infos.append(EnvInfo(name, cls.description, int(cls.max_turns)))
         return infos
 
-    async def create(self, env: str, task_index: int = 0, options: Optional[dict[str, Any]] = None) -> EpisodeState:
+    async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         with self._errors(env if env in self._envs.names() else "unknown"):
             _check_task_index(task_index)
             if options is not None and not isinstance(options, dict):
@@ -189,7 +210,7 @@ class EnvService:
         if ep.broken:
             raise FailedPrecondition(f"episode {ep.id} is unusable ({ep.broken}); close it and create another")
 
-    async def _run(self, env_name: str, fn: Callable[[], Any], ep: Optional[_Episode] = None) -> Any:
+    async def _run(self, env_name: str, fn: Callable[[], Any], ep: _Episode | None = None) -> Any:
         cf = self._pool.submit(fn)
         if ep is not None:
             ep.running = cf
@@ -213,7 +234,7 @@ class EnvService:
             raise Internal(f"{env_name}: {type(exc).__name__}: {exc}") from exc
 
     @staticmethod
-    def _abandon(cf: concurrent.futures.Future, fut: asyncio.Future, ep: Optional[_Episode], why: str) -> None:
+    def _abandon(cf: concurrent.futures.Future, fut: asyncio.Future, ep: _Episode | None, why: str) -> None:
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits it any more
         if cf.cancel():  # never started: the env is untouched
             return

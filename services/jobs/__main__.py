@@ -1,4 +1,5 @@
 """python -m services.jobs: the job API (settings from OMRL_API_* environment variables)."""
+
 import argparse
 
 from services.common.logs import setup_logging
@@ -16,8 +17,14 @@ def main() -> None:
     from services.jobs.app import create_app
 
     # log_config=None: uvicorn's loggers go through the shared setup (text or JSON) instead of its own
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level=args.log_level, log_config=None,
-                timeout_graceful_shutdown=5)
+    uvicorn.run(
+        create_app(),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=None,
+        timeout_graceful_shutdown=5,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The job API's FastAPI app: objects built in the lifespan and kept on app.state, one router per resource."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,10 @@ from services.jobs.spec_policy import SpecPolicy
 from services.jobs.store import JobStore
 from services.launcher.base import LAUNCHERS, Launcher
 
-AUTH_RESPONSES = {401: {"description": "Missing or wrong bearer token"},
-                  413: {"description": "Request body over the size limit"}}
+AUTH_RESPONSES = {
+    401: {"description": "Missing or wrong bearer token"},
+    413: {"description": "Request body over the size limit"},
+}
 
 
 @dataclass
@@ -34,26 +37,39 @@ class ApiMetrics:
     request_seconds: Histogram
 
     @classmethod
-    def create(cls) -> "ApiMetrics":
+    def create(cls) -> ApiMetrics:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-        return cls(registry, metrics.gauge("api", "jobs", "Jobs by state", ["state"], registry=registry),
-                   metrics.histogram("api", "request_seconds", "Request latency (SSE: the whole stream)",
-                                     ["method", "route", "status"], registry=registry))
+        return cls(
+            registry,
+            metrics.gauge("api", "jobs", "Jobs by state", ["state"], registry=registry),
+            metrics.histogram(
+                "api",
+                "request_seconds",
+                "Request latency (SSE: the whole stream)",
+                ["method", "route", "status"],
+                registry=registry,
+            ),
+        )
 
 
 def build_launcher(settings: JobsSettings) -> Launcher:
     if settings.launcher == "local":
-        return LAUNCHERS.create("local", output_dir=settings.output_dir, max_jobs=settings.max_local_jobs,
-                                cancel_grace_s=settings.cancel_grace_s)
+        return LAUNCHERS.create(
+            "local",
+            output_dir=settings.output_dir,
+            max_jobs=settings.max_local_jobs,
+            cancel_grace_s=settings.cancel_grace_s,
+        )
     from services.launcher.kubernetes import KubernetesLauncher
 
     return KubernetesLauncher.from_settings(settings)
 
 
-def create_app(settings: JobsSettings | None = None, launcher: Launcher | None = None,
-               progress: ProgressReader | None = None) -> FastAPI:
+def create_app(
+    settings: JobsSettings | None = None, launcher: Launcher | None = None, progress: ProgressReader | None = None
+) -> FastAPI:
     settings = settings or JobsSettings()
 
     @asynccontextmanager
@@ -62,8 +78,12 @@ def create_app(settings: JobsSettings | None = None, launcher: Launcher | None =
         chosen = launcher or build_launcher(settings)
         reader = progress or ProgressReader(settings.redis_timeout_s)
         app.state.store, app.state.manager = store, JobManager(store, chosen, reader)
-        app.state.reconciler = Reconciler(app.state.manager, settings.poll_interval_s, settings.reconcile_max_age_s,
-                                          backoff_s=settings.reconcile_backoff_s)
+        app.state.reconciler = Reconciler(
+            app.state.manager,
+            settings.poll_interval_s,
+            settings.reconcile_max_age_s,
+            backoff_s=settings.reconcile_backoff_s,
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(app.state.reconciler.supervise(stop))
         try:
@@ -76,11 +96,16 @@ def create_app(settings: JobsSettings | None = None, launcher: Launcher | None =
             store.close()
 
     public_docs = settings.public_docs
-    app = FastAPI(title="OpenManus-RL job API", version="1", lifespan=lifespan,
-                  description="Submit, follow and cancel RL training jobs. Every route but /healthz and /readyz "
-                              "needs `Authorization: Bearer <token>`.",
-                  openapi_url="/openapi.json" if public_docs else None, docs_url="/docs" if public_docs else None,
-                  redoc_url=None)
+    app = FastAPI(
+        title="OpenManus-RL job API",
+        version="1",
+        lifespan=lifespan,
+        description="Submit, follow and cancel RL training jobs. Every route but /healthz and /readyz "
+        "needs `Authorization: Bearer <token>`.",
+        openapi_url="/openapi.json" if public_docs else None,
+        docs_url="/docs" if public_docs else None,
+        redoc_url=None,
+    )
     app.state.settings, app.state.token = settings, settings.resolve_token()
     app.state.spec_policy = SpecPolicy.from_settings(settings)
     app.state.api_metrics = ApiMetrics.create()

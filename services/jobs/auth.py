@@ -1,4 +1,5 @@
 """Dependencies of every router but health: the bearer-token check, and no unknown query parameters."""
+
 from __future__ import annotations
 
 import secrets
@@ -25,5 +26,9 @@ def forbid_unknown_query(request: Request) -> None:
     known = {param.alias for param in get_flat_dependant(route.dependant).query_params}
     unknown = [(name, value) for name, value in request.query_params.multi_items() if name not in known]
     if unknown:
-        raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", name),
-                                       "msg": "Unknown query parameter", "input": value} for name, value in unknown])
+        raise RequestValidationError(
+            [
+                {"type": "extra_forbidden", "loc": ("query", name), "msg": "Unknown query parameter", "input": value}
+                for name, value in unknown
+            ]
+        )

@@ -1,5 +1,6 @@
 """Validation errors as JSON even when the offending input is NaN or Infinity (which strict JSON cannot
 hold): such numbers are echoed back as the literal the caller sent, as a string."""
+
 from __future__ import annotations
 
 import math

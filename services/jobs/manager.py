@@ -1,6 +1,7 @@
 """The job lifecycle, in one plain class: submit, cancel, and a reconcile pass (`tick`) that starts queued
 jobs when the launcher has room, polls running ones, and turns what it sees (state changes, step metrics,
 launcher messages) into the job's record and events. `recover` runs once when the API starts."""
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,16 @@ class JobManager:
     def submit(self, spec: JobSpec) -> JobRecord:
         self.launcher.check(spec)
         stamp = now()
-        record = JobRecord(id=new_job_id(spec.run), name=spec.run, state="queued", launcher=self.launcher.name,
-                           created_at=stamp, updated_at=stamp, total_steps=spec.learner.steps, spec=spec)
+        record = JobRecord(
+            id=new_job_id(spec.run),
+            name=spec.run,
+            state="queued",
+            launcher=self.launcher.name,
+            created_at=stamp,
+            updated_at=stamp,
+            total_steps=spec.learner.steps,
+            spec=spec,
+        )
         self.store.insert(record)
         self.store.add_events(record.id, [("state", {"state": "queued"})])
         return record

@@ -1,4 +1,5 @@
 """ASGI middleware: request body size limit and request latency metrics."""
+
 from __future__ import annotations
 
 import json
@@ -43,11 +44,17 @@ class BodySizeLimit:
         await self.app(scope, limited_receive, guarded_send)
 
     async def _reject(self, send, status: int) -> None:
-        detail = (f"request body larger than {self.max_bytes} bytes" if status == 413
-                  else "invalid Content-Length header")
+        detail = (
+            f"request body larger than {self.max_bytes} bytes" if status == 413 else "invalid Content-Length header"
+        )
         body = json.dumps({"detail": detail}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -73,4 +80,5 @@ class RequestMetrics:
         finally:
             route = scope.get("route")
             self.histogram.labels(scope["method"], getattr(route, "path", "unmatched"), str(status)).observe(
-                time.perf_counter() - start)
+                time.perf_counter() - start
+            )

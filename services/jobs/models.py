@@ -1,8 +1,9 @@
 """What the job API stores and returns."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -28,17 +29,17 @@ class Job(BaseModel):
     launcher: str
     created_at: datetime
     updated_at: datetime
-    started_at: Optional[datetime] = None
-    finished_at: Optional[datetime] = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
     step: int = 0
     """Learner steps done."""
     total_steps: int
-    policy_version: Optional[int] = None
+    policy_version: int | None = None
     """Policy version the rollout servers were last sent."""
     metrics: dict[str, Any] = Field(default_factory=dict)
     """Latest step's metrics (reward_mean, success_rate, loss, ...)."""
-    error: Optional[str] = None
-    recovered_at: Optional[datetime] = None
+    error: str | None = None
+    recovered_at: datetime | None = None
     """Set when a restarted API found this job unfinished and took it up again."""
     launcher_info: dict[str, Any] = Field(default_factory=dict)
     """Where the launcher runs the job (local: run directory and supervisor pid; kubernetes: objects)."""

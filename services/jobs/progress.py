@@ -1,5 +1,6 @@
 """A running job's progress as its learner publishes it: per-step metrics (the run's metrics stream) and
 the policy version, read from the job's Redis keys."""
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,11 @@ class ProgressReader:
         state = RunState(self._client(config.stream.redis_url), config)
         entries = state.read_metrics(cursor)
         version = state.client.get(state.k("policy_version"))
-        return [scalars(m) for _, m in entries], (entries[-1][0] if entries else cursor), \
-            (int(version) if version is not None else None)
+        return (
+            [scalars(m) for _, m in entries],
+            (entries[-1][0] if entries else cursor),
+            (int(version) if version is not None else None),
+        )
 
     def _client(self, url: str) -> redis.Redis:
         if url not in self._clients:

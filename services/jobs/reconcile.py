@@ -1,12 +1,13 @@
 """The reconcile loop, supervised: `recover` once, then a `tick` every interval. A pass that raises is logged
 and the next one runs; anything that ends the loop itself restarts it (recover again) after a back-off
 that doubles up to a cap. `health` is what /readyz reports: the loop runs and finished a pass recently."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from services.jobs.manager import JobManager
 
@@ -14,13 +15,20 @@ log = logging.getLogger(__name__)
 
 
 class Reconciler:
-    def __init__(self, manager: JobManager, interval_s: float, max_pass_age_s: float,
-                 backoff_s: float = 1.0, max_backoff_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        manager: JobManager,
+        interval_s: float,
+        max_pass_age_s: float,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.manager, self.interval_s, self.max_pass_age_s = manager, interval_s, max_pass_age_s
         self.backoff_s, self.max_backoff_s, self.clock = backoff_s, max_backoff_s, clock
         self.restarts = 0
-        self.last_pass: Optional[float] = None
-        self.last_error: Optional[str] = None
+        self.last_pass: float | None = None
+        self.last_error: str | None = None
         self.running = False
         self.crashed = False
         """Set by a crash, cleared by the next good pass: a restarted loop is ready once it has done one."""
@@ -66,6 +74,7 @@ class Reconciler:
         since = self.last_pass if self.last_pass is not None else self._started
         age = self.clock() - since
         if age > self.max_pass_age_s:
-            return False, f"no reconcile pass finished for {age:.0f}s" + (f" ({self.last_error})"
-                                                                              if self.last_error else "")
+            return False, f"no reconcile pass finished for {age:.0f}s" + (
+                f" ({self.last_error})" if self.last_error else ""
+            )
         return True, "ok"

@@ -1,8 +1,9 @@
 """The job API's settings, from the environment (OMRL_API_*) or constructor arguments."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -11,9 +12,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class JobsSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OMRL_API_", extra="ignore", use_attribute_docstrings=True)
 
-    token: Optional[SecretStr] = None
+    token: SecretStr | None = None
     """Bearer token every request but health needs (or token_file)."""
-    token_file: Optional[Path] = None
+    token_file: Path | None = None
     """File holding the bearer token (a mounted Secret)."""
     db: Path = Path("runs/jobs.sqlite")
     """SQLite file of job records and events; keep it on a persistent volume."""
@@ -39,8 +40,9 @@ class JobsSettings(BaseSettings):
     """First wait before a crashed reconcile loop is restarted; doubles per crash, up to 60 s."""
     allowed_data_roots: list[Path] = Field(default_factory=lambda: [Path("data")])
     """Folders a spec's paths (env.data_dir, env.dataset, model.path, output_dir, learner.checkpoint_dir,
-    learner.export_dir) must lie in, besides output_dir; JSON list in the environment, e.g. OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
-    redis_url: Optional[str] = None
+    learner.export_dir) must lie in, besides output_dir; JSON list in the environment, e.g.
+    OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
+    redis_url: str | None = None
     """Redis of the jobs (local launcher; the kubernetes launcher uses k8s_redis_url); empty: the config default."""
     allow_spec_redis_url: bool = False
     """Accept a caller's stream.redis_url (off: a spec that sets one is rejected, the server's is used)."""
@@ -50,18 +52,18 @@ class JobsSettings(BaseSettings):
     """Kubernetes launcher: image of components without GPUs (`{component}`: envs, reward, rollout, learner)."""
     k8s_gpu_image: str = "openmanus-rl/{component}:cuda"
     """Kubernetes launcher: image of components with GPUs."""
-    k8s_redis_url: Optional[str] = None
+    k8s_redis_url: str | None = None
     """Kubernetes launcher: Redis the jobs use (replaces the spec's stream.redis_url); the API reads progress there."""
-    k8s_redis_password_secret: Optional[str] = None
+    k8s_redis_password_secret: str | None = None
     """Kubernetes launcher: Secret with the Redis password, given to the pods (and read by the API) as
     $REDIS_PASSWORD."""
     k8s_redis_password_key: str = "redis-password"
     """Kubernetes launcher: key of the password in that Secret."""
-    k8s_service_account: Optional[str] = None
+    k8s_service_account: str | None = None
     """Kubernetes launcher: service account of the jobs' pods."""
     k8s_run_as_user: int = 10001
     """Kubernetes launcher: uid (and gid, fsGroup) of the jobs' pods; the images' user."""
-    k8s_monitoring_namespace: Optional[str] = "monitoring"
+    k8s_monitoring_namespace: str | None = "monitoring"
     """Kubernetes launcher: namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
     k8s_network_policies: bool = True
     """Kubernetes launcher: give every job NetworkPolicies (its components reachable only by their callers)."""
@@ -71,12 +73,12 @@ class JobsSettings(BaseSettings):
     """Kubernetes launcher: tolerations added to pods with GPUs only (JSON list in the environment)."""
     k8s_gpu_node_selector: dict[str, str] = Field(default_factory=dict)
     """Kubernetes launcher: node labels pods with GPUs require, over the spec's (JSON object in the environment)."""
-    k8s_gpu_runtime_class: Optional[str] = None
+    k8s_gpu_runtime_class: str | None = None
     """Kubernetes launcher: RuntimeClass of pods with GPUs; empty: none."""
-    k8s_queue_name: Optional[str] = None
+    k8s_queue_name: str | None = None
     """Kubernetes launcher: Kueue LocalQueue the learner Job and rollout Deployment are submitted to; empty: none."""
 
-    def jobs_redis_url(self) -> Optional[str]:
+    def jobs_redis_url(self) -> str | None:
         return self.k8s_redis_url if self.launcher == "kubernetes" and self.k8s_redis_url else self.redis_url
 
     def resolve_token(self) -> str:

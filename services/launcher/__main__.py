@@ -3,6 +3,7 @@
 Every run-config field is a flag (`--algorithm.advantage rloo`, `--env.options '{"size": 6}'`); they apply
 over `--config FILE`, `OMRL_CONFIG__SECTION__FIELD` variables and `--set a.b=value`. `omrl config explain
 FIELD` describes one field."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,13 @@ PROG = "python -m services.launcher"
 def build_parser() -> tuple[Parser, ConfigFlags]:
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    train = sub.add_parser("train", help="run one training job locally (defaults: tiny model on corridor, GRPO)",
-                           usage=f"{PROG} train [--config FILE] [--set KEY=VALUE] [--SECTION.FIELD VALUE ...]",
-                           description="Shortcuts: --model (model.path; default: build the tiny local model), "
-                                       "--env (env.name), --steps (learner.steps).")
+    train = sub.add_parser(
+        "train",
+        help="run one training job locally (defaults: tiny model on corridor, GRPO)",
+        usage=f"{PROG} train [--config FILE] [--set KEY=VALUE] [--SECTION.FIELD VALUE ...]",
+        description="Shortcuts: --model (model.path; default: build the tiny local model), "
+        "--env (env.name), --steps (learner.steps).",
+    )
     train.add_argument("--debug", action="store_true", help="show tracebacks")
     train.add_argument("--plain", action="store_true", help="plain lines even on a terminal (no live view)")
     return parser, ConfigFlags(train, shortcuts=True)
@@ -47,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     # because a shell starting us in the background leaves it ignored
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    view = PlainView(lambda line: print(line, flush=True)) if args.plain or not sys.stdout.isatty() \
+    view = (
+        PlainView(lambda line: print(line, flush=True))
+        if args.plain or not sys.stdout.isatty()
         else TerminalView(config.learner.steps)
+    )
     try:
         result = LocalRun(config, say=view.say, view=view).run()
     except KeyboardInterrupt:
@@ -60,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
-        print(f"{PROG}: run failed: {first} (logs in {config.run_dir / 'logs'}; --debug shows the traceback)",
-              file=sys.stderr)
+        print(
+            f"{PROG}: run failed: {first} (logs in {config.run_dir / 'logs'}; --debug shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         view.close()  # also on SIGTERM's exit: the terminal gets its cursor back

@@ -1,6 +1,7 @@
 """The launcher interface: where a job's services run. The job API holds one launcher and drives it
 with start / poll / cancel; a launcher keeps what it needs to find a job again in a JSON `handle`
 that the API persists, so a restarted API can pick its jobs up again (`recover`)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

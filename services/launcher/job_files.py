@@ -1,5 +1,6 @@
 """Files a local job keeps in its run directory, for whoever follows it from outside: the supervisor's
 `status.json` (phase, outcome) and LocalRun's `pids.json` (service PIDs)."""
+
 from __future__ import annotations
 
 import json

@@ -11,12 +11,13 @@ Pods with GPUs request them as `K8sOptions.gpu_resource` and alone get the GPU t
 RuntimeClass; with a Kueue queue, the learner Job and the rollout Deployment carry its queue-name label.
 The job's GPUs per rollout pod and its engines' tensor-parallel size are one number: JobSpec sets
 rollout.gpus from resources.rollout.gpus (and refuses two different ones) before anything is rendered."""
+
 from __future__ import annotations
 
 import base64
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from services.common.config import ComponentResources, JobSpec, TrainConfig, dump_config
@@ -37,15 +38,15 @@ class K8sOptions:
     """Image of components without GPUs; `{component}` becomes envs, reward, rollout or learner."""
     gpu_image: str = "openmanus-rl/{component}:cuda"
     """Image of components with GPUs; `{component}` as above."""
-    redis_url: Optional[str] = None
+    redis_url: str | None = None
     """Redis of the jobs (replaces the spec's stream.redis_url)."""
-    redis_password_secret: Optional[str] = None
+    redis_password_secret: str | None = None
     """Secret holding the Redis password: pods get it as the env var REDIS_PASSWORD, never in the ConfigMap or a
     command line."""
     redis_password_key: str = "redis-password"
-    service_account: Optional[str] = None
+    service_account: str | None = None
     run_as_user: int = 10001
-    monitoring_namespace: Optional[str] = "monitoring"
+    monitoring_namespace: str | None = "monitoring"
     """Namespace whose pods may scrape the jobs' metrics ports; empty: nobody."""
     network_policies: bool = True
     """Create the jobs' NetworkPolicies."""
@@ -55,17 +56,23 @@ class K8sOptions:
     """Tolerations added to pods with GPUs only (the spec's schedule.tolerations go on every pod)."""
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
     """Node labels pods with GPUs require, merged over the spec's schedule.node_selector."""
-    gpu_runtime_class: Optional[str] = None
+    gpu_runtime_class: str | None = None
     """RuntimeClass of pods with GPUs."""
-    queue_name: Optional[str] = None
+    queue_name: str | None = None
     """Kueue LocalQueue the learner Job and the rollout Deployment are submitted to (kueue.x-k8s.io/queue-name)."""
     log_format: str = field(default_factory=log_format)
     """OMRL_LOG_FORMAT of the job's pods; by default this process's own (the chart sets the job API's)."""
 
 
 def names(job_id: str) -> dict[str, str]:
-    return {"learner": f"{job_id}-learner", "config": f"{job_id}-config", "envs": f"{job_id}-envs",
-            "reward": f"{job_id}-reward", "rollout": f"{job_id}-rollout", "token": f"{job_id}-weight-token"}
+    return {
+        "learner": f"{job_id}-learner",
+        "config": f"{job_id}-config",
+        "envs": f"{job_id}-envs",
+        "reward": f"{job_id}-reward",
+        "rollout": f"{job_id}-rollout",
+        "token": f"{job_id}-weight-token",
+    }
 
 
 def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
@@ -83,7 +90,7 @@ def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
     return config
 
 
-def redis_url_with_password(url: str, password: Optional[str]) -> str:
+def redis_url_with_password(url: str, password: str | None) -> str:
     """`url` with its password replaced (None: removed)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
@@ -95,8 +102,12 @@ def redis_url_with_password(url: str, password: Optional[str]) -> str:
 
 
 def labels(job_id: str, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "openmanus-rl", "app.kubernetes.io/instance": job_id,
-            "app.kubernetes.io/component": component, "app.kubernetes.io/managed-by": MANAGED_BY}
+    return {
+        "app.kubernetes.io/name": "openmanus-rl",
+        "app.kubernetes.io/instance": job_id,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
 
 
 def selector(job_id: str, component: str) -> dict[str, str]:
@@ -104,8 +115,13 @@ def selector(job_id: str, component: str) -> dict[str, str]:
 
 
 def owner_reference(root: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "batch/v1", "kind": "Job", "name": root["metadata"]["name"], "uid": root["metadata"]["uid"],
-            "blockOwnerDeletion": True}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": root["metadata"]["name"],
+        "uid": root["metadata"]["uid"],
+        "blockOwnerDeletion": True,
+    }
 
 
 class JobObjects:
@@ -119,11 +135,18 @@ class JobObjects:
         if options.redis_password_secret:
             # the services' redis_client reads $REDIS_PASSWORD: it stays off the ConfigMap and every command line
             self.config.stream.redis_url = redis_url_with_password(self.config.stream.redis_url, None)
-            self.redis_env = [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
-                "name": options.redis_password_secret, "key": options.redis_password_key}}}]
+            self.redis_env = [
+                {
+                    "name": "REDIS_PASSWORD",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": options.redis_password_secret, "key": options.redis_password_key}
+                    },
+                }
+            ]
 
-    def _meta(self, name: str, component: str, owner: dict[str, Any] | None = None, queued: bool = False
-              ) -> dict[str, Any]:
+    def _meta(
+        self, name: str, component: str, owner: dict[str, Any] | None = None, queued: bool = False
+    ) -> dict[str, Any]:
         meta = {"name": name, "namespace": self.options.namespace, "labels": labels(self.job_id, component)}
         if queued and self.options.queue_name:
             meta["labels"]["kueue.x-k8s.io/queue-name"] = self.options.queue_name
@@ -137,40 +160,65 @@ class JobObjects:
             amounts[self.options.gpu_resource] = str(res.gpus)
         return {"requests": dict(amounts), "limits": dict(amounts)}
 
-    def _container(self, component: str, command: list[str], res: ComponentResources,
-                   ports: list[dict[str, Any]], env: list[dict[str, Any]] = (), probes: dict[str, Any] | None = None
-                   ) -> dict[str, Any]:
+    def _container(
+        self,
+        component: str,
+        command: list[str],
+        res: ComponentResources,
+        ports: list[dict[str, Any]],
+        env: list[dict[str, Any]] = (),
+        probes: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         image = self.spec.resources.image or (self.options.gpu_image if res.gpus else self.options.image)
         container = {
-            "name": component, "image": image.replace("{component}", component),
-            "command": command, "ports": [*ports, {"name": "metrics", "containerPort": METRICS_PORT}],
-            "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/data/hf"},
-                    {"name": "PYTHONUNBUFFERED", "value": "1"},
-                    # the services bind 127.0.0.1 unless told otherwise; in a pod, peers come over the pod IP
-                    {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"},
-                    {"name": FORMAT_ENV, "value": self.options.log_format}, *env],
+            "name": component,
+            "image": image.replace("{component}", component),
+            "command": command,
+            "ports": [*ports, {"name": "metrics", "containerPort": METRICS_PORT}],
+            "env": [
+                {"name": "HOME", "value": "/tmp"},
+                {"name": "HF_HOME", "value": "/data/hf"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                # the services bind 127.0.0.1 unless told otherwise; in a pod, peers come over the pod IP
+                {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"},
+                {"name": FORMAT_ENV, "value": self.options.log_format},
+                *env,
+            ],
             "resources": self._resources(res),
-            "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                             {"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
-                             {"name": "shm", "mountPath": "/dev/shm"}],
-            "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [
+                {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                {"name": "data", "mountPath": "/data"},
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "shm", "mountPath": "/dev/shm"},
+            ],
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            },
         }
         container.update(probes or {})
         return container
 
     def _pod_spec(self, containers: list[dict[str, Any]], gpus: int = 0, **extra: Any) -> dict[str, Any]:
         sched, res = self.spec.schedule, self.spec.resources
-        data = ({"persistentVolumeClaim": {"claimName": res.volume_claim}} if res.volume_claim else {"emptyDir": {}})
+        data = {"persistentVolumeClaim": {"claimName": res.volume_claim}} if res.volume_claim else {"emptyDir": {}}
         pod = {
             "containers": containers,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": self.options.run_as_user,
-                                "runAsGroup": self.options.run_as_user, "fsGroup": self.options.run_as_user,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "volumes": [{"name": "config", "configMap": {"name": self.names["config"]}},
-                        {"name": "data", **data}, {"name": "tmp", "emptyDir": {}},
-                        # torch and vLLM share tensors between processes through /dev/shm (64Mi by default)
-                        {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": self.options.run_as_user,
+                "runAsGroup": self.options.run_as_user,
+                "fsGroup": self.options.run_as_user,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "volumes": [
+                {"name": "config", "configMap": {"name": self.names["config"]}},
+                {"name": "data", **data},
+                {"name": "tmp", "emptyDir": {}},
+                # torch and vLLM share tensors between processes through /dev/shm (64Mi by default)
+                {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            ],
             "enableServiceLinks": False,
             **extra,
         }
@@ -194,68 +242,118 @@ class JobObjects:
         """Startup probe long enough for model loading; readiness on the whole server, startup and liveness
         on `LIVENESS` (a rollout server waiting for weights is alive but not ready)."""
         live = {"port": port, "service": LIVENESS}
-        return {"startupProbe": {"grpc": live, "periodSeconds": 10, "failureThreshold": max(1, startup_s // 10)},
-                "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 3},
-                "livenessProbe": {"grpc": live, "periodSeconds": 20, "failureThreshold": 3}}
+        return {
+            "startupProbe": {"grpc": live, "periodSeconds": 10, "failureThreshold": max(1, startup_s // 10)},
+            "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "failureThreshold": 3},
+            "livenessProbe": {"grpc": live, "periodSeconds": 20, "failureThreshold": 3},
+        }
 
     # -- the root --------------------------------------------------------------------------------
     def learner_job(self) -> dict[str, Any]:
         res, sched, n = self.spec.resources.learner, self.spec.schedule, self.names
         nodes, nproc = res.replicas, self.spec.learner.nproc
-        command = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--node_rank=$(NODE_RANK)",
-                   f"--master_addr={n['learner']}-0.{n['learner']}", f"--master_port={RDZV_PORT}",
-                   "-m", "services.learner", "--config", f"{CONFIG_DIR}/config.yaml",
-                   "--metrics-port", str(METRICS_PORT)]
-        env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}, *self.redis_env,
-            self._token_env()]
+        command = [
+            "torchrun",
+            f"--nnodes={nodes}",
+            f"--nproc_per_node={nproc}",
+            "--node_rank=$(NODE_RANK)",
+            f"--master_addr={n['learner']}-0.{n['learner']}",
+            f"--master_port={RDZV_PORT}",
+            "-m",
+            "services.learner",
+            "--config",
+            f"{CONFIG_DIR}/config.yaml",
+            "--metrics-port",
+            str(METRICS_PORT),
+        ]
+        env = [
+            {
+                "name": "NODE_RANK",
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+                },
+            },
+            *self.redis_env,
+            self._token_env(),
+        ]
         probes = None
         if nodes == 1:  # rank 0 serves /metrics once the model is loaded; with more pods it is in one of them
             # a scrape reads the stream backlog from Redis (up to 3 reads of 2 s when it hangs): a 10 s deadline
             metrics = {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 10}
-            probes = {"startupProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 180},
-                      "livenessProbe": {**metrics, "periodSeconds": 30, "failureThreshold": 4}}
-        container = self._container("learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env,
-                                    probes)
+            probes = {
+                "startupProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 180},
+                "livenessProbe": {**metrics, "periodSeconds": 30, "failureThreshold": 4},
+            }
+        container = self._container(
+            "learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env, probes
+        )
         spec: dict[str, Any] = {
-            "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
-            "backoffLimit": sched.backoff_limit, "ttlSecondsAfterFinished": sched.ttl_after_finished_s,
-            "template": {"metadata": {"labels": labels(self.job_id, "learner"), "annotations": SCRAPE},
-                         # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
-                         "spec": self._pod_spec([container], res.gpus, restartPolicy="Never",
-                                                subdomain=n["learner"])}}
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": sched.backoff_limit,
+            "ttlSecondsAfterFinished": sched.ttl_after_finished_s,
+            "template": {
+                "metadata": {"labels": labels(self.job_id, "learner"), "annotations": SCRAPE},
+                # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
+                "spec": self._pod_spec([container], res.gpus, restartPolicy="Never", subdomain=n["learner"]),
+            },
+        }
         if sched.max_runtime_s:
             spec["activeDeadlineSeconds"] = sched.max_runtime_s
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": self._meta(n["learner"], "learner", queued=True),
-                "spec": spec}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": self._meta(n["learner"], "learner", queued=True),
+            "spec": spec,
+        }
 
     # -- owned by the root -----------------------------------------------------------------------
     def dependents(self, root: dict[str, Any]) -> list[dict[str, Any]]:
         # policies and the token first: no pod of the job runs unprotected or without its token
         policies = self.network_policies(root) if self.options.network_policies else []
-        return [*policies, self.weight_token(root), self.config_map(root), self.learner_service(root),
-                self.service("envs", root), self.deployment("envs", root),
-                self.service("reward", root), self.deployment("reward", root),
-                self.deployment("rollout", root)]
+        return [
+            *policies,
+            self.weight_token(root),
+            self.config_map(root),
+            self.learner_service(root),
+            self.service("envs", root),
+            self.deployment("envs", root),
+            self.service("reward", root),
+            self.deployment("reward", root),
+            self.deployment("rollout", root),
+        ]
 
     def _token_env(self) -> dict[str, Any]:
-        return {"name": "OMRL_WEIGHT_TOKEN", "valueFrom": {"secretKeyRef": {"name": self.names["token"],
-                                                                            "key": "weight-token"}}}
+        return {
+            "name": "OMRL_WEIGHT_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": self.names["token"], "key": "weight-token"}},
+        }
 
     def weight_token(self, root: dict[str, Any]) -> dict[str, Any]:
         """A random token per job: only this job's learner may push weights to its rollout servers."""
         token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
-        return {"apiVersion": "v1", "kind": "Secret", "metadata": self._meta(self.names["token"], "weight-token", root),
-                "type": "Opaque", "data": {"weight-token": token}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self._meta(self.names["token"], "weight-token", root),
+            "type": "Opaque",
+            "data": {"weight-token": token},
+        }
 
     def network_policies(self, root: dict[str, Any]) -> list[dict[str, Any]]:
         """Ingress of each component: the job's own callers on its port, scrapers on the metrics port.
         Peers are pods of this namespace carrying this job's labels (see docs/operations.md: residual trust)."""
+
         def peer(component: str) -> dict[str, Any]:
             return {"podSelector": {"matchLabels": selector(self.job_id, component)}}
 
-        callers = {"envs": (["rollout", "envs"], PORTS["envs"]), "reward": (["rollout"], PORTS["reward"]),
-                   "rollout": (["learner"], PORTS["rollout"]), "learner": (["learner"], None)}
+        callers = {
+            "envs": (["rollout", "envs"], PORTS["envs"]),
+            "reward": (["rollout"], PORTS["reward"]),
+            "rollout": (["learner"], PORTS["rollout"]),
+            "learner": (["learner"], None),
+        }
         policies = []
         for component, (sources, port) in callers.items():
             rule: dict[str, Any] = {"from": [peer(s) for s in sources]}
@@ -263,36 +361,79 @@ class JobObjects:
                 rule["ports"] = [{"port": port, "protocol": "TCP"}]
             ingress = [rule]
             if self.options.monitoring_namespace:
-                ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
-                    "kubernetes.io/metadata.name": self.options.monitoring_namespace}}}],
-                    "ports": [{"port": METRICS_PORT, "protocol": "TCP"}]})
-            policies.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                             "metadata": self._meta(f"{self.names[component]}-ingress", component, root),
-                             "spec": {"podSelector": {"matchLabels": selector(self.job_id, component)},
-                                      "policyTypes": ["Ingress"], "ingress": ingress}})
+                ingress.append(
+                    {
+                        "from": [
+                            {
+                                "namespaceSelector": {
+                                    "matchLabels": {"kubernetes.io/metadata.name": self.options.monitoring_namespace}
+                                }
+                            }
+                        ],
+                        "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+                    }
+                )
+            policies.append(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": self._meta(f"{self.names[component]}-ingress", component, root),
+                    "spec": {
+                        "podSelector": {"matchLabels": selector(self.job_id, component)},
+                        "policyTypes": ["Ingress"],
+                        "ingress": ingress,
+                    },
+                }
+            )
         return policies
 
     def config_map(self, root: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._meta(self.names["config"], "config", root),
-                "data": {"config.yaml": dump_config(self.config)}}
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self._meta(self.names["config"], "config", root),
+            "data": {"config.yaml": dump_config(self.config)},
+        }
 
     def learner_service(self, root: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names["learner"], "learner", root),
-                "spec": {"clusterIP": "None", "selector": selector(self.job_id, "learner"),
-                         # DNS names exist before the pods are ready: the rendezvous happens during start-up
-                         "publishNotReadyAddresses": True,
-                         "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._meta(self.names["learner"], "learner", root),
+            "spec": {
+                "clusterIP": "None",
+                "selector": selector(self.job_id, "learner"),
+                # DNS names exist before the pods are ready: the rendezvous happens during start-up
+                "publishNotReadyAddresses": True,
+                "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+            },
+        }
 
     def service(self, component: str, root: dict[str, Any]) -> dict[str, Any]:
         port = PORTS[component]
-        return {"apiVersion": "v1", "kind": "Service", "metadata": self._meta(self.names[component], component, root),
-                "spec": {"selector": selector(self.job_id, component),
-                         "ports": [{"name": "grpc", "port": port, "targetPort": port, "appProtocol": "grpc"}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self._meta(self.names[component], component, root),
+            "spec": {
+                "selector": selector(self.job_id, component),
+                "ports": [{"name": "grpc", "port": port, "targetPort": port, "appProtocol": "grpc"}],
+            },
+        }
 
     def deployment(self, component: str, root: dict[str, Any]) -> dict[str, Any]:
         res, port = getattr(self.spec.resources, component), PORTS[component]
-        command = ["python", "-m", f"services.{component}", "--config", f"{CONFIG_DIR}/config.yaml",
-                   "--port", str(port), "--metrics-port", str(METRICS_PORT)]
+        command = [
+            "python",
+            "-m",
+            f"services.{component}",
+            "--config",
+            f"{CONFIG_DIR}/config.yaml",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(METRICS_PORT),
+        ]
         env: list[dict[str, Any]] = []
         startup_s = 300
         pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
@@ -303,15 +444,27 @@ class JobObjects:
         if component == "envs" and res.replicas > 1:
             # an episode lives in one replica: replicas find each other through Redis and forward its calls
             command += ["--replica-id", "$(POD_NAME)", "--advertise", f"$(POD_IP):{port}", "--registry", "redis"]
-            env += [pod_ip, {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                    *self.redis_env]
-        container = self._container(component, command, res, [{"name": "grpc", "containerPort": port}], env,
-                                    self._grpc_probes(port, startup_s))
-        return {"apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": self._meta(self.names[component], component, root, queued=component == "rollout"),
-                "spec": {"replicas": res.replicas, "selector": {"matchLabels": selector(self.job_id, component)},
-                         "template": {"metadata": {"labels": labels(self.job_id, component), "annotations": SCRAPE},
-                                      "spec": self._pod_spec([container], res.gpus)}}}
+            env += [
+                pod_ip,
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                *self.redis_env,
+            ]
+        container = self._container(
+            component, command, res, [{"name": "grpc", "containerPort": port}], env, self._grpc_probes(port, startup_s)
+        )
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": self._meta(self.names[component], component, root, queued=component == "rollout"),
+            "spec": {
+                "replicas": res.replicas,
+                "selector": {"matchLabels": selector(self.job_id, component)},
+                "template": {
+                    "metadata": {"labels": labels(self.job_id, component), "annotations": SCRAPE},
+                    "spec": self._pod_spec([container], res.gpus),
+                },
+            },
+        }
 
     def all(self, uid: str = "00000000-0000-0000-0000-000000000000") -> list[dict[str, Any]]:
         """Every manifest, the root first (with a placeholder uid in owner references when not created yet)."""

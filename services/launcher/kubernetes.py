@@ -3,6 +3,7 @@ reads the job's state back from the cluster. Cancelling deletes the root (the le
 foreground, and the garbage collector deletes everything it owns.
 
 `python -m services.launcher.kubernetes render job.yaml` prints the manifests it would create."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,17 +14,39 @@ from typing import Any
 import yaml
 
 from services.common.config import JobSpec, TrainConfig, load_config
-from services.launcher.base import (CANCELLED, CANCELLING, FAILED, LAUNCHERS, RUNNING, STARTING, SUCCEEDED, Launcher,
-                                    LaunchStatus, SpecRejected)
+from services.launcher.base import (
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    LAUNCHERS,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    Launcher,
+    LaunchStatus,
+    SpecRejected,
+)
 from services.launcher.k8s_objects import MANAGED_BY, JobObjects, K8sOptions, run_config
 
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds, on every API call
-APIS = {"Job": ("batch", "namespaced_job"), "ConfigMap": ("core", "namespaced_config_map"),
-        "Service": ("core", "namespaced_service"), "Deployment": ("apps", "namespaced_deployment"),
-        "Pod": ("core", "namespaced_pod"), "Secret": ("core", "namespaced_secret"),
-        "NetworkPolicy": ("networking", "namespaced_network_policy")}
-POD_PROBLEMS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff",
-                "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+APIS = {
+    "Job": ("batch", "namespaced_job"),
+    "ConfigMap": ("core", "namespaced_config_map"),
+    "Service": ("core", "namespaced_service"),
+    "Deployment": ("apps", "namespaced_deployment"),
+    "Pod": ("core", "namespaced_pod"),
+    "Secret": ("core", "namespaced_secret"),
+    "NetworkPolicy": ("networking", "namespaced_network_policy"),
+}
+POD_PROBLEMS = {
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
 INSTANCE = "app.kubernetes.io/instance"
 
 
@@ -35,26 +58,41 @@ class KubernetesLauncher(Launcher):
         from kubernetes import client
 
         self.api, self.options = api_client, options
-        self.core, self.apps, self.batch = (client.CoreV1Api(api_client), client.AppsV1Api(api_client),
-                                            client.BatchV1Api(api_client))
+        self.core, self.apps, self.batch = (
+            client.CoreV1Api(api_client),
+            client.AppsV1Api(api_client),
+            client.BatchV1Api(api_client),
+        )
         self.networking = client.NetworkingV1Api(api_client)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "KubernetesLauncher":
+    def from_settings(cls, settings: Any) -> KubernetesLauncher:
         from kubernetes import client, config
 
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return cls(client.ApiClient(), K8sOptions(
-            namespace=settings.k8s_namespace, image=settings.k8s_image, gpu_image=settings.k8s_gpu_image,
-            redis_url=settings.k8s_redis_url, redis_password_secret=settings.k8s_redis_password_secret,
-            redis_password_key=settings.k8s_redis_password_key, service_account=settings.k8s_service_account,
-            run_as_user=settings.k8s_run_as_user, monitoring_namespace=settings.k8s_monitoring_namespace or None,
-            network_policies=settings.k8s_network_policies, gpu_resource=settings.k8s_gpu_resource,
-            gpu_tolerations=settings.k8s_gpu_tolerations, gpu_node_selector=settings.k8s_gpu_node_selector,
-            gpu_runtime_class=settings.k8s_gpu_runtime_class or None, queue_name=settings.k8s_queue_name or None))
+        return cls(
+            client.ApiClient(),
+            K8sOptions(
+                namespace=settings.k8s_namespace,
+                image=settings.k8s_image,
+                gpu_image=settings.k8s_gpu_image,
+                redis_url=settings.k8s_redis_url,
+                redis_password_secret=settings.k8s_redis_password_secret,
+                redis_password_key=settings.k8s_redis_password_key,
+                service_account=settings.k8s_service_account,
+                run_as_user=settings.k8s_run_as_user,
+                monitoring_namespace=settings.k8s_monitoring_namespace or None,
+                network_policies=settings.k8s_network_policies,
+                gpu_resource=settings.k8s_gpu_resource,
+                gpu_tolerations=settings.k8s_gpu_tolerations,
+                gpu_node_selector=settings.k8s_gpu_node_selector,
+                gpu_runtime_class=settings.k8s_gpu_runtime_class or None,
+                queue_name=settings.k8s_queue_name or None,
+            ),
+        )
 
     def close(self) -> None:
         self.api.close()
@@ -62,9 +100,12 @@ class KubernetesLauncher(Launcher):
     # -- the interface ---------------------------------------------------------------------------
     def check(self, spec: JobSpec) -> None:
         if not spec.model.path:
-            raise SpecRejected(("model", "path"), "the kubernetes launcher needs model.path (a Hugging Face id, or a "
-                                                  "directory on resources.volume_claim); only the local launcher "
-                                                  "builds the tiny demo model")
+            raise SpecRejected(
+                ("model", "path"),
+                "the kubernetes launcher needs model.path (a Hugging Face id, or a "
+                "directory on resources.volume_claim); only the local launcher "
+                "builds the tiny demo model",
+            )
 
     def run_config(self, job_id: str, spec: JobSpec) -> TrainConfig:
         return run_config(job_id, spec, self.options)
@@ -79,9 +120,13 @@ class KubernetesLauncher(Launcher):
         except Exception:
             self._delete("Job", root["metadata"]["name"], "Foreground")  # nothing half-made stays behind
             raise
-        return {"namespace": self.options.namespace, "job": root["metadata"]["name"], "uid": root["metadata"]["uid"],
-                "deployments": [b["metadata"]["name"] for b in dependents if b["kind"] == "Deployment"],
-                "services": [b["metadata"]["name"] for b in dependents if b["kind"] == "Service"]}
+        return {
+            "namespace": self.options.namespace,
+            "job": root["metadata"]["name"],
+            "uid": root["metadata"]["uid"],
+            "deployments": [b["metadata"]["name"] for b in dependents if b["kind"] == "Deployment"],
+            "services": [b["metadata"]["name"] for b in dependents if b["kind"] == "Service"],
+        }
 
     def poll(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
         handle = dict(handle)
@@ -98,8 +143,12 @@ class KubernetesLauncher(Launcher):
             if "Complete" in done:
                 return LaunchStatus(SUCCEEDED, messages=messages, handle=handle)
             why = done["Failed"]
-            return LaunchStatus(FAILED, error=f"{why.get('reason', 'Failed')}: {why.get('message', '')}".strip(": "),
-                                messages=messages, handle=handle)
+            return LaunchStatus(
+                FAILED,
+                error=f"{why.get('reason', 'Failed')}: {why.get('message', '')}".strip(": "),
+                messages=messages,
+                handle=handle,
+            )
         if cancelling:
             return LaunchStatus(CANCELLING, messages=messages, handle=handle)
         return LaunchStatus(RUNNING if self._all_ready(job, handle) else STARTING, messages=messages, handle=handle)
@@ -116,8 +165,9 @@ class KubernetesLauncher(Launcher):
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"])[:8]:
             name = pod["metadata"]["name"]
             try:
-                text = self.core.read_namespaced_pod_log(name, self.options.namespace, container=service,
-                                                         tail_lines=tail, _request_timeout=REQUEST_TIMEOUT)
+                text = self.core.read_namespaced_pod_log(
+                    name, self.options.namespace, container=service, tail_lines=tail, _request_timeout=REQUEST_TIMEOUT
+                )
             except self._api_exception() as exc:
                 text = f"(no log: {exc.status} {exc.reason})"
             parts.append(f"==> {name} <==\n{text}")
@@ -139,23 +189,27 @@ class KubernetesLauncher(Launcher):
 
     def _create(self, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            return self._plain(self._method(body["kind"], "create")(self.options.namespace, body,
-                                                                    _request_timeout=REQUEST_TIMEOUT))
+            return self._plain(
+                self._method(body["kind"], "create")(self.options.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+            )
         except self._api_exception() as exc:
             if exc.status != 409:
                 raise
         # it exists: an API restart between creating and recording; adopt it only if it is this job's
         existing = self._read(body["kind"], body["metadata"]["name"])
         theirs = ((existing or {}).get("metadata") or {}).get("labels") or {}
-        if theirs.get(INSTANCE) != body["metadata"]["labels"][INSTANCE] or \
-                theirs.get("app.kubernetes.io/managed-by") != MANAGED_BY:
+        if (
+            theirs.get(INSTANCE) != body["metadata"]["labels"][INSTANCE]
+            or theirs.get("app.kubernetes.io/managed-by") != MANAGED_BY
+        ):
             raise RuntimeError(f"{body['kind']} {body['metadata']['name']} exists and belongs to something else")
         return existing
 
     def _read(self, kind: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._plain(self._method(kind, "read")(name, self.options.namespace,
-                                                          _request_timeout=REQUEST_TIMEOUT))
+            return self._plain(
+                self._method(kind, "read")(name, self.options.namespace, _request_timeout=REQUEST_TIMEOUT)
+            )
         except self._api_exception() as exc:
             if exc.status == 404:
                 return None
@@ -164,15 +218,17 @@ class KubernetesLauncher(Launcher):
     def _delete(self, kind: str, name: str, propagation: str) -> None:
         try:
             # explicit policy: the API's default for Jobs orphans their pods and dependents
-            self._method(kind, "delete")(name, self.options.namespace, propagation_policy=propagation,
-                                         _request_timeout=REQUEST_TIMEOUT)
+            self._method(kind, "delete")(
+                name, self.options.namespace, propagation_policy=propagation, _request_timeout=REQUEST_TIMEOUT
+            )
         except self._api_exception() as exc:
             if exc.status != 404:
                 raise
 
     def _list_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        pods = self.core.list_namespaced_pod(self.options.namespace, label_selector=label_selector,
-                                             _request_timeout=REQUEST_TIMEOUT)
+        pods = self.core.list_namespaced_pod(
+            self.options.namespace, label_selector=label_selector, _request_timeout=REQUEST_TIMEOUT
+        )
         return self._plain(pods).get("items") or []
 
     # -- reading the job back ----------------------------------------------------------------------
@@ -209,11 +265,19 @@ class KubernetesLauncher(Launcher):
             found: list[tuple[str, str | dict[str, Any]]] = []
             for cond in status.get("conditions") or []:
                 if cond.get("type") == "Ready" and cond.get("status") == "True":
-                    found.append((f"{name}/ready", {"message": f"{component}: pod {name} ready",
-                                                    "service": component, "stage": "healthy"}))
+                    found.append(
+                        (
+                            f"{name}/ready",
+                            {"message": f"{component}: pod {name} ready", "service": component, "stage": "healthy"},
+                        )
+                    )
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                    found.append((f"{name}/{cond.get('reason')}", f"{name}: not scheduled ({cond.get('reason')}): "
-                                                                   f"{cond.get('message', '')}"))
+                    found.append(
+                        (
+                            f"{name}/{cond.get('reason')}",
+                            f"{name}: not scheduled ({cond.get('reason')}): {cond.get('message', '')}",
+                        )
+                    )
             for cs in status.get("containerStatuses") or []:
                 waiting = (cs.get("state") or {}).get("waiting") or {}
                 if waiting.get("reason") in POD_PROBLEMS:
@@ -221,8 +285,12 @@ class KubernetesLauncher(Launcher):
                     found.append((f"{name}/{cs['name']}/{waiting['reason']}", text.rstrip(": ")))
                 last = (cs.get("lastState") or {}).get("terminated") or {}
                 if last.get("reason") == "OOMKilled":
-                    found.append((f"{name}/{cs['name']}/OOMKilled/{cs.get('restartCount')}",
-                                  f"{name}/{cs['name']}: killed for running out of memory"))
+                    found.append(
+                        (
+                            f"{name}/{cs['name']}/OOMKilled/{cs.get('restartCount')}",
+                            f"{name}/{cs['name']}: killed for running out of memory",
+                        )
+                    )
             for key, message in found:
                 if key not in seen:
                     seen.add(key)
@@ -246,8 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--redis-password-secret", default=None)
     args = parser.parse_args(argv)
     spec = load_config(args.spec, args.set, schema=JobSpec)
-    options = K8sOptions(namespace=args.namespace, image=args.image, gpu_image=args.gpu_image, redis_url=args.redis_url,
-                         redis_password_secret=args.redis_password_secret)
+    options = K8sOptions(
+        namespace=args.namespace,
+        image=args.image,
+        gpu_image=args.gpu_image,
+        redis_url=args.redis_url,
+        redis_password_secret=args.redis_password_secret,
+    )
     yaml.safe_dump_all(JobObjects(args.job_id, spec, options).all(), sys.stdout, sort_keys=False)
     return 0
 

@@ -1,4 +1,5 @@
 """Runs one training job on this machine: every service its own process, against Redis."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,10 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -52,8 +54,14 @@ class RunResult:
 
 
 class LocalRun:
-    def __init__(self, config: TrainConfig, say: Callable[[str], None] = print, health_timeout_s: float = 300.0,
-                 restart_delay_s: float | None = None, view: Any = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        say: Callable[[str], None] = print,
+        health_timeout_s: float = 300.0,
+        restart_delay_s: float | None = None,
+        view: Any = None,
+    ):
         """`restart_delay_s`: restart a service that exits (the learner: that fails) after this long, as
         Kubernetes restarts a pod; None ends the run instead (a lost env replica excepted while another runs).
         `view` shows start-up stages and steps (`services.launcher.report.PlainView` through `say` by default)."""
@@ -76,20 +84,30 @@ class LocalRun:
         from services.launcher.tiny import prepare_tiny_model
 
         start = time.perf_counter()
-        self.stage("model", "building", "model: building the tiny model (tokenizer, random init"
-                   + (f", {self.config.model.warmstart_steps} warm-start steps)" if self.config.model.warmstart_steps
-                      else ")"))
+        self.stage(
+            "model",
+            "building",
+            "model: building the tiny model (tokenizer, random init"
+            + (
+                f", {self.config.model.warmstart_steps} warm-start steps)" if self.config.model.warmstart_steps else ")"
+            ),
+        )
         self.config.model.path = str(prepare_tiny_model(self.config, self.run_dir / "model", self.say))
         took = time.perf_counter() - start
-        self.stage("model", "ready", f"model: tiny model ready in {took:.0f}s: {self.config.model.path}",
-                   elapsed_s=round(took, 1))
+        self.stage(
+            "model",
+            "ready",
+            f"model: tiny model ready in {took:.0f}s: {self.config.model.path}",
+            elapsed_s=round(took, 1),
+        )
 
     def stage(self, service: str, stage: str, message: str, **extra: Any) -> None:
         self.view.stage(stage_record(service, stage, message, **extra))
 
     def _assign_addresses(self) -> dict[str, int]:
-        ports = {name: free_port() for name in ("envs", "reward", "rollout", "envs_m", "reward_m", "rollout_m",
-                                                 "learner_m")}
+        ports = {
+            name: free_port() for name in ("envs", "reward", "rollout", "envs_m", "reward_m", "rollout_m", "learner_m")
+        }
         for i in range(1, self.config.env.replicas):
             ports[f"envs-{i}"], ports[f"envs-{i}_m"] = free_port(), free_port()
         self.config.env.address = f"127.0.0.1:{ports['envs']}"
@@ -131,17 +149,40 @@ class LocalRun:
         push_env = {TOKEN_ENV: secrets.token_urlsafe(32)}  # only this run's learner may push to its rollout
         self.processes = [
             *self._env_processes(ports, cfg, logs),
-            ServiceProcess("reward", python_module("services.reward", *cfg, "--port", str(ports["reward"]),
-                                                   "--metrics-port", str(ports["reward_m"])), logs / "reward.log",
-                           self.config.reward.address),
-            ServiceProcess("rollout", python_module("services.rollout", *cfg, "--port", str(ports["rollout"]),
-                                                    "--metrics-port", str(ports["rollout_m"])), logs / "rollout.log",
-                           self.config.rollout.addresses[0], env=push_env),
+            ServiceProcess(
+                "reward",
+                python_module(
+                    "services.reward", *cfg, "--port", str(ports["reward"]), "--metrics-port", str(ports["reward_m"])
+                ),
+                logs / "reward.log",
+                self.config.reward.address,
+            ),
+            ServiceProcess(
+                "rollout",
+                python_module(
+                    "services.rollout", *cfg, "--port", str(ports["rollout"]), "--metrics-port", str(ports["rollout_m"])
+                ),
+                logs / "rollout.log",
+                self.config.rollout.addresses[0],
+                env=push_env,
+            ),
         ]
-        learner_args = [*cfg, "--metrics-port", str(ports["learner_m"]), "--history", str(self.run_dir / "history.json")]
+        learner_args = [
+            *cfg,
+            "--metrics-port",
+            str(ports["learner_m"]),
+            "--history",
+            str(self.run_dir / "history.json"),
+        ]
         if self.config.learner.nproc > 1:
-            launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.config.learner.nproc}",
-                        "-m", "services.learner"]
+            launcher = [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={self.config.learner.nproc}",
+                "-m",
+                "services.learner",
+            ]
             learner_cmd = [sys.executable, *launcher, *learner_args]
         else:
             learner_cmd = python_module("services.learner", *learner_args)
@@ -219,7 +260,9 @@ class LocalRun:
             due = self._restart_at.get(proc.name)
             if due is None:
                 self._restart_at[proc.name] = now + self.restart_delay_s
-                self.say(f"{proc.name} exited with {proc.popen.returncode}; restarting it in {self.restart_delay_s:.0f}s")
+                self.say(
+                    f"{proc.name} exited with {proc.popen.returncode}; restarting it in {self.restart_delay_s:.0f}s"
+                )
             elif now >= due:
                 del self._restart_at[proc.name]
                 self.restarts[proc.name] = self.restarts.get(proc.name, 0) + 1
@@ -250,7 +293,9 @@ class LocalRun:
         counters = state.rollout_counters()
         lost = {k: v for k, v in counters.items() if k != "groups_published" and v}
         if lost:
-            self.say("infrastructure failures (never scored): " + ", ".join(f"{k} {v}" for k, v in sorted(lost.items())))
+            self.say(
+                "infrastructure failures (never scored): " + ", ".join(f"{k} {v}" for k, v in sorted(lost.items()))
+            )
 
     def stop(self) -> None:
         if any(proc.running() for proc in self.processes):
@@ -269,12 +314,15 @@ class LocalRun:
             (self.run_dir / "validation.jsonl").write_text("".join(json.dumps(m) + "\n" for m in self.validations))
         curve, summary = None, {}
         if history:
-            curve = write_reward_curve(history, self.run_dir / "reward_curve.png",
-                                       f"{self.config.env.name}: {self.config.algorithm.advantage}")
+            curve = write_reward_curve(
+                history, self.run_dir / "reward_curve.png", f"{self.config.env.name}: {self.config.algorithm.advantage}"
+            )
             summary = learning_summary(history)
-            self.say(f"reward {summary['first_reward']:+.3f} -> {summary['last_reward']:+.3f}, success "
-                     f"{100 * summary['first_success']:.0f}% -> {100 * summary['last_success']:.0f}% "
-                     f"(mean of first/last {summary['window']} steps); curve: {curve}")
+            self.say(
+                f"reward {summary['first_reward']:+.3f} -> {summary['last_reward']:+.3f}, success "
+                f"{100 * summary['first_success']:.0f}% -> {100 * summary['last_success']:.0f}% "
+                f"(mean of first/last {summary['window']} steps); curve: {curve}"
+            )
         return RunResult(history, self.run_dir, curve, summary)
 
 
@@ -296,8 +344,9 @@ class LocalLauncher(Launcher):
     def check(self, spec: JobSpec) -> None:
         for name in ("learner", "rollout", "reward"):  # env-service replicas run locally too (env.replicas)
             if getattr(spec.resources, name).replicas > 1:
-                raise SpecRejected(("resources", name, "replicas"),
-                                   "the local launcher runs one process of each service")
+                raise SpecRejected(
+                    ("resources", name, "replicas"), "the local launcher runs one process of each service"
+                )
 
     def capacity(self) -> int | None:
         return self.max_jobs
@@ -313,12 +362,17 @@ class LocalLauncher(Launcher):
         earlier = read_json(run_dir / STATUS).get("pid")
         if earlier and _alive(earlier, lambda p: str(job_file) in p.cmdline()):
             # the API died between starting this job and recording it: adopt that supervisor
-            return {"run_dir": str(run_dir), "pid": earlier, "create_time": psutil.Process(earlier).create_time(),
-                    "log_offset": 0}
+            return {
+                "run_dir": str(run_dir),
+                "pid": earlier,
+                "create_time": psutil.Process(earlier).create_time(),
+                "log_offset": 0,
+            }
         run_dir.mkdir(parents=True, exist_ok=True)
         job_file.write_text(dump_config(config))
-        args = python_module("services.launcher.supervisor", "--config", str(job_file),
-                             "--status", str(run_dir / STATUS))
+        args = python_module(
+            "services.launcher.supervisor", "--config", str(job_file), "--status", str(run_dir / STATUS)
+        )
         if spec.schedule.max_runtime_s:
             args += ["--max-runtime-s", str(spec.schedule.max_runtime_s)]
         proc = ServiceProcess("supervisor", args, run_dir / "logs" / "supervisor.log").start()
@@ -340,8 +394,9 @@ class LocalLauncher(Launcher):
             if cancel_at:
                 return LaunchStatus(CANCELLING, messages=messages, handle=handle)
             phase = read_json(run_dir / STATUS).get("phase")
-            return LaunchStatus(STARTING if phase in (None, PREPARING, STARTING_PHASE) else RUNNING, messages=messages,
-                                handle=handle)
+            return LaunchStatus(
+                STARTING if phase in (None, PREPARING, STARTING_PHASE) else RUNNING, messages=messages, handle=handle
+            )
         child = self._children.pop(job_id, None)
         stopped = self._stop_leftovers(run_dir)
         if stopped:
@@ -352,9 +407,13 @@ class LocalLauncher(Launcher):
         if cancel_at:
             return LaunchStatus(CANCELLED, messages=messages, handle=handle)
         code = child.popen.returncode if child else "unknown"
-        return LaunchStatus(FAILED, error=f"supervisor (pid {handle['pid']}) exited with {code} before reporting an "
-                                          f"outcome:\n{self.logs(job_id, handle, 'supervisor', 20)}",
-                            messages=messages, handle=handle)
+        return LaunchStatus(
+            FAILED,
+            error=f"supervisor (pid {handle['pid']}) exited with {code} before reporting an "
+            f"outcome:\n{self.logs(job_id, handle, 'supervisor', 20)}",
+            messages=messages,
+            handle=handle,
+        )
 
     def recover(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
         if self._supervisor_alive(job_id, handle):
@@ -364,10 +423,15 @@ class LocalLauncher(Launcher):
         if read_json(Path(handle["run_dir"]) / STATUS).get("phase") == EXITED or handle.get("cancel_requested_at"):
             return self.poll(job_id, handle)  # it ended on its own while the API was down
         stopped = self._stop_leftovers(Path(handle["run_dir"]))
-        return LaunchStatus(INTERRUPTED, error=(
-            f"the job's supervisor (pid {handle['pid']}) ended while the job API was down, without an outcome; "
-            f"stopped its service processes ({', '.join(stopped) or 'none left'}); checkpoints stay in "
-            f"{handle['run_dir']}/checkpoints"), handle=handle)
+        return LaunchStatus(
+            INTERRUPTED,
+            error=(
+                f"the job's supervisor (pid {handle['pid']}) ended while the job API was down, without an outcome; "
+                f"stopped its service processes ({', '.join(stopped) or 'none left'}); checkpoints stay in "
+                f"{handle['run_dir']}/checkpoints"
+            ),
+            handle=handle,
+        )
 
     def cancel(self, job_id: str, handle: dict[str, Any]) -> dict[str, Any]:
         handle = {**handle, "cancel_requested_at": time.time()}
@@ -413,10 +477,13 @@ class LocalLauncher(Launcher):
                 chunk = f.read(1 << 20)
         except FileNotFoundError:
             return []
-        complete = chunk[:chunk.rfind(b"\n") + 1]
+        complete = chunk[: chunk.rfind(b"\n") + 1]
         handle["log_offset"] = handle.get("log_offset", 0) + len(complete)
-        lines = [decode_stage(line) or line[:500] for line in complete.decode(errors="replace").splitlines()
-                 if line.strip() and not self._NOISE.search(line)]
+        lines = [
+            decode_stage(line) or line[:500]
+            for line in complete.decode(errors="replace").splitlines()
+            if line.strip() and not self._NOISE.search(line)
+        ]
         return lines[-limit:]
 
 

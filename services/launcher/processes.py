@@ -1,4 +1,5 @@
 """Child processes of a local run: started with their logs in files, stopped by PID."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,9 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from services.common.grpc_server import wait_for_health
 
@@ -23,13 +24,14 @@ class ServiceProcess:
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen | None = None
 
-    def start(self) -> "ServiceProcess":
+    def start(self) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         # own process group: stopping the service also stops the engine workers it spawned
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         return self
 
     @property

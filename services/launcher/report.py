@@ -3,12 +3,14 @@
 A view receives the stages and steps of a LocalRun: `PlainView` says them as lines (tests, a pipe),
 `SupervisorView` writes stages as `@stage {json}` lines that the job API turns into structured events,
 and the launcher's terminal view (`services.cli.live`) draws them live."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
-from typing import Any, Callable
+from typing import Any
 
 STAGE_MARK = "@stage "
 
@@ -27,7 +29,7 @@ def decode_stage(line: str) -> dict[str, Any] | None:
     if not line.startswith(STAGE_MARK):
         return None
     try:
-        record = json.loads(line[len(STAGE_MARK):])
+        record = json.loads(line[len(STAGE_MARK) :])
     except ValueError:
         return None
     return record if isinstance(record, dict) and isinstance(record.get("message"), str) else None
@@ -53,25 +55,39 @@ class SupervisorView(PlainView):
 
 
 def step_line(m: dict[str, Any], total_steps: int) -> str:
-    return (f"step {m['step']:>3}/{total_steps} | reward {m.get('reward_mean', float('nan')):+.3f} | "
-            f"success {100 * m.get('success_rate', float('nan')):5.1f}% | kl {m.get('approx_kl', float('nan')):.4f} | "
-            f"mismatch {m.get('mismatch_kl', float('nan')):.1e} | {m['step_seconds']:5.1f}s | policy v{m['policy_version']}")
+    return (
+        f"step {m['step']:>3}/{total_steps} | reward {m.get('reward_mean', float('nan')):+.3f} | "
+        f"success {100 * m.get('success_rate', float('nan')):5.1f}% | kl {m.get('approx_kl', float('nan')):.4f} | "
+        f"mismatch {m.get('mismatch_kl', float('nan')):.1e} | {m['step_seconds']:5.1f}s | policy v{m['policy_version']}"
+    )
 
 
 def validation_line(m: dict[str, Any]) -> str:
-    rates = ", ".join(f"{env} success {100 * m[f'validation/{env}/success_rate']:.1f}%"
-                      for env in m.get("envs", []) if f"validation/{env}/success_rate" in m)
-    failed = f", {m['validation/failed_episodes']} lost to infrastructure" if m.get("validation/failed_episodes") else ""
-    return (f"validation at policy v{m['policy_version']}: {rates or 'no episode finished'} "
-            f"({m.get('validation/episodes', 0)} episodes{failed}, {m.get('validation_seconds', 0):.1f}s)")
+    rates = ", ".join(
+        f"{env} success {100 * m[f'validation/{env}/success_rate']:.1f}%"
+        for env in m.get("envs", [])
+        if f"validation/{env}/success_rate" in m
+    )
+    failed = (
+        f", {m['validation/failed_episodes']} lost to infrastructure" if m.get("validation/failed_episodes") else ""
+    )
+    return (
+        f"validation at policy v{m['policy_version']}: {rates or 'no episode finished'} "
+        f"({m.get('validation/episodes', 0)} episodes{failed}, {m.get('validation_seconds', 0):.1f}s)"
+    )
 
 
 def learning_summary(history: list[dict[str, Any]], window: int = 5) -> dict[str, float]:
     rewards = [m["reward_mean"] for m in history]
     success = [m["success_rate"] for m in history]
     w = max(1, min(window, len(history) // 2))
-    return {"first_reward": mean(rewards[:w]), "last_reward": mean(rewards[-w:]),
-            "first_success": mean(success[:w]), "last_success": mean(success[-w:]), "window": w}
+    return {
+        "first_reward": mean(rewards[:w]),
+        "last_reward": mean(rewards[-w:]),
+        "first_success": mean(success[:w]),
+        "last_success": mean(success[-w:]),
+        "window": w,
+    }
 
 
 def write_reward_curve(history: list[dict[str, Any]], path: Path, title: str) -> Path:

@@ -3,6 +3,7 @@
 It runs the job with LocalRun, turns SIGTERM (cancel) and SIGALRM (`--max-runtime-s`) into a clean stop
 of every service, and keeps `status.json` in the run directory current, so that the job API can follow
 the job from outside, also after the API itself restarted."""
+
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,7 @@ def _install_stop_handlers(max_runtime_s: int | None) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGALRM, signal.SIG_IGN)
             raise Stop(state, error)
+
         return handler
 
     signal.signal(signal.SIGTERM, stop("cancelled", None))
@@ -60,6 +62,7 @@ def supervise(config: TrainConfig, status_path: Path, max_runtime_s: int | None 
     status = StatusFile(status_path)
     status.write(phase=PREPARING, state=None)
     _install_stop_handlers(max_runtime_s)
+
     def say(line: str) -> None:
         print(line, flush=True)
 

@@ -1,10 +1,11 @@
 """The built-in default model: a tiny random-init Llama and tokenizer built here (no hub needed),
 warm-started on the task format. Real users pass `model.path` instead."""
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from services.common.config import TrainConfig
 
@@ -35,5 +36,12 @@ def prepare_tiny_model(config: TrainConfig, root: Path, say: Callable[[str], Non
     if not config.model.warmstart_steps:
         return base
     say(f"warm-starting the tiny model on the {config.env.name} action format ({config.model.warmstart_steps} steps)")
-    return warmstart(base, root / "warm", config.env, config.model.warmstart_steps, seed=config.seed, say=say,
-                     read_observations=config.model.warmstart_reads_observations)
+    return warmstart(
+        base,
+        root / "warm",
+        config.env,
+        config.model.warmstart_steps,
+        seed=config.seed,
+        say=say,
+        read_observations=config.model.warmstart_reads_observations,
+    )

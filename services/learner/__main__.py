@@ -1,5 +1,6 @@
 """python -m services.learner: the policy learner of one run (run it under torchrun for several
 processes; rank 0 reads the stream and pushes weights)."""
+
 import argparse
 import json
 

@@ -1,9 +1,10 @@
 """Where a trajectory's scalar reward lands on its model tokens (`RewardConfig.allocation`).
 
 Plain Python on purpose: the rollout and reward sides may use it without torch."""
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from services.common.registry import Registry
 from services.common.trajectory import Trajectory, model_segments
@@ -53,12 +54,11 @@ def discounted(loss_mask: Sequence[int], segments: Segments, reward: float, gamm
         share = current / length
         for i in range(start, end):
             out[i] = share
-        current *= gamma ** length
+        current *= gamma**length
     return out
 
 
-def allocate(name: str, loss_mask: Sequence[int], segments: Segments, reward: float, gamma: float = 1.0
-             ) -> list[float]:
+def allocate(name: str, loss_mask: Sequence[int], segments: Segments, reward: float, gamma: float = 1.0) -> list[float]:
     return ALLOCATIONS.get(name)(loss_mask, segments, reward, gamma)
 
 

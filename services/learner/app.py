@@ -1,4 +1,5 @@
 """Wires the learner: trainer (FSDP), weight pusher, and on rank 0 Redis run state and stream."""
+
 from __future__ import annotations
 
 from prometheus_client import start_http_server
@@ -21,8 +22,12 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
     state = stream = None
     if fsdp.is_rank0():
         state = RunState.connect(config)
-        stream = TrajectoryStream(state.client, state.trajectories_key, max_len=config.stream.max_len,
-                                  max_entry_bytes=config.stream.max_entry_bytes)
+        stream = TrajectoryStream(
+            state.client,
+            state.trajectories_key,
+            max_len=config.stream.max_len,
+            max_entry_bytes=config.stream.max_entry_bytes,
+        )
         if metrics_port:
             register_stream_collector(stream)
             start_http_server(metrics_port, addr=bind_host(host))

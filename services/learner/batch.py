@@ -3,10 +3,11 @@
 Alignment: every [B, T] tensor here holds, at position t, something about token t (its mask, its rollout
 logprob, its reward, ...). A causal LM predicts token t from the logits at position t - 1; that shift
 happens in exactly one place, `logprobs_from_logits` / `entropy_from_logits`, and nowhere else."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Sequence
 
 import torch
 
@@ -16,35 +17,38 @@ from services.learner.allocation import trajectory_token_rewards
 
 @dataclass
 class TrainBatch:
-    input_ids: torch.Tensor         # [B, T] long, right-padded with pad_id
-    attention_mask: torch.Tensor    # [B, T] long, 1 on real tokens
-    response_mask: torch.Tensor     # [B, T] float, 1 on tokens the model sampled
+    input_ids: torch.Tensor  # [B, T] long, right-padded with pad_id
+    attention_mask: torch.Tensor  # [B, T] long, 1 on real tokens
+    response_mask: torch.Tensor  # [B, T] float, 1 on tokens the model sampled
     rollout_logprobs: torch.Tensor  # [B, T] float, sampled-token logprob under the rollout policy
-    token_rewards: torch.Tensor     # [B, T] float, the allocated reward
-    policy_versions: torch.Tensor   # [B, T] long, version of the weights that sampled token t (0 elsewhere)
-    group_index: torch.Tensor       # [B] long, group ids as 0..G-1 in order of first appearance
-    rewards: torch.Tensor           # [B] float, the trajectory reward
-    success: torch.Tensor           # [B] float, 1.0 when the episode succeeded
+    token_rewards: torch.Tensor  # [B, T] float, the allocated reward
+    policy_versions: torch.Tensor  # [B, T] long, version of the weights that sampled token t (0 elsewhere)
+    group_index: torch.Tensor  # [B] long, group ids as 0..G-1 in order of first appearance
+    rewards: torch.Tensor  # [B] float, the trajectory reward
+    success: torch.Tensor  # [B] float, 1.0 when the episode succeeded
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor | slice) -> "TrainBatch":
+    def select(self, index: torch.Tensor | slice) -> TrainBatch:
         return TrainBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
-    def trim(self) -> "TrainBatch":
+    def trim(self) -> TrainBatch:
         """Drops the padding columns no row of this batch needs."""
         length = int(self.attention_mask.sum(-1).max()) if self.size else 0
-        return replace(self, **{f.name: getattr(self, f.name)[:, :length]
-                                for f in fields(self) if getattr(self, f.name).dim() == 2})
+        return replace(
+            self,
+            **{f.name: getattr(self, f.name)[:, :length] for f in fields(self) if getattr(self, f.name).dim() == 2},
+        )
 
-    def to(self, device: torch.device | str) -> "TrainBatch":
+    def to(self, device: torch.device | str) -> TrainBatch:
         return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
-def collate(trajectories: Sequence[Trajectory], pad_id: int, *, allocation: str = "last_token",
-            gamma: float = 1.0) -> TrainBatch:
+def collate(
+    trajectories: Sequence[Trajectory], pad_id: int, *, allocation: str = "last_token", gamma: float = 1.0
+) -> TrainBatch:
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
     batch, length = len(trajectories), max(len(t.token_ids) for t in trajectories)
@@ -64,14 +68,19 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, *, allocation: str 
         lps[i, :n] = torch.tensor(traj.logprobs, dtype=torch.float32)
         rew[i, :n] = torch.tensor(trajectory_token_rewards(traj, allocation, gamma), dtype=torch.float32)
         for turn in traj.turns:
-            versions[i, turn.start:turn.start + turn.model_tokens] = turn.policy_version
+            versions[i, turn.start : turn.start + turn.model_tokens] = turn.policy_version
         groups.setdefault(traj.group_id, len(groups))
     return TrainBatch(
-        input_ids=ids, attention_mask=attn, response_mask=resp, rollout_logprobs=lps, token_rewards=rew,
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=resp,
+        rollout_logprobs=lps,
+        token_rewards=rew,
         policy_versions=versions,
         group_index=torch.tensor([groups[t.group_id] for t in trajectories], dtype=torch.long),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
-        success=torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32))
+        success=torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32),
+    )
 
 
 def split_micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:

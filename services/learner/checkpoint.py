@@ -11,6 +11,7 @@ Both also hold trainer_state.pt, rng.pt, meta.json (with `format`) and COMMITTED
 `step_<n>.tmp`, renamed into place, and the COMMITTED marker comes last, so a crash at any point leaves
 every earlier checkpoint usable and this one ignored. `load` reads either format, whatever the config
 says now."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,12 +38,13 @@ def checkpoint_path(directory: str | Path, step: int) -> Path:
 def _committed(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := _STEP.match(p.name)) and (p / COMMITTED).is_file()]
+    found = [
+        (int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP.match(p.name)) and (p / COMMITTED).is_file()
+    ]
     return sorted(found)
 
 
-def latest_checkpoint(directory: str | Path) -> Optional[Path]:
+def latest_checkpoint(directory: str | Path) -> Path | None:
     found = _committed(Path(directory))
     return found[-1][1] if found else None
 
@@ -103,8 +105,9 @@ class PendingCheckpoint:
     """A checkpoint whose tensors are written (or being written, when asynchronous); `commit()` waits for
     them, then writes the small files and the COMMITTED marker. Collective: every rank calls `commit`."""
 
-    def __init__(self, path: Path, tmp: Path, files: dict[str, Any], meta: dict[str, Any], keep: int,
-                 future: Any = None):
+    def __init__(
+        self, path: Path, tmp: Path, files: dict[str, Any], meta: dict[str, Any], keep: int, future: Any = None
+    ):
         self.path, self.tmp, self.files, self.meta, self.keep, self.future = path, tmp, files, meta, keep, future
         self.committed = False
 
@@ -161,8 +164,15 @@ def _sharded_state(parts: Parts) -> dict[str, Any]:
     return out
 
 
-def save(path: str | Path, parts: Parts, meta: dict[str, Any], keep: int,
-         state: Optional[dict[str, Any]] = None, fmt: str = "full", background: bool = False) -> PendingCheckpoint:
+def save(
+    path: str | Path,
+    parts: Parts,
+    meta: dict[str, Any],
+    keep: int,
+    state: dict[str, Any] | None = None,
+    fmt: str = "full",
+    background: bool = False,
+) -> PendingCheckpoint:
     """Collective: every rank calls it. `parts` maps a name ("policy", "critic") to a sharded model and
     its optimizer; `state` (tensors, numbers, lists, dicts: schedulers, controllers) goes to
     trainer_state.pt; `meta` must be JSON-serialisable. Returns the checkpoint for the caller to commit;
@@ -220,8 +230,7 @@ def _load_sharded(path: Path, parts: Parts) -> None:
     shards = _sharded_state(parts)
     dcp.load(shards, checkpoint_id=path / _SHARDS)
     for name, (model, optimizer) in parts.items():
-        set_state_dict(model, optimizer, model_state_dict=shards[name]["model"],
-                       optim_state_dict=shards[name]["optim"])
+        set_state_dict(model, optimizer, model_state_dict=shards[name]["model"], optim_state_dict=shards[name]["optim"])
 
 
 def load(path: str | Path, parts: Parts) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -233,8 +242,10 @@ def load(path: str | Path, parts: Parts) -> tuple[dict[str, Any], dict[str, Any]
     meta = json.loads((path / "meta.json").read_text())
     missing = set(parts) - set(meta.get("parts", ["policy"]))
     if missing:
-        raise ValueError(f"{path}: holds no {', '.join(sorted(missing))} (saved: {meta.get('parts', ['policy'])}); "
-                         "the checkpoint comes from a run with another algorithm")
+        raise ValueError(
+            f"{path}: holds no {', '.join(sorted(missing))} (saved: {meta.get('parts', ['policy'])}); "
+            "the checkpoint comes from a run with another algorithm"
+        )
     if meta.get("format", "full") == "sharded":
         _load_sharded(path, parts)
     else:
@@ -258,6 +269,10 @@ def full_model_state(path: str | Path, part: str = "policy") -> dict[str, torch.
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     everything: dict[str, Any] = {}
-    _load_state_dict(everything, storage_reader=FileSystemReader(path / _SHARDS),
-                     planner=_EmptyStateDictLoadPlanner(keys={f"{part}.model"}), no_dist=True)
+    _load_state_dict(
+        everything,
+        storage_reader=FileSystemReader(path / _SHARDS),
+        planner=_EmptyStateDictLoadPlanner(keys={f"{part}.model"}),
+        no_dist=True,
+    )
     return dict(everything[part]["model"])

@@ -1,9 +1,11 @@
 """The critic for GAE: a separate value model (the policy's trunk and initial weights, a scalar head),
 FSDP-sharded, with its own AdamW and learning-rate schedule, trained on the clipped value loss."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -21,9 +23,13 @@ class Critic:
         self.config = config
         self.pack = config.learner.pack_sequences
         self.model = load_value_model(model_path, dtype, config.learner.attention)
-        parallelize(self.model, device, mixed_precision_bf16=mixed,
-                    activation_checkpointing=config.learner.activation_checkpointing,
-                    compile_layers=config.learner.compile)
+        parallelize(
+            self.model,
+            device,
+            mixed_precision_bf16=mixed,
+            activation_checkpointing=config.learner.activation_checkpointing,
+            compile_layers=config.learner.compile,
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
 
@@ -31,8 +37,9 @@ class Critic:
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return token_values(self.model, input_ids, attention_mask, self.pack)
 
-    def update(self, minis: Sequence[tuple[Sequence[Any], dict[str, float]]], sums: dict[str, torch.Tensor]
-               ) -> list[float]:
+    def update(
+        self, minis: Sequence[tuple[Sequence[Any], dict[str, float]]], sums: dict[str, torch.Tensor]
+    ) -> list[float]:
         """`ppo_epochs` passes over the mini-batches, each (micro-batches with .batch, .values, .returns; its
         num_tokens and num_seqs) one optimizer step; accumulates vf_loss and per-token stats into `sums`;
         returns the gradient norm of each optimizer step. The schedule advances once."""
@@ -44,8 +51,7 @@ class Critic:
                 for m in micro:
                     mask = m.batch.response_mask
                     v = token_values(self.model, m.batch.input_ids, m.batch.attention_mask, self.pack)
-                    loss, stats = value_loss(v, m.values, m.returns, mask, algo.value_clip, algo.loss_agg_mode,
-                                             **norm)
+                    loss, stats = value_loss(v, m.values, m.returns, mask, algo.value_clip, algo.loss_agg_mode, **norm)
                     (loss * world).backward()
                     n = mask.sum()
                     sums["vf_loss"] += loss.detach()

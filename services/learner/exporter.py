@@ -1,15 +1,17 @@
 """The learner's Prometheus metrics: each step's summary as gauges and counters, and the trajectory
 stream's backlog, read from Redis at scrape time (the learner is the stream's one consumer)."""
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from services.common import metrics
 from services.common.stream import TrajectoryStream
@@ -19,45 +21,82 @@ log = logging.getLogger(__name__)
 STEP = metrics.gauge("learner", "step", "Last completed learner step")
 STEPS = metrics.counter("learner", "steps_total", "Completed learner steps")
 POLICY_VERSION = metrics.gauge("learner", "policy_version", "Policy version after the last step")
-LOSS = metrics.gauge("learner", "loss", "Loss of the last step by term (total, policy, value, ...): do not sum",
-                     ["term"])
-KL = metrics.gauge("learner", "kl", "KL of the last step, per token, against the old policy, the rollout "
-                   "engine's sampling policy or the reference model", ["against"])
-REWARD_COMPONENT = metrics.gauge("learner", "reward_component", "Mean weighted reward per trajectory of the "
-                                 "last step, by reward component", ["component"])
+LOSS = metrics.gauge(
+    "learner", "loss", "Loss of the last step by term (total, policy, value, ...): do not sum", ["term"]
+)
+KL = metrics.gauge(
+    "learner",
+    "kl",
+    "KL of the last step, per token, against the old policy, the rollout "
+    "engine's sampling policy or the reference model",
+    ["against"],
+)
+REWARD_COMPONENT = metrics.gauge(
+    "learner",
+    "reward_component",
+    "Mean weighted reward per trajectory of the last step, by reward component",
+    ["component"],
+)
 TRAINED_TRAJECTORIES = metrics.counter("learner", "trained_trajectories_total", "Trajectories trained on")
 TRAINED_TOKENS = metrics.counter("learner", "trained_tokens_total", "Model tokens trained on")
-SKIPPED_UPDATES = metrics.counter("learner", "skipped_updates_total", "Optimizer steps skipped for a non-finite "
-                                  "gradient norm")
-PUSH_FAILURES = metrics.counter("learner", "weight_push_failures_total", "Weight pushes a rollout server did not "
-                                "apply")
-DROPPED = metrics.preset(metrics.counter("learner", "dropped_trajectories_total", "Trajectories not trained on",
-                                         ["reason"]), ("stale",))
-DEAD_LETTER_REASONS = ("undecodable", "too_large", "lengths", "too_long", "token_id", "turns", "non_finite",
-                       "logprob", "version", "train_error", "non_finite_update")
-DEAD_LETTERS = metrics.preset(metrics.counter("learner", "dead_letters_total", "Groups sent to the dead-letter "
-                                              "stream instead of a step (an unreadable entry counts one)",
-                                              ["reason"]), *[(r,) for r in DEAD_LETTER_REASONS])
+SKIPPED_UPDATES = metrics.counter(
+    "learner", "skipped_updates_total", "Optimizer steps skipped for a non-finite gradient norm"
+)
+PUSH_FAILURES = metrics.counter("learner", "weight_push_failures_total", "Weight pushes a rollout server did not apply")
+DROPPED = metrics.preset(
+    metrics.counter("learner", "dropped_trajectories_total", "Trajectories not trained on", ["reason"]), ("stale",)
+)
+DEAD_LETTER_REASONS = (
+    "undecodable",
+    "too_large",
+    "lengths",
+    "too_long",
+    "token_id",
+    "turns",
+    "non_finite",
+    "logprob",
+    "version",
+    "train_error",
+    "non_finite_update",
+)
+DEAD_LETTERS = metrics.preset(
+    metrics.counter(
+        "learner",
+        "dead_letters_total",
+        "Groups sent to the dead-letter stream instead of a step (an unreadable entry counts one)",
+        ["reason"],
+    ),
+    *[(r,) for r in DEAD_LETTER_REASONS],
+)
 CHECKPOINT_SECONDS = metrics.gauge("learner", "checkpoint_seconds", "Wall time of the last checkpoint")
 
 # summary key -> gauge of the same meaning (the value of the last step)
-SCALARS = {key: metrics.gauge("learner", name, doc) for key, name, doc in (
-    ("step_seconds", "step_seconds", "Wall time of the last step (collect, train, push, checkpoint)"),
-    ("push_seconds", "weight_push_seconds", "Wall time of the last weight push to every rollout server"),
-    ("entropy", "entropy", "Mean token entropy of the policy on the last batch"),
-    ("grad_norm", "grad_norm", "Gradient norm before clipping"),
-    ("clip_frac", "clip_fraction", "Share of tokens whose ratio was clipped"),
-    ("clip_frac_lower", "dual_clip_fraction", "Share of tokens whose loss the dual clip (clip_ratio_c) capped"),
-    ("ratio_mean", "ratio_mean", "Mean ratio pi_new / pi_old over the updated tokens"),
-    ("tis_weight_mean", "importance_weight_mean",
-     "Mean truncated importance weight min(pi_learner / pi_rollout, tis_cap) over the last batch's tokens"),
-    ("tis_clip_frac", "importance_weight_capped_fraction",
-     "Share of tokens whose importance weight was cut to tis_cap"),
-    ("reward_mean", "reward_mean", "Mean trajectory reward of the last batch"),
-    ("success_rate", "success_rate", "Share of successful episodes in the last batch"),
-    ("staleness", "staleness", "Mean policy-version lag of the trained tokens"),
-    ("response_len_mean", "response_tokens_mean", "Mean model tokens per trajectory"),
-)}
+SCALARS = {
+    key: metrics.gauge("learner", name, doc)
+    for key, name, doc in (
+        ("step_seconds", "step_seconds", "Wall time of the last step (collect, train, push, checkpoint)"),
+        ("push_seconds", "weight_push_seconds", "Wall time of the last weight push to every rollout server"),
+        ("entropy", "entropy", "Mean token entropy of the policy on the last batch"),
+        ("grad_norm", "grad_norm", "Gradient norm before clipping"),
+        ("clip_frac", "clip_fraction", "Share of tokens whose ratio was clipped"),
+        ("clip_frac_lower", "dual_clip_fraction", "Share of tokens whose loss the dual clip (clip_ratio_c) capped"),
+        ("ratio_mean", "ratio_mean", "Mean ratio pi_new / pi_old over the updated tokens"),
+        (
+            "tis_weight_mean",
+            "importance_weight_mean",
+            "Mean truncated importance weight min(pi_learner / pi_rollout, tis_cap) over the last batch's tokens",
+        ),
+        (
+            "tis_clip_frac",
+            "importance_weight_capped_fraction",
+            "Share of tokens whose importance weight was cut to tis_cap",
+        ),
+        ("reward_mean", "reward_mean", "Mean trajectory reward of the last batch"),
+        ("success_rate", "success_rate", "Share of successful episodes in the last batch"),
+        ("staleness", "staleness", "Mean policy-version lag of the trained tokens"),
+        ("response_len_mean", "response_tokens_mean", "Mean model tokens per trajectory"),
+    )
+}
 LOSS_TERMS = {"loss": "total", "pg_loss": "policy", "vf_loss": "value"}
 KL_KEYS = {"approx_kl": "old_policy", "mismatch_kl": "rollout", "ref_kl": "reference", "kl_ref": "reference"}
 
@@ -108,24 +147,30 @@ class StreamCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
-            values = {"length": self.stream.length(), "pending": self.stream.pending_count(),
-                      "lag": self.stream.lag()}
+            values = {"length": self.stream.length(), "pending": self.stream.pending_count(), "lag": self.stream.lag()}
         except (redis.RedisError, OSError) as exc:
             log.warning("stream metrics unavailable: %s", exc)
             return
-        docs = {"length": "Entries in the trajectory stream",
-                "pending": "Entries delivered to the learner and not yet acknowledged",
-                "lag": "Entries not yet delivered to the learner"}
+        docs = {
+            "length": "Entries in the trajectory stream",
+            "pending": "Entries delivered to the learner and not yet acknowledged",
+            "lag": "Entries not yet delivered to the learner",
+        }
         for name, value in values.items():
             yield GaugeMetricFamily(metrics.metric_name("stream", name), docs[name], value=value)
 
 
 def _quick_client(client: redis.Redis, timeout_s: float) -> redis.Redis:
     pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
-              "retry": Retry(NoBackoff(), 0)}
-    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class,
-                                                            max_connections=2, **kwargs))
+    kwargs = {
+        **pool.connection_kwargs,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, max_connections=2, **kwargs)
+    )
 
 
 def register_stream_collector(stream: TrajectoryStream, registry: CollectorRegistry | None = None) -> StreamCollector:

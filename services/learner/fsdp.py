@@ -1,5 +1,6 @@
 """Process group, FSDP2 sharding and full state dicts. The only module of the learner that knows about
 distribution; without torchrun everything runs as a world of one."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ generation config. From a live trainer (end of training) or from any committed c
 
     python -m services.learner.hf_export --checkpoint runs/x/checkpoints/step_00000040 --base MODEL --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,6 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -21,8 +21,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MAX_SHARD = "5GB"
 
 
-def write_hf_model(out_dir: str | Path, weights: dict[str, torch.Tensor], base: str | Path,
-                   tokenizer_from: Optional[str | Path] = None, dtype: str = "float32") -> Path:
+def write_hf_model(
+    out_dir: str | Path,
+    weights: dict[str, torch.Tensor],
+    base: str | Path,
+    tokenizer_from: str | Path | None = None,
+    dtype: str = "float32",
+) -> Path:
     """Writes into `<out_dir>.tmp` and renames it into place, so a reader never sees half a model."""
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
@@ -42,8 +47,10 @@ def write_hf_model(out_dir: str | Path, weights: dict[str, torch.Tensor], base: 
     for file, names in split.filename_to_tensors.items():
         save_file({n: weights[n] for n in names}, tmp / file, metadata={"format": "pt"})
     if split.is_sharded:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in weights.values())},
-                 "weight_map": split.tensor_to_filename}
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in weights.values())},
+            "weight_map": split.tensor_to_filename,
+        }
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     _copy_tokenizer(tokenizer_from or base, tmp)
     if (Path(base) / "generation_config.json").is_file():
@@ -66,7 +73,7 @@ def _copy_tokenizer(source: str | Path, into: Path) -> None:
         log.warning("no tokenizer copied from %s: %s", source, exc)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a committed checkpoint folder (step_<n>)")
     parser.add_argument("--base", required=True, help="the model the run started from (config and tokenizer)")

@@ -1,5 +1,6 @@
 """KL to the frozen reference policy: per-token estimators and the in-reward coefficient controllers
 (the names and formulas of verl's `kl_penalty` and `apply_kl_penalty`)."""
+
 from __future__ import annotations
 
 import math

@@ -1,15 +1,14 @@
 """PPO policy and value losses, loss aggregation and KL diagnostics on [B, T] tensors; position t refers
 to token t everywhere."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     mask = mask.to(x.dtype)
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp(min=1)
@@ -27,8 +26,14 @@ def mismatch_kl(learner_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, 
     return masked_mean(k3_kl(learner_logprobs, rollout_logprobs), mask)
 
 
-def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg_mode: str, *,
-              num_tokens: Optional[float] = None, num_seqs: Optional[float] = None) -> torch.Tensor:
+def aggregate(
+    token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    agg_mode: str,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> torch.Tensor:
     """Reduces [B, T] to a scalar. The divisors default to this batch's own; pass the global batch's
     (`num_tokens` = masked tokens, `num_seqs` = sequences with any masked token) to make the sum over
     micro-batches and ranks equal the full-batch loss."""
@@ -47,11 +52,20 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, agg_mode: str, *,
     return per_seq.sum() / denom
 
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                clip_low: float, clip_high: float, agg_mode: str = "token-mean", *,
-                clip_ratio_c: Optional[float] = None,
-                is_weights: Optional[torch.Tensor] = None, num_tokens: Optional[float] = None,
-                num_seqs: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    agg_mode: str = "token-mean",
+    *,
+    clip_ratio_c: float | None = None,
+    is_weights: torch.Tensor | None = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with the ratio clipped to [1 - clip_low, 1 + clip_high].
 
     Dual-clip (`clip_ratio_c` > 1): where the advantage is negative the token loss is at most
@@ -88,15 +102,25 @@ def truncated_is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Ten
     return torch.exp((old_logprobs - rollout_logprobs).clamp(-20.0, 20.0)).clamp(max=cap).detach()
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float, agg_mode: str = "token-mean", *, num_tokens: Optional[float] = None,
-               num_seqs: Optional[float] = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    agg_mode: str = "token-mean",
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped value loss: 0.5 * agg(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)).
     Stats: vf_clip_frac (the clipped branch is larger), vf_mean."""
     clipped_values = old_values + (values - old_values).clamp(-clip, clip)
     plain, clipped = (values - returns) ** 2, (clipped_values - returns) ** 2
     loss = 0.5 * aggregate(torch.maximum(plain, clipped), mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
-        stats = {"vf_clip_frac": masked_mean((clipped > plain).to(values.dtype), mask),
-                 "vf_mean": masked_mean(values, mask)}
+        stats = {
+            "vf_clip_frac": masked_mean((clipped > plain).to(values.dtype), mask),
+            "vf_mean": masked_mean(values, mask),
+        }
     return loss, stats

@@ -4,6 +4,7 @@ Two paths to the logprobs: dense (the model's [B, T, V] logits, then log-softmax
 (`chunk_tokens` > 0: the final hidden states, then the LM head and an fp32 log-softmax on `chunk_tokens`
 positions at a time, each chunk recomputed in the backward pass rather than kept), so no [B, T, V]
 fp32 tensor ever exists. Both give the same values and gradients up to float rounding."""
+
 from __future__ import annotations
 
 import functools
@@ -32,12 +33,16 @@ def load_model(path: str, dtype: str = "float32", attention: str = "sdpa") -> to
 
 
 def _logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask, position_ids=None) -> torch.Tensor:
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                 use_cache=False).logits
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   chunk_tokens: int = 0, pack: bool = False) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chunk_tokens: int = 0,
+    pack: bool = False,
+) -> torch.Tensor:
     """[B, T] float32: position t = log p(token t | tokens < t), position 0 = 0. `pack`: one forward pass
     over the real tokens only (`packing`), the same values."""
     if pack:
@@ -46,8 +51,13 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return _token_logprobs(model, input_ids, attention_mask, chunk_tokens)
 
 
-def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                               chunk_tokens: int = 0, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chunk_tokens: int = 0,
+    pack: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     if pack:
         rows = pack_rows(input_ids, attention_mask)
         lp, ent = _token_logprobs_and_entropy(model, rows.input_ids, None, chunk_tokens, rows.position_ids)
@@ -79,11 +89,18 @@ def _token_stats(model: torch.nn.Module):
     return getattr(model, TOKEN_STATS_METHOD, None) or functools.partial(_chunked_token_stats, model)
 
 
-def _chunked_token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask, chunk_tokens: int,
-                         with_entropy: bool, position_ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunked_token_stats(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask,
+    chunk_tokens: int,
+    with_entropy: bool,
+    position_ids=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 use_cache=False).last_hidden_state
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
     head = model.get_output_embeddings()
     b, t = input_ids.shape
     flat = hidden.reshape(b * t, -1)
@@ -106,8 +123,9 @@ def _chunked_token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attent
     return unflatten(logps), unflatten(ents)
 
 
-def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, with_entropy: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def _head_chunk(
+    hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(hidden, weight, bias).float()
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logp = picked - torch.logsumexp(logits, dim=-1)
@@ -122,8 +140,9 @@ def load_value_model(path: str, dtype: str = "float32", attention: str = "sdpa")
     The head starts at zero (every value 0), so its first updates fit the head before the trunk moves."""
     from transformers import AutoModelForTokenClassification
 
-    model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=DTYPES[dtype],
-                                                            attn_implementation=attention)
+    model = AutoModelForTokenClassification.from_pretrained(
+        path, num_labels=1, dtype=DTYPES[dtype], attn_implementation=attention
+    )
     with torch.no_grad():
         model.score.weight.zero_()
         if model.score.bias is not None:
@@ -132,8 +151,9 @@ def load_value_model(path: str, dtype: str = "float32", attention: str = "sdpa")
     return model.eval()
 
 
-def token_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 pack: bool = False) -> torch.Tensor:
+def token_values(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack: bool = False
+) -> torch.Tensor:
     """[B, T] float32: position t = V(tokens < t), the value of the state token t was sampled in (read
     from the head at position t - 1, the same shift as the logprobs); position 0 = 0."""
     if pack:
@@ -143,6 +163,9 @@ def token_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask
 
 
 def _token_values(model, input_ids, attention_mask, position_ids=None) -> torch.Tensor:
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=False).logits[..., 0].float()
+    out = (
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        .logits[..., 0]
+        .float()
+    )
     return torch.nn.functional.pad(out[:, :-1], (1, 0))

@@ -5,6 +5,7 @@ eager, varlen kernels for flash attention, a document mask for flex attention).
 
 Per-token outputs come back to the [B, T] layout with `unpack`, so everything after the forward pass (the
 losses, advantages, masks) is the same code with or without packing."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ import torch
 
 @dataclass
 class PackedRows:
-    input_ids: torch.Tensor     # [1, N] the real tokens, row after row
+    input_ids: torch.Tensor  # [1, N] the real tokens, row after row
     position_ids: torch.Tensor  # [1, N] 0..len-1 within each row
-    index: torch.Tensor         # [N] where each packed token sits in the flattened [B, T]
+    index: torch.Tensor  # [N] where each packed token sits in the flattened [B, T]
     shape: tuple[int, int]
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
@@ -34,8 +35,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRo
     real = attention_mask.bool()
     index = real.reshape(-1).nonzero().squeeze(-1)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
-    return PackedRows(input_ids=input_ids.reshape(-1)[index][None], position_ids=positions[real][None],
-                      index=index, shape=(b, t))
+    return PackedRows(
+        input_ids=input_ids.reshape(-1)[index][None], position_ids=positions[real][None], index=index, shape=(b, t)
+    )
 
 
 def token_budget_chunks(lengths: list[int], budget: int) -> list[list[int]]:

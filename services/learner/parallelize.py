@@ -1,6 +1,7 @@
 """Scale code beside the model (torchtitan's parallelize): activation checkpointing, then compile, then
 FSDP, in that order, applied per decoder layer, so `model.py` stays single-device code. None of these
 renames a parameter: checkpoints and weight pushes keep the Hugging Face names."""
+
 from __future__ import annotations
 
 import functools
@@ -12,8 +13,14 @@ from torch.utils.checkpoint import checkpoint
 from services.learner import fsdp
 
 
-def parallelize(model: nn.Module, device: torch.device, *, mixed_precision_bf16: bool = False,
-                activation_checkpointing: bool = False, compile_layers: bool = False) -> nn.Module:
+def parallelize(
+    model: nn.Module,
+    device: torch.device,
+    *,
+    mixed_precision_bf16: bool = False,
+    activation_checkpointing: bool = False,
+    compile_layers: bool = False,
+) -> nn.Module:
     """Applies the levers to `model` in place and returns it sharded on `device`."""
     for layer in fsdp.decoder_layers(model):
         if activation_checkpointing:

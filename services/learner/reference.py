@@ -1,4 +1,5 @@
 """The frozen reference policy for the KL terms: the run's initial weights, sharded like the policy."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,16 @@ from services.learner.parallelize import parallelize
 
 
 class ReferencePolicy:
-    def __init__(self, model_path: str, dtype: str, device: torch.device, mixed_precision_bf16: bool,
-                 chunk_tokens: int = 0, pack: bool = False, attention: str = "sdpa"):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        device: torch.device,
+        mixed_precision_bf16: bool,
+        chunk_tokens: int = 0,
+        pack: bool = False,
+        attention: str = "sdpa",
+    ):
         from services.common.weights import checksum
 
         self.model = load_model(model_path, dtype, attention)
@@ -30,6 +39,8 @@ class ReferencePolicy:
     def check(self, saved: dict[str, Any]) -> None:
         """Refuses to resume against other reference weights than the checkpointed run used."""
         if saved and saved.get("checksum") != self.identity["checksum"]:
-            raise ValueError(f"reference model changed since the checkpoint: it was {saved.get('path')} "
-                             f"(checksum {str(saved.get('checksum'))[:12]}), now {self.identity['path']} "
-                             f"(checksum {self.identity['checksum'][:12]})")
+            raise ValueError(
+                f"reference model changed since the checkpoint: it was {saved.get('path')} "
+                f"(checksum {str(saved.get('checksum'))[:12]}), now {self.identity['path']} "
+                f"(checksum {self.identity['checksum'][:12]})"
+            )

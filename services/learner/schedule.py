@@ -1,4 +1,5 @@
 """Learning-rate schedule: linear warm-up, then constant or cosine decay over the run's steps."""
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,9 @@ def lr_factor(step: int, algo: AlgorithmConfig, total_steps: int) -> float:
     return algo.min_lr_ratio + (1.0 - algo.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, algo: AlgorithmConfig, total_steps: int
-                    ) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, algo: AlgorithmConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, algo, total_steps))
 
 

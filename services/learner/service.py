@@ -10,6 +10,7 @@ While it waits for a step's groups, rank 0 keeps the run whole: a rollout server
 older policy is pushed the current one (it takes no work until it has it), and if Redis comes back without
 the run's state (restarted without persistence) the learner rebuilds it from its own step and version; the
 groups of the step that were lost with it are counted and replaced, never trained around."""
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,14 @@ class CollectedStep:
 
 
 class LearnerService:
-    def __init__(self, config: TrainConfig, trainer: Any, pusher: Any, state: RunState | None = None,
-                 stream: TrajectoryStream | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        trainer: Any,
+        pusher: Any,
+        state: RunState | None = None,
+        stream: TrajectoryStream | None = None,
+    ):
         self.config, self.trainer, self.pusher = config, trainer, pusher
         self.state, self.stream = state, stream  # rank 0 only
         self.version = 0
@@ -110,8 +117,9 @@ class LearnerService:
                 entries, self._backlog = self._backlog[:take], self._backlog[take:]
             else:
                 try:
-                    entries = self.stream.read(CONSUMER, count=want - len(out.groups),
-                                               block_ms=cfg.stream.read_block_ms)
+                    entries = self.stream.read(
+                        CONSUMER, count=want - len(out.groups), block_ms=cfg.stream.read_block_ms
+                    )
                 except redis.ResponseError as exc:
                     if "NOGROUP" not in str(exc):
                         raise
@@ -140,13 +148,21 @@ class LearnerService:
             self._catch_up_servers()
             now = time.monotonic()
             if now > deadline:
-                raise StepTimeout(f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
-                                  f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped; "
-                                  f"{self._servers_line()}); raise learner.step_timeout_s to wait longer")
+                raise StepTimeout(
+                    f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
+                    f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped; "
+                    f"{self._servers_line()}); raise learner.step_timeout_s to wait longer"
+                )
             if now > next_report:
                 next_report = now + WAIT_REPORT_EVERY_S
-                log.info("step %d: %d/%d groups so far, waiting (%s; gives up in %.0fs)", self.step + 1,
-                         len(out.groups), want, self._servers_line(), deadline - now)
+                log.info(
+                    "step %d: %d/%d groups so far, waiting (%s; gives up in %.0fs)",
+                    self.step + 1,
+                    len(out.groups),
+                    want,
+                    self._servers_line(),
+                    deadline - now,
+                )
         return out
 
     def _servers_line(self) -> str:
@@ -164,8 +180,11 @@ class LearnerService:
         try:
             lost = [entry_id for entry_id in self.stream.pending_ids(CONSUMER) if entry_id not in known]
             if lost:
-                log.warning("%d stream entries were delivered to the learner but never received (a read "
-                            "interrupted by a Redis restart): reading them again", len(lost))
+                log.warning(
+                    "%d stream entries were delivered to the learner but never received (a read "
+                    "interrupted by a Redis restart): reading them again",
+                    len(lost),
+                )
                 self._backlog += self.stream.fetch(lost)
         except redis.RedisError as exc:
             log.warning("could not check for lost deliveries: %s", exc)
@@ -180,8 +199,11 @@ class LearnerService:
             servers = self.state.rollout_servers()
         except redis.RedisError:
             return
-        behind = [a for a, info in servers.items()
-                  if int(info.get("policy_version", -1)) < self.version and now >= self._catch_up_after.get(a, 0.0)]
+        behind = [
+            a
+            for a, info in servers.items()
+            if int(info.get("policy_version", -1)) < self.version and now >= self._catch_up_after.get(a, 0.0)
+        ]
         if not behind:
             return
         for address in behind:
@@ -190,8 +212,9 @@ class LearnerService:
             if result.ok:
                 log.info("rollout %s was behind: pushed v%d (%.1fs)", result.address, self.version, result.seconds)
             else:
-                log.warning("rollout %s is behind and the push of v%d failed: %s", result.address, self.version,
-                            result.error)
+                log.warning(
+                    "rollout %s is behind and the push of v%d failed: %s", result.address, self.version, result.error
+                )
 
     def _rebuild_run_state(self, partial: CollectedStep) -> CollectedStep:
         """Redis lost the run's state (its consumer group is gone). The learner's own step and version are
@@ -199,9 +222,13 @@ class LearnerService:
         groups already read for it went with Redis and are counted as lost."""
         self.groups_lost_to_redis += len(partial.groups)
         DROPPED.labels(reason="redis_lost").inc(len(partial.trajectories))
-        log.error("Redis lost the run's state (restarted without persistence?): rebuilding it at step %d, policy "
-                  "v%d; %d group(s) read for this step were lost with it and will be replaced",
-                  self.step + 1, self.version, len(partial.groups))
+        log.error(
+            "Redis lost the run's state (restarted without persistence?): rebuilding it at step %d, policy "
+            "v%d; %d group(s) read for this step were lost with it and will be replaced",
+            self.step + 1,
+            self.version,
+            len(partial.groups),
+        )
         self.stream.ensure_group()
         self.state.publish_version(self.version)
         self.state.raise_claims_to(self.step * self.config.rollout.groups_per_step)
@@ -232,8 +259,12 @@ class LearnerService:
             if not result.ok:
                 log.error("weight push v%d to %s failed: %s", self.version, result.address, result.error)
             elif result.checksum != packed.checksum:
-                log.error("rollout %s applied checksum %s, learner has %s", result.address, result.checksum[:12],
-                          packed.checksum[:12])
+                log.error(
+                    "rollout %s applied checksum %s, learner has %s",
+                    result.address,
+                    result.checksum[:12],
+                    packed.checksum[:12],
+                )
         self.state.publish_version(self.version)
         return time.perf_counter() - start, packed.checksum, [vars(r) for r in results]
 
@@ -243,10 +274,17 @@ class LearnerService:
         start = time.perf_counter()
         self._commit_pending()
         background = self.config.learner.checkpoint_async and not force
-        pending = self.trainer.start_checkpoint(self.config.learner.checkpoint_dir, {
-            "step": self.step, "policy_version": self.version, "unacked_entry_ids": self._unacked,
-            "dropped_stale_total": self.dropped_stale_total, "groups_lost_to_redis": self.groups_lost_to_redis},
-            background=background)
+        pending = self.trainer.start_checkpoint(
+            self.config.learner.checkpoint_dir,
+            {
+                "step": self.step,
+                "policy_version": self.version,
+                "unacked_entry_ids": self._unacked,
+                "dropped_stale_total": self.dropped_stale_total,
+                "groups_lost_to_redis": self.groups_lost_to_redis,
+            },
+            background=background,
+        )
         self._pending = (pending, self._unacked)
         self._unacked = []
         if not background:
@@ -286,13 +324,23 @@ class LearnerService:
         self._unacked += batch.entry_ids
         ckpt_s = self._checkpoint(force=self.step == self.config.learner.steps)
         versions = [t.policy_version for traj in batch.trajectories for t in traj.turns]
-        summary = {**stats, "step": self.step, "policy_version": self.version, "weights_checksum": checksum,
-                   "pushes": pushes, "push_seconds": push_s, "checkpoint_seconds": ckpt_s,
-                   "staleness": self.step - 1 - sum(versions) / max(len(versions), 1),
-                   "step_seconds": time.perf_counter() - start, "trajectories": len(batch.trajectories),
-                   "groups": len(batch.groups), "entry_ids": batch.entry_ids, "dropped_stale": batch.dropped_stale,
-                   "dropped_stale_total": self.dropped_stale_total,
-                   "groups_lost_to_redis": self.groups_lost_to_redis}
+        summary = {
+            **stats,
+            "step": self.step,
+            "policy_version": self.version,
+            "weights_checksum": checksum,
+            "pushes": pushes,
+            "push_seconds": push_s,
+            "checkpoint_seconds": ckpt_s,
+            "staleness": self.step - 1 - sum(versions) / max(len(versions), 1),
+            "step_seconds": time.perf_counter() - start,
+            "trajectories": len(batch.trajectories),
+            "groups": len(batch.groups),
+            "entry_ids": batch.entry_ids,
+            "dropped_stale": batch.dropped_stale,
+            "dropped_stale_total": self.dropped_stale_total,
+            "groups_lost_to_redis": self.groups_lost_to_redis,
+        }
         for traj in batch.trajectories:
             for name, value in traj.reward_components.items():
                 summary.setdefault(f"reward/{name}", 0.0)
@@ -315,9 +363,15 @@ class LearnerService:
         while self.step < self.config.learner.steps:
             summary = self.run_step()
             if fsdp.is_rank0():
-                log.info("step %d: reward %.3f success %.2f kl %.4f %.1fs v%d", summary["step"],
-                         summary.get("reward_mean", float("nan")), summary.get("success_rate", float("nan")),
-                         summary.get("approx_kl", float("nan")), summary["step_seconds"], summary["policy_version"])
+                log.info(
+                    "step %d: reward %.3f success %.2f kl %.4f %.1fs v%d",
+                    summary["step"],
+                    summary.get("reward_mean", float("nan")),
+                    summary.get("success_rate", float("nan")),
+                    summary.get("approx_kl", float("nan")),
+                    summary["step_seconds"],
+                    summary["policy_version"],
+                )
         self._commit_pending()
         if self.step >= self.config.learner.steps:
             self.export_policy()

@@ -7,13 +7,15 @@ on the whole batch; then `ppo_epochs` passes of the policy (and critic). A pass 
 mini-batch (`ppo_mini_batch_size` consecutive sequences of the batch, in order; the whole batch by default),
 its gradient accumulated over this rank's micro-batches of that mini-batch, its loss normalised by the
 mini-batch's own token and sequence counts. The learning-rate schedule advances once per step."""
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -32,8 +34,19 @@ from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_scheduler, restore_scheduler
 
 # per-token sums (divided by the token count in the metrics) and loss sums (already normalised)
-_TOKEN_SUMS = ("mismatch_kl", "entropy", "clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean", "update_tokens",
-               "tis_weight", "tis_clipped", "kl_ref", "vf_clip_frac")
+_TOKEN_SUMS = (
+    "mismatch_kl",
+    "entropy",
+    "clip_frac",
+    "clip_frac_lower",
+    "approx_kl",
+    "ratio_mean",
+    "update_tokens",
+    "tis_weight",
+    "tis_clipped",
+    "kl_ref",
+    "vf_clip_frac",
+)
 _LOSS_SUMS = ("loss", "pg_loss", "entropy_loss", "kl_loss", "vf_loss")
 _SUMS = _TOKEN_SUMS + _LOSS_SUMS
 
@@ -45,13 +58,13 @@ class NonFiniteUpdate(FloatingPointError):
 @dataclass
 class _Micro:
     batch: TrainBatch
-    rows: Optional[torch.Tensor]  # its rows in the global batch; None for a filler (all-masked) micro-batch
-    old_logprobs: Optional[torch.Tensor] = None
-    ref_logprobs: Optional[torch.Tensor] = None
-    values: Optional[torch.Tensor] = None
-    is_weights: Optional[torch.Tensor] = None
-    advantages: Optional[torch.Tensor] = None
-    returns: Optional[torch.Tensor] = None
+    rows: torch.Tensor | None  # its rows in the global batch; None for a filler (all-masked) micro-batch
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
 
 @dataclass
@@ -80,9 +93,13 @@ class PolicyTrainer:
         self.pack = config.learner.pack_sequences
         self.model = load_model(model_path, load_dtype, config.learner.attention)
         self.pad_id = int(self.model.config.pad_token_id or 0)
-        parallelize(self.model, self.device, mixed_precision_bf16=mixed,
-                    activation_checkpointing=config.learner.activation_checkpointing,
-                    compile_layers=config.learner.compile)
+        parallelize(
+            self.model,
+            self.device,
+            mixed_precision_bf16=mixed,
+            activation_checkpointing=config.learner.activation_checkpointing,
+            compile_layers=config.learner.compile,
+        )
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
@@ -91,9 +108,15 @@ class PolicyTrainer:
             self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
         self.reference = None
         if algo.use_kl_in_reward or algo.use_kl_loss:
-            self.reference = ReferencePolicy(model_path, load_dtype, self.device, mixed,
-                                             config.learner.logprob_chunk_tokens, pack=self.pack,
-                                             attention=config.learner.attention)
+            self.reference = ReferencePolicy(
+                model_path,
+                load_dtype,
+                self.device,
+                mixed,
+                config.learner.logprob_chunk_tokens,
+                pack=self.pack,
+                attention=config.learner.attention,
+            )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
         self.policy_version = 0
@@ -105,8 +128,7 @@ class PolicyTrainer:
         out = []
         for rows in torch.arange(batch.size).split(max(size, 1)):
             mask = batch.response_mask[rows]
-            norm = {"num_tokens": max(mask.sum().item(), 1.0),
-                    "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
+            norm = {"num_tokens": max(mask.sum().item(), 1.0), "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
             out.append(_Mini(self._local_micro_batches(batch, rows), norm))
         return out
 
@@ -141,7 +163,7 @@ class PolicyTrainer:
         for m in micro:
             if m.rows is not None:
                 local = getattr(m, field)
-                full[m.rows.to(self.device), :local.shape[1]] = local.to(torch.float64)
+                full[m.rows.to(self.device), : local.shape[1]] = local.to(torch.float64)
         return fsdp.all_reduce_sum(full).to("cpu", torch.float32)
 
     # -- one step ---------------------------------------------------------------------------
@@ -151,7 +173,7 @@ class PolicyTrainer:
         chunk = self.config.learner.logprob_chunk_tokens
         with torch.no_grad():
             for m in micro:
-                b, mask = m.batch, m.batch.response_mask
+                b = m.batch
                 if self.reference is not None:
                     m.ref_logprobs = self.reference.logprobs(b.input_ids, b.attention_mask)
                 if self.critic is not None:
@@ -160,8 +182,7 @@ class PolicyTrainer:
                     old, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk, self.pack)
                     self._set_old_logprobs(m, old, ent, sums)
 
-    def _set_old_logprobs(self, m: _Micro, old: torch.Tensor, ent: torch.Tensor, sums: dict[str, torch.Tensor]
-                          ) -> None:
+    def _set_old_logprobs(self, m: _Micro, old: torch.Tensor, ent: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
         """The pre-update logprobs of a micro-batch and what derives from them: rollout mismatch, entropy,
         KL to the reference, truncated importance weights."""
         b, mask, cap = m.batch, m.batch.response_mask, self.config.algorithm.tis_cap
@@ -181,11 +202,11 @@ class PolicyTrainer:
         epoch, one mini-batch) sees the weights that scoring would, and nothing needs the logprobs before it
         (KL in the reward does). Saves one forward pass over the batch."""
         algo = self.config.algorithm
-        return (self.config.learner.fuse_scoring and algo.ppo_epochs == 1 and n_mini == 1
-                and not algo.use_kl_in_reward)
+        return self.config.learner.fuse_scoring and algo.ppo_epochs == 1 and n_mini == 1 and not algo.use_kl_in_reward
 
-    def _kl_penalised_rewards(self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float],
-                              update_controller: bool = True) -> torch.Tensor:
+    def _kl_penalised_rewards(
+        self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float], update_controller: bool = True
+    ) -> torch.Tensor:
         """verl's apply_kl_penalty: r_t - beta * KL_t on model tokens; the controller then sees the batch's
         mean per-sequence KL."""
         algo, mask = self.config.algorithm, batch.response_mask
@@ -236,14 +257,17 @@ class PolicyTrainer:
             token_rewards = self._kl_penalised_rewards(batch, micro, extra, update_controller=not dry_run)
         values = self._gather(micro, "values", mask.shape) if self.critic is not None else None
         advantages, returns = self.estimator.advantages_and_returns(
-            token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam)
+            token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam
+        )
         for m in micro:
             width = m.batch.input_ids.shape[1]
             rows = m.rows if m.rows is not None else slice(0, 1)
             m.advantages = advantages[rows, :width].to(self.device)
             m.returns = returns[rows, :width].to(self.device)
-        extra.update(advantage_mean=masked_mean(advantages, mask).item(),
-                     advantage_abs_mean=masked_mean(advantages.abs(), mask).item())
+        extra.update(
+            advantage_mean=masked_mean(advantages, mask).item(),
+            advantage_abs_mean=masked_mean(advantages.abs(), mask).item(),
+        )
         scored = time.perf_counter()
         extra["time/score_s"] = scored - start  # these phases end in a host sync (gather, grad norm)
 
@@ -262,8 +286,9 @@ class PolicyTrainer:
         totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
         return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
 
-    def _update_policy(self, minis: list[_Mini], sums: dict[str, torch.Tensor], dry_run: bool = False
-                       ) -> tuple[list[float], int]:
+    def _update_policy(
+        self, minis: list[_Mini], sums: dict[str, torch.Tensor], dry_run: bool = False
+    ) -> tuple[list[float], int]:
         """One optimizer step per mini-batch and epoch; returns each step's gradient norm and how many steps
         a non-finite norm skipped."""
         algo = self.config.algorithm
@@ -298,17 +323,27 @@ class PolicyTrainer:
                 self._set_old_logprobs(m, lp.detach(), ent.detach(), sums)
                 if algo.entropy_coeff <= 0:
                     ent = None
-            pg, stats = policy_loss(lp, m.old_logprobs, m.advantages, mask, algo.clip_ratio_low,
-                                    algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c,
-                                    is_weights=m.is_weights, **norm)
+            pg, stats = policy_loss(
+                lp,
+                m.old_logprobs,
+                m.advantages,
+                mask,
+                algo.clip_ratio_low,
+                algo.clip_ratio_high,
+                algo.loss_agg_mode,
+                clip_ratio_c=algo.clip_ratio_c,
+                is_weights=m.is_weights,
+                **norm,
+            )
             loss = pg
             if ent is not None:
                 ent_loss = aggregate(ent, mask, algo.loss_agg_mode, **norm)
                 loss = loss - algo.entropy_coeff * ent_loss
                 sums["entropy_loss"] += ent_loss.detach()
             if algo.use_kl_loss:
-                kl_loss = aggregate(kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode,
-                                    **norm)
+                kl_loss = aggregate(
+                    kl_estimate(lp, m.ref_logprobs, algo.kl_loss_type), mask, algo.loss_agg_mode, **norm
+                )
                 loss = loss + algo.kl_loss_coef * kl_loss
                 sums["kl_loss"] += kl_loss.detach()
             # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss.
@@ -328,11 +363,15 @@ class PolicyTrainer:
         v, r = values[m].double(), returns[m].double()
         var_r = r.var(unbiased=False).item() if r.numel() > 1 else 0.0
         explained = 1.0 - (r - v).var(unbiased=False).item() / var_r if var_r > 0 else float("nan")
-        return {"values_mean": v.mean().item() if v.numel() else 0.0,
-                "returns_mean": r.mean().item() if r.numel() else 0.0, "vf_explained_var": explained}
+        return {
+            "values_mean": v.mean().item() if v.numel() else 0.0,
+            "returns_mean": r.mean().item() if r.numel() else 0.0,
+            "vf_explained_var": explained,
+        }
 
-    def _metrics(self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int,
-                 n_mini: int) -> dict[str, float]:
+    def _metrics(
+        self, batch: TrainBatch, s: dict[str, float], grad_norms: list[float], skipped: int, n_mini: int
+    ) -> dict[str, float]:
         epochs = self.config.algorithm.ppo_epochs * n_mini  # loss sums hold one normalised loss per optimizer step
         tokens = max(batch.response_mask.sum().item(), 1.0)
         update_tokens = max(s["update_tokens"], 1.0)
@@ -382,28 +421,39 @@ class PolicyTrainer:
             parts["critic"] = (self.critic.model, self.critic.optimizer)
         return parts
 
-    def save_checkpoint(self, directory: str | Path, extra: Optional[dict[str, Any]] = None) -> Path:
+    def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Collective. Writes and commits `<directory>/step_<step>`, keeping the newest `keep_checkpoints`
         there. `extra` (JSON-serialisable, e.g. stream offsets) comes back from `load_checkpoint`."""
         return self.start_checkpoint(directory, extra, background=False).commit()
 
-    def start_checkpoint(self, directory: str | Path, extra: Optional[dict[str, Any]] = None,
-                         background: bool = False) -> checkpoint.PendingCheckpoint:
+    def start_checkpoint(
+        self, directory: str | Path, extra: dict[str, Any] | None = None, background: bool = False
+    ) -> checkpoint.PendingCheckpoint:
         """Collective. Like `save_checkpoint`, but with `background` (and the sharded format) the shards are
         written by a thread while training goes on; the caller commits the returned checkpoint later."""
         path = checkpoint.checkpoint_path(directory, self.step)
-        meta = {"step": self.step, "policy_version": self.policy_version, "extra": extra or {},
-                "advantage": self.config.algorithm.advantage,
-                "reference": self.reference.identity if self.reference is not None else None}
+        meta = {
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "extra": extra or {},
+            "advantage": self.config.algorithm.advantage,
+            "reference": self.reference.identity if self.reference is not None else None,
+        }
         state: dict[str, Any] = {"scheduler": self.scheduler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         if self.critic is not None:
             state["critic_scheduler"] = self.critic.scheduler.state_dict()
         learner = self.config.learner
-        return checkpoint.save(path, self._parts(), meta, keep=learner.keep_checkpoints, state=state,
-                               fmt=learner.checkpoint_format,
-                               background=background and learner.checkpoint_format == "sharded")
+        return checkpoint.save(
+            path,
+            self._parts(),
+            meta,
+            keep=learner.keep_checkpoints,
+            state=state,
+            fmt=learner.checkpoint_format,
+            background=background and learner.checkpoint_format == "sharded",
+        )
 
-    def export_hf(self, out_dir: str | Path, tokenizer_from: Optional[str | Path] = None) -> Optional[Path]:
+    def export_hf(self, out_dir: str | Path, tokenizer_from: str | Path | None = None) -> Path | None:
         """Collective. Writes the policy as a Hugging Face model directory (config, safetensors weights in
         the configured dtype, tokenizer and generation config when the source has them) on rank 0."""
         weights = dict(self.named_weights_for_push())
@@ -411,8 +461,9 @@ class PolicyTrainer:
             return None
         from services.learner.hf_export import write_hf_model
 
-        return write_hf_model(out_dir, weights, self.model_path, tokenizer_from or self.model_path,
-                              dtype=self.config.model.dtype)
+        return write_hf_model(
+            out_dir, weights, self.model_path, tokenizer_from or self.model_path, dtype=self.config.model.dtype
+        )
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Collective. Restores weights, optimizer, scheduler and KL-controller state, RNG and

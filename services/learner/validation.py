@@ -22,12 +22,14 @@ rank and after every restart):
 Each dropped group is counted three ways: `omrl_learner_dead_letters_total{reason}`, the run's Redis
 hash `dead_letters`, and the run-wide lost-group count (RunState.add_lost_groups) by which the producers
 replace it, so the step is not starved."""
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from services.common.config import TrainConfig
 from services.common.trajectory import RecordError, Trajectory, encode_batch, validate
@@ -52,13 +54,13 @@ class Poison(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    vocab_size: Optional[int]
+    vocab_size: int | None
     """Token ids must be below this; None when the trainer has no model config (tests)."""
     max_length: int
     """Most tokens in one trajectory."""
 
     @classmethod
-    def for_learner(cls, config: TrainConfig, trainer: Any) -> "Limits":
+    def for_learner(cls, config: TrainConfig, trainer: Any) -> Limits:
         """The learner model's vocabulary and context (bounded by model.max_model_len)."""
         model_config = getattr(getattr(trainer, "model", None), "config", None)
         vocab = getattr(model_config, "vocab_size", None)
@@ -71,13 +73,16 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
     """Raises Poison naming the first rule `traj` breaks; cheap checks that bound the later ones go first."""
     name, n = traj.trajectory_id or "?", len(traj.token_ids)
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
-        raise Poison("lengths", f"{name}: token_ids/loss_mask/logprobs lengths differ "
-                                f"({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})")
+        raise Poison(
+            "lengths",
+            f"{name}: token_ids/loss_mask/logprobs lengths differ ({n}/{len(traj.loss_mask)}/{len(traj.logprobs)})",
+        )
     if n > limits.max_length:
         raise Poison("too_long", f"{name}: {n} tokens exceed the learner's context of {limits.max_length}")
     if n and limits.vocab_size is not None and max(traj.token_ids) >= limits.vocab_size:
-        raise Poison("token_id", f"{name}: token id {max(traj.token_ids)} is outside the vocabulary "
-                                 f"of {limits.vocab_size}")
+        raise Poison(
+            "token_id", f"{name}: token id {max(traj.token_ids)} is outside the vocabulary of {limits.vocab_size}"
+        )
     try:
         validate(traj)
     except RecordError as exc:
@@ -86,8 +91,9 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
         raise Poison("turns", f"{name}: a model token at position 0 has no context")
     rewards = [traj.reward, *traj.reward_components.values()]
     if not all(map(math.isfinite, rewards)):
-        raise Poison("non_finite", f"{name}: non-finite reward {traj.reward} (components "
-                                   f"{dict(traj.reward_components)})")
+        raise Poison(
+            "non_finite", f"{name}: non-finite reward {traj.reward} (components {dict(traj.reward_components)})"
+        )
     if not all(map(math.isfinite, traj.logprobs)):
         raise Poison("non_finite", f"{name}: non-finite logprob")
     if n and max(traj.logprobs) > LOGPROB_EPSILON:
@@ -137,7 +143,7 @@ class PoisonGuard:
             step.groups -= self.poisoned
 
     # -- train time ------------------------------------------------------------------------------
-    def train(self, trainer: Any, step: Any) -> Optional[dict[str, float]]:
+    def train(self, trainer: Any, step: Any) -> dict[str, float] | None:
         """`trainer.train_step` on the step's trajectories, isolating the groups that make it fail; None
         when every group of the step failed (the caller collects again). Removes them from `step`."""
         try:
@@ -157,8 +163,14 @@ class PoisonGuard:
             reason = "non_finite_update" if isinstance(exc, NonFiniteUpdate) else "train_error"
             entries = self._entries_of.pop(group_id, [])
             shared = {e for g, ids in self._entries_of.items() if g not in culprits for e in ids}
-            self._dead_letter(",".join(entries), reason, f"{type(exc).__name__}: {exc}", group_id,
-                              [t for t in step.trajectories if t.group_id == group_id], ack=False)
+            self._dead_letter(
+                ",".join(entries),
+                reason,
+                f"{type(exc).__name__}: {exc}",
+                group_id,
+                [t for t in step.trajectories if t.group_id == group_id],
+                ack=False,
+            )
             if self.stream is not None:  # entries with a group still to be trained are acked with its checkpoint
                 self.stream.ack([e for e in entries if e not in shared])
         step.trajectories[:] = [t for t in step.trajectories if t.group_id not in culprits]
@@ -172,8 +184,9 @@ class PoisonGuard:
         return stats
 
     # -- dead letters and counts ------------------------------------------------------------------
-    def _dead_letter(self, entry_id: str, reason: str, error: str, group_id: str, members: Iterable[Trajectory],
-                     *, ack: bool) -> None:
+    def _dead_letter(
+        self, entry_id: str, reason: str, error: str, group_id: str, members: Iterable[Trajectory], *, ack: bool
+    ) -> None:
         self.poisoned.add(group_id)
         if self.stream is None:  # not rank 0
             return

@@ -1,11 +1,12 @@
 """Supervised warm-start on the task format (the SFT that real pipelines run before RL): episodes of
 a random valid policy, rendered with the model's chat template, teach the action format and nothing
 about which action is right, so the policy starts near the random baseline."""
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -37,17 +38,30 @@ def demo_episodes(env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: in
     return out
 
 
-def training_labels(input_ids: torch.Tensor, attention: torch.Tensor, batch: list[tuple[list[int], list[int]]],
-                    read_observations: bool) -> torch.Tensor:
+def training_labels(
+    input_ids: torch.Tensor, attention: torch.Tensor, batch: list[tuple[list[int], list[int]]], read_observations: bool
+) -> torch.Tensor:
     """Next-token targets: the agent's replies only, or (`read_observations`) every real token."""
     width = input_ids.shape[1]
-    mask = attention.bool() if read_observations else torch.tensor(
-        [m + [0] * (width - len(m)) for _, m in batch], dtype=torch.bool)
+    mask = (
+        attention.bool()
+        if read_observations
+        else torch.tensor([m + [0] * (width - len(m)) for _, m in batch], dtype=torch.bool)
+    )
     return input_ids.masked_fill(~mask, -100)
 
 
-def warmstart(base_dir: Path, out_dir: Path, env_cfg: EnvConfig, steps: int, seed: int = 0, batch_size: int = 16,
-              lr: float = 2e-3, say: Callable[[str], None] = print, read_observations: bool = False) -> Path:
+def warmstart(
+    base_dir: Path,
+    out_dir: Path,
+    env_cfg: EnvConfig,
+    steps: int,
+    seed: int = 0,
+    batch_size: int = 16,
+    lr: float = 2e-3,
+    say: Callable[[str], None] = print,
+    read_observations: bool = False,
+) -> Path:
     """`read_observations` also trains next-token prediction on the prompts and observations, the way
     pretraining gives a real model its reading: the tiny model then picks up the environment's text (that
     a hint repeats from one observation to the next, say) while its actions stay those of the random

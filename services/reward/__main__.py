@@ -1,4 +1,5 @@
 """python -m services.reward --port 50053 --metrics-port 9103 [--config file.yaml]"""
+
 import argparse
 import asyncio
 
@@ -11,10 +12,21 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=50053, help="gRPC port (0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
     parser.add_argument("--config", default=None, help="Run config (YAML/JSON); its `reward:` section is used")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="Config override, e.g. reward.components.goal.weight=2")
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="Import MODULE first, so its reward functions registered in REWARDS are served")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Config override, e.g. reward.components.goal.weight=2",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="Import MODULE first, so its reward functions registered in REWARDS are served",
+    )
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
     args = parser.parse_args()
     setup_logging("reward")
@@ -36,8 +48,16 @@ def main() -> None:
     except ValueError as exc:
         parser.error("; ".join(error_lines(exc)))
     service = RewardService(composer, timeout_s=config.timeout_s)
-    asyncio.run(serve("reward", args.port, [add_reward_service(service)], host=args.host,
-                      metrics_port=args.metrics_port, grace_s=args.grace_s))
+    asyncio.run(
+        serve(
+            "reward",
+            args.port,
+            [add_reward_service(service)],
+            host=args.host,
+            metrics_port=args.metrics_port,
+            grace_s=args.grace_s,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The reward-function interface: one finished trajectory in, one number out."""
+
 from __future__ import annotations
 
 import abc

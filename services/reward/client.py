@@ -1,9 +1,10 @@
 """How callers (rollout, tests) reach the reward service: one interface, in-process or over gRPC."""
+
 from __future__ import annotations
 
 import abc
 import asyncio
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -22,7 +23,7 @@ class RewardClient(abc.ABC):
     async def aclose(self) -> None:
         """Releases the client's own resources."""
 
-    async def __aenter__(self) -> "RewardClient":
+    async def __aenter__(self) -> RewardClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -40,8 +41,8 @@ class InProcessRewardClient(RewardClient):
 class GrpcRewardClient(RewardClient):
     def __init__(self, address: str, timeout_s: float = 30.0, max_request_bytes: int = MAX_REQUEST_BYTES):
         self.address, self.timeout_s, self.max_request_bytes = address, timeout_s, max_request_bytes
-        self._channel: Optional[grpc.aio.Channel] = None
-        self._stub: Optional[reward_pb2_grpc.RewardServiceStub] = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: reward_pb2_grpc.RewardServiceStub | None = None
 
     @property
     def stub(self) -> reward_pb2_grpc.RewardServiceStub:

@@ -1,26 +1,27 @@
 """The weighted sum of the configured reward functions, with each weighted part kept for logging."""
+
 from __future__ import annotations
 
 import math
-from typing import Mapping, Union
+from collections.abc import Mapping
 
 from services.common.config import RewardComponentConfig, RewardConfig
-from services.common.registry import Registry
 from services.common.protos import trajectory_pb2
+from services.common.registry import Registry
 from services.reward.base import RewardFunction
 from services.reward.registry import REWARDS
 
 
 class RewardComposer:
-    def __init__(self, components: Mapping[str, Union[RewardComponentConfig, dict]],
-                 registry: Registry[RewardFunction] = REWARDS):
+    def __init__(
+        self, components: Mapping[str, RewardComponentConfig | dict], registry: Registry[RewardFunction] = REWARDS
+    ):
         """Fails here (ValueError) on unknown names or bad params, never at scoring time."""
         if not components:
             raise ValueError(f"no reward components configured; known: {', '.join(registry.names())}")
         unknown = sorted(set(components) - set(registry.names()))
         if unknown:
-            raise ValueError(f"unknown reward component(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(registry.names())}")
+            raise ValueError(f"unknown reward component(s) {', '.join(unknown)}; known: {', '.join(registry.names())}")
         self.components: list[tuple[str, float, RewardFunction]] = []
         for name, spec in components.items():
             spec = RewardComponentConfig.model_validate(spec)
@@ -31,7 +32,7 @@ class RewardComposer:
             self.components.append((name, spec.weight, fn))
 
     @classmethod
-    def from_config(cls, config: RewardConfig) -> "RewardComposer":
+    def from_config(cls, config: RewardConfig) -> RewardComposer:
         return cls(config.components)
 
     @property
@@ -45,8 +46,10 @@ class RewardComposer:
             try:
                 value = float(fn(traj))
             except Exception as exc:
-                raise RuntimeError(f"reward component {name!r} failed on trajectory {traj.trajectory_id!r}: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+                raise RuntimeError(
+                    f"reward component {name!r} failed on trajectory {traj.trajectory_id!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             if not math.isfinite(value):
                 raise ValueError(f"reward component {name!r} gave {value} for trajectory {traj.trajectory_id!r}")
             parts[name] = weight * value

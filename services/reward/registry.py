@@ -7,10 +7,12 @@ Adding a reward function is one module plus one line:
 Then name it under `reward.components` in the config. Code outside this package registers a class
 directly: `REWARDS.register("name")(MyReward)`.
 """
+
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from services.common.registry import Registry
 from services.reward.base import RewardFunction

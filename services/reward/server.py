@@ -1,7 +1,8 @@
 """The gRPC shell around RewardService."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 
@@ -15,9 +16,12 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
 
     async def Score(self, request: reward_pb2.ScoreRequest, context) -> reward_pb2.ScoreResponse:
         scores = await self.service.score(request.trajectories)
-        return reward_pb2.ScoreResponse(rewards=[
-            reward_pb2.RewardBreakdown(trajectory_id=traj.trajectory_id, total=total, components=parts)
-            for traj, (total, parts) in zip(request.trajectories, scores)])
+        return reward_pb2.ScoreResponse(
+            rewards=[
+                reward_pb2.RewardBreakdown(trajectory_id=traj.trajectory_id, total=total, components=parts)
+                for traj, (total, parts) in zip(request.trajectories, scores)
+            ]
+        )
 
 
 def add_reward_service(service: RewardService) -> Callable[[grpc.aio.Server], None]:

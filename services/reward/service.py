@@ -1,10 +1,11 @@
 """The reward service core: scores batches of finished trajectories with one RewardComposer."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -20,16 +21,24 @@ SCORE_BUCKETS = (-2, -1, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 0.75, 1, 2)
 
 
 class RewardService:
-    def __init__(self, composer: RewardComposer, *, timeout_s: float = 20.0,
-                 metrics_registry: Optional[CollectorRegistry] = None):
+    def __init__(
+        self, composer: RewardComposer, *, timeout_s: float = 20.0, metrics_registry: CollectorRegistry | None = None
+    ):
         self.composer, self.timeout_s = composer, timeout_s
         reg = metrics_registry
         self._m_latency = metrics.histogram("reward", "score_seconds", "Latency of scoring one batch", registry=reg)
         self._m_scored = metrics.counter("reward", "trajectories_total", "Trajectories scored", registry=reg)
-        self._m_component = metrics.histogram("reward", "component_score", "Weighted score per component",
-                                              ["component"], registry=reg, buckets=SCORE_BUCKETS)
-        self._m_total = metrics.histogram("reward", "total_score", "Total score per trajectory", registry=reg,
-                                          buckets=SCORE_BUCKETS)
+        self._m_component = metrics.histogram(
+            "reward",
+            "component_score",
+            "Weighted score per component",
+            ["component"],
+            registry=reg,
+            buckets=SCORE_BUCKETS,
+        )
+        self._m_total = metrics.histogram(
+            "reward", "total_score", "Total score per trajectory", registry=reg, buckets=SCORE_BUCKETS
+        )
 
     async def score(self, trajectories: Sequence[trajectory_pb2.Trajectory]) -> list[Score]:
         """One (total, {component: weighted value}) per trajectory, in order."""

@@ -1,4 +1,5 @@
 """python -m services.rollout: a vLLM rollout server (and trajectory producer) for one run."""
+
 import argparse
 import asyncio
 
@@ -20,8 +21,16 @@ def main() -> None:
     config = load_config(args.config, args.set)
     from services.rollout.app import run_server
 
-    asyncio.run(run_server(config, args.port, args.advertise or f"127.0.0.1:{args.port}", args.metrics_port,
-                           produce=not args.no_produce, host=args.host))
+    asyncio.run(
+        run_server(
+            config,
+            args.port,
+            args.advertise or f"127.0.0.1:{args.port}",
+            args.metrics_port,
+            produce=not args.no_produce,
+            host=args.host,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """The multi-turn agent loop: generate from the episode's full token context, parse the action, step
 the environment, append the observation tokens, until done or a limit. Episodes run as independent
 coroutines, so every live episode shares the engine through continuous batching."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from services.common import metrics
 from services.common.config import EnvConfig, RolloutConfig
@@ -21,10 +23,15 @@ from services.rollout.prompting import ChatFormatter
 log = logging.getLogger(__name__)
 
 ACTIVE_EPISODES = metrics.gauge("rollout", "active_episodes", "Episodes in the agent loop")
-EPISODES = metrics.preset(metrics.counter("rollout", "episodes_total", "Finished episodes by outcome", ["outcome"]),
-                          ("success",), ("failure",), ("infra_error",))
-EPISODE_RETRIES = metrics.counter("rollout", "episode_retries_total",
-                                  "Episodes played again on a fresh environment after an infrastructure failure")
+EPISODES = metrics.preset(
+    metrics.counter("rollout", "episodes_total", "Finished episodes by outcome", ["outcome"]),
+    ("success",),
+    ("failure",),
+    ("infra_error",),
+)
+EPISODE_RETRIES = metrics.counter(
+    "rollout", "episode_retries_total", "Episodes played again on a fresh environment after an infrastructure failure"
+)
 
 
 class Generator(Protocol):
@@ -49,8 +56,17 @@ class LoopLimits:
 
 
 class AgentLoop:
-    def __init__(self, generator: Generator, env_client: Any, formatter: ChatFormatter, parser: ActionParser,
-                 rollout: RolloutConfig, env: EnvConfig, max_model_len: int, server_name: str = ""):
+    def __init__(
+        self,
+        generator: Generator,
+        env_client: Any,
+        formatter: ChatFormatter,
+        parser: ActionParser,
+        rollout: RolloutConfig,
+        env: EnvConfig,
+        max_model_len: int,
+        server_name: str = "",
+    ):
         self.generator, self.envs, self.formatter, self.parser = generator, env_client, formatter, parser
         self.rollout, self.env = rollout, env
         self.limits = LoopLimits(env.max_turns, rollout.max_new_tokens, max_model_len)
@@ -60,18 +76,29 @@ class AgentLoop:
 
     def _sampling(self, budget: int, seed: int | None) -> SamplingSpec:
         r = self.rollout
-        return SamplingSpec(max_tokens=budget, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                            stop_token_ids=self.formatter.stop_token_ids, seed=seed)
+        return SamplingSpec(
+            max_tokens=budget,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            stop_token_ids=self.formatter.stop_token_ids,
+            seed=seed,
+        )
 
-    async def run_group(self, task_index: int, group_id: str | None = None, seed: int | None = None) -> list[Trajectory]:
+    async def run_group(
+        self, task_index: int, group_id: str | None = None, seed: int | None = None
+    ) -> list[Trajectory]:
         """`group_size` episodes of one task, concurrently. An episode lost to infrastructure is played
         again on a fresh environment (up to env.max_episode_attempts tries); once one runs out of tries
         the group fails as a whole and its other episodes are cancelled, so a partial group never
         reaches advantage statistics."""
         group_id = group_id or uuid.uuid4().hex
-        tasks = [asyncio.create_task(self.run_episode_with_retries(task_index, group_id,
-                                                                   None if seed is None else seed * 1000 + i))
-                 for i in range(self.rollout.group_size)]
+        tasks = [
+            asyncio.create_task(
+                self.run_episode_with_retries(task_index, group_id, None if seed is None else seed * 1000 + i)
+            )
+            for i in range(self.rollout.group_size)
+        ]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -92,12 +119,19 @@ class AgentLoop:
             except EpisodeFailed as exc:
                 self.stats["episodes_failed"] += 1
                 if not exc.retryable or attempt == attempts:
-                    raise EpisodeFailed(f"episode of task {task_index} failed {attempt} time(s), last: {exc}",
-                                        exc.retryable) from exc
+                    raise EpisodeFailed(
+                        f"episode of task {task_index} failed {attempt} time(s), last: {exc}", exc.retryable
+                    ) from exc
                 self.stats["episode_retries"] += 1
                 EPISODE_RETRIES.inc()
-                log.warning("episode of task %d (group %s) lost, retrying on a fresh environment (%d/%d): %s",
-                            task_index, group_id, attempt, attempts, exc)
+                log.warning(
+                    "episode of task %d (group %s) lost, retrying on a fresh environment (%d/%d): %s",
+                    task_index,
+                    group_id,
+                    attempt,
+                    attempts,
+                    exc,
+                )
         raise AssertionError("unreachable")
 
     async def run_episode(self, task_index: int, group_id: str, seed: int | None = None) -> Trajectory:
@@ -111,29 +145,44 @@ class AgentLoop:
             return traj
         except ServiceError as exc:
             EPISODES.labels(outcome="infra_error").inc()
-            raise EpisodeFailed(f"env service: {type(exc).__name__}: {exc}",
-                                retryable=not isinstance(exc, InvalidArgument)) from exc
+            raise EpisodeFailed(
+                f"env service: {type(exc).__name__}: {exc}", retryable=not isinstance(exc, InvalidArgument)
+            ) from exc
         finally:
             ACTIVE_EPISODES.dec()
             if episode_id is not None:
                 await self._close_quietly(episode_id)
 
     async def _play(self, state: Any, task_index: int, group_id: str, seed: int | None) -> Trajectory:
-        builder = TrajectoryBuilder(env=self.env.name, task_index=task_index, group_id=group_id,
-                                    prompt_ids=self.formatter.initial(state.observation),
-                                    rollout_server=self.server_name)
+        builder = TrajectoryBuilder(
+            env=self.env.name,
+            task_index=task_index,
+            group_id=group_id,
+            prompt_ids=self.formatter.initial(state.observation),
+            rollout_server=self.server_name,
+        )
         env_return, lim = 0.0, self.limits
         for turn in range(lim.max_turns):
             budget = min(lim.max_new_tokens, lim.max_model_len - builder.length)
             if budget <= 0:
                 return builder.finish(env_return=env_return, success=False, stop_reason="max_length")
-            out = await self.generator.generate(f"{builder.record.trajectory_id}-{turn}", builder.record.token_ids,
-                                                self._sampling(budget, None if seed is None else seed + turn))
+            out = await self.generator.generate(
+                f"{builder.record.trajectory_id}-{turn}",
+                builder.record.token_ids,
+                self._sampling(budget, None if seed is None else seed + turn),
+            )
             gen = out.generation
             text = self.formatter.decode(gen.token_ids)
             parsed = self.parser.parse(text)
-            builder.add_model_turn(gen.token_ids, gen.logprobs, policy_version=out.policy_version, text=text,
-                                   action=parsed.action, action_valid=parsed.valid, finish_reason=gen.finish_reason)
+            builder.add_model_turn(
+                gen.token_ids,
+                gen.logprobs,
+                policy_version=out.policy_version,
+                text=text,
+                action=parsed.action,
+                action_valid=parsed.valid,
+                finish_reason=gen.finish_reason,
+            )
             if parsed.valid:
                 state = await self.envs.step(state.episode_id, parsed.action)
                 env_return += state.reward

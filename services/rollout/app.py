@@ -5,6 +5,7 @@ Start-up: a server that finds its run already at published policy vN waits for w
 NOT_SERVING, Generate UNAVAILABLE, no producer) while its heartbeat reports the version it holds, so
 the learner re-pushes to it. Exit: the process exits non-zero when the engine dies or a background task
 (heartbeat, producer, engine watch) fails, so it is restarted rather than left half alive."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +24,7 @@ async def heartbeat(state: AsyncRunState, address: str, core, every_s: float = 2
     async def beat():
         info = {**core.status(), "version": core.policy_version, "serving": core.serving}
         await state.register_rollout(address, info)
+
     await retrying(beat, "rollout registry heartbeat", every_s)
 
 
@@ -30,13 +32,23 @@ def build_backend(config: TrainConfig):
     m, r = config.model, config.rollout
     if not m.path:
         raise SystemExit("model.path is empty: give a model (the local launcher builds the tiny one)")
-    return BACKENDS.create(r.backend, m.path, dtype=m.dtype, max_model_len=m.max_model_len,
-                           gpu_memory_utilization=r.gpu_memory_utilization, max_num_seqs=r.max_num_seqs,
-                           enforce_eager=r.enforce_eager, seed=config.seed, gpus=r.gpus, engine_args=r.engine_args)
+    return BACKENDS.create(
+        r.backend,
+        m.path,
+        dtype=m.dtype,
+        max_model_len=m.max_model_len,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        max_num_seqs=r.max_num_seqs,
+        enforce_eager=r.enforce_eager,
+        seed=config.seed,
+        gpus=r.gpus,
+        engine_args=r.engine_args,
+    )
 
 
-async def run_server(config: TrainConfig, port: int, advertise: str, metrics_port: int | None,
-                     produce: bool, host: str | None = None) -> None:
+async def run_server(
+    config: TrainConfig, port: int, advertise: str, metrics_port: int | None, produce: bool, host: str | None = None
+) -> None:
     from transformers import AutoTokenizer
 
     from services.common.weights import ModelSignature
@@ -59,8 +71,11 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
     await backend.start()
     core = RolloutCore(backend, config.model.path, signature=signature, run=config.run, required_version=published)
     if core.waiting_for_version:
-        log.warning("waiting for weights v%d: the run published it before this server started; serving nothing "
-                    "until the learner pushes it", published)
+        log.warning(
+            "waiting for weights v%d: the run published it before this server started; serving nothing "
+            "until the learner pushes it",
+            published,
+        )
     stop = asyncio.Event()
     tasks = TaskSupervisor(stop)
 
@@ -72,16 +87,24 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
     tasks.start("heartbeat", heartbeat(state, advertise, core))
     tasks.start("engine watch", watch_engine(backend.check_alive, engine_dead))
     if produce:
-        loop = AgentLoop(core, GrpcEnvClient(config.env.address, timeout_s=config.env.step_timeout_s + 5.0),
-                         ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
-                         PARSERS.create(config.rollout.action_parser), config.rollout, config.env,
-                         config.model.max_model_len, server_name=advertise)
-        producer = Producer(config, loop, GrpcRewardClient(config.reward.address, timeout_s=config.reward.timeout_s),
-                            state, core)
+        loop = AgentLoop(
+            core,
+            GrpcEnvClient(config.env.address, timeout_s=config.env.step_timeout_s + 5.0),
+            ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
+            PARSERS.create(config.rollout.action_parser),
+            config.rollout,
+            config.env,
+            config.model.max_model_len,
+            server_name=advertise,
+        )
+        producer = Producer(
+            config, loop, GrpcRewardClient(config.reward.address, timeout_s=config.reward.timeout_s), state, core
+        )
 
         async def produce_when_serving():
             await core.wait_until_serving()  # no claims before the server holds the run's version
             await producer.run()
+
         tasks.start("producer", produce_when_serving())
 
     async def on_shutdown():
@@ -90,7 +113,15 @@ async def run_server(config: TrainConfig, port: int, advertise: str, metrics_por
         await state.aclose()
         await backend.shutdown()
 
-    await serve("rollout", port, [add_to_server(core, auth)], host=host, metrics_port=metrics_port,
-                on_shutdown=on_shutdown, stop=stop, serving=lambda: core.serving)
+    await serve(
+        "rollout",
+        port,
+        [add_to_server(core, auth)],
+        host=host,
+        metrics_port=metrics_port,
+        on_shutdown=on_shutdown,
+        stop=stop,
+        serving=lambda: core.serving,
+    )
     if tasks.failure:
         raise SystemExit(f"rollout server stopped: {tasks.failure}")

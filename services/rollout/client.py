@@ -1,8 +1,9 @@
 """Callers of a rollout server: the gRPC client used in production and an in-process one for tests."""
+
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -16,11 +17,14 @@ from services.rollout.push_auth import auth_metadata
 
 class RolloutClient(abc.ABC):
     @abc.abstractmethod
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration: ...
+    async def generate(
+        self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec
+    ) -> VersionedGeneration: ...
 
     @abc.abstractmethod
-    async def update_weights(self, version: int, weights: PackedWeights, *, rollback: bool = False,
-                             run: str = "") -> UpdateResult: ...
+    async def update_weights(
+        self, version: int, weights: PackedWeights, *, rollback: bool = False, run: str = ""
+    ) -> UpdateResult: ...
 
     @abc.abstractmethod
     async def status(self) -> dict: ...
@@ -47,8 +51,9 @@ class InProcessRolloutClient(RolloutClient):
 class GrpcRolloutClient(RolloutClient):
     """`weight_token`: the shared secret UpdateWeights requires (services.rollout.push_auth)."""
 
-    def __init__(self, address: str, timeout_s: float = 120.0, push_timeout_s: float = 300.0,
-                 weight_token: str | None = None):
+    def __init__(
+        self, address: str, timeout_s: float = 120.0, push_timeout_s: float = 300.0, weight_token: str | None = None
+    ):
         self.address, self.timeout_s, self.push_timeout_s = address, timeout_s, push_timeout_s
         self.weight_token = weight_token
         self._channel: grpc.aio.Channel | None = None
@@ -63,20 +68,34 @@ class GrpcRolloutClient(RolloutClient):
 
     async def generate(self, request_id, prompt_ids, sampling):
         request = rollout_pb2.GenerateRequest(
-            request_id=request_id, prompt_token_ids=list(prompt_ids),
-            sampling=rollout_pb2.SamplingParams(max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                                                top_p=sampling.top_p, top_k=sampling.top_k,
-                                                stop_token_ids=sampling.stop_token_ids, seed=sampling.seed))
+            request_id=request_id,
+            prompt_token_ids=list(prompt_ids),
+            sampling=rollout_pb2.SamplingParams(
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                stop_token_ids=sampling.stop_token_ids,
+                seed=sampling.seed,
+            ),
+        )
         with rpc_errors():
             reply = await self.stub.Generate(request, timeout=self.timeout_s)
-        return VersionedGeneration(Generation(list(reply.token_ids), list(reply.logprobs), reply.finish_reason),
-                                   reply.policy_version)
+        return VersionedGeneration(
+            Generation(list(reply.token_ids), list(reply.logprobs), reply.finish_reason), reply.policy_version
+        )
 
     async def update_weights(self, version, weights, *, rollback=False, run=""):
         packed = weights
-        header = rollout_pb2.WeightUpdateHeader(version=version, checksum=packed.checksum, rollback=rollback, run=run,
-                                                tensors=[
-            rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in packed.specs])
+        header = rollout_pb2.WeightUpdateHeader(
+            version=version,
+            checksum=packed.checksum,
+            rollback=rollback,
+            run=run,
+            tensors=[
+                rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in packed.specs
+            ],
+        )
 
         async def chunks():
             yield rollout_pb2.WeightChunk(header=header)
@@ -84,8 +103,9 @@ class GrpcRolloutClient(RolloutClient):
                 yield rollout_pb2.WeightChunk(data=data)
 
         with rpc_errors():
-            reply = await self.stub.UpdateWeights(chunks(), timeout=self.push_timeout_s,
-                                                  metadata=auth_metadata(self.weight_token))
+            reply = await self.stub.UpdateWeights(
+                chunks(), timeout=self.push_timeout_s, metadata=auth_metadata(self.weight_token)
+            )
         return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
 
     async def status(self):

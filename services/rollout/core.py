@@ -11,33 +11,45 @@ keeps serving the version it had):
 
 A server that starts while its run already published policy vN (`required_version`) serves nothing
 (Generate: UNAVAILABLE, health NOT_SERVING) until it holds a version >= N."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from services.common import metrics
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from services.common.weights import (ChecksumMismatch, ModelSignature, TensorSpec, WeightSetRejected, check_finite,
-                                     unpack)
+from services.common.weights import (
+    ChecksumMismatch,
+    ModelSignature,
+    TensorSpec,
+    WeightSetRejected,
+    check_finite,
+    unpack,
+)
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.rwlock import ReadWriteLock
 
 log = logging.getLogger(__name__)
 
 GENERATED_TOKENS = metrics.counter("rollout", "generated_tokens_total", "Tokens sampled by the engine")
-GENERATE_LATENCY = metrics.histogram("rollout", "generate_latency_seconds", "Latency of one generation call",
-                                     buckets=metrics.DURATION_BUCKETS)
+GENERATE_LATENCY = metrics.histogram(
+    "rollout", "generate_latency_seconds", "Latency of one generation call", buckets=metrics.DURATION_BUCKETS
+)
 ACTIVE_REQUESTS = metrics.gauge("rollout", "active_requests", "Generation requests in flight")
 POLICY_VERSION = metrics.gauge("rollout", "policy_version", "Policy version being served")
-WEIGHT_UPDATE_SECONDS = metrics.histogram("rollout", "weight_update_seconds", "Time to apply a weight set",
-                                          buckets=metrics.DURATION_BUCKETS)
+WEIGHT_UPDATE_SECONDS = metrics.histogram(
+    "rollout", "weight_update_seconds", "Time to apply a weight set", buckets=metrics.DURATION_BUCKETS
+)
 PUSHES_REFUSED = metrics.preset(
     metrics.counter("rollout", "weight_pushes_refused_total", "Weight pushes refused, nothing applied", ["reason"]),
-    ("unauthenticated",), ("invalid",), ("stale",))
+    ("unauthenticated",),
+    ("invalid",),
+    ("stale",),
+)
 
 
 @dataclass
@@ -71,7 +83,7 @@ class PushHeader:
 class RolloutCore:
     backend: RolloutBackend
     model: str
-    signature: Optional[ModelSignature] = None
+    signature: ModelSignature | None = None
     """The served model's tensors; None accepts any set (tests with fake engines only)."""
     run: str = ""
     required_version: int = 0
@@ -97,8 +109,10 @@ class RolloutCore:
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration:
         if self.waiting_for_version:
-            raise Unavailable(f"waiting for weights v{self.required_version}: this rollout server (re)started "
-                              f"while the run is at that version and holds v{self.policy_version}")
+            raise Unavailable(
+                f"waiting for weights v{self.required_version}: this rollout server (re)started "
+                f"while the run is at that version and holds v{self.policy_version}"
+            )
         async with self._lock.read():
             version = self.policy_version
             ACTIVE_REQUESTS.inc()
@@ -120,14 +134,22 @@ class RolloutCore:
         if self._behind(header):
             if not header.rollback:
                 PUSHES_REFUSED.labels("stale").inc()
-                log.warning("weight push v%d refused: this server serves v%d and versions never go back "
-                            "(set rollback for a deliberate one)", header.version, self.policy_version)
-                raise FailedPrecondition(f"version {header.version} is not above the served "
-                                         f"v{self.policy_version}; nothing applied (not a rollback)")
+                log.warning(
+                    "weight push v%d refused: this server serves v%d and versions never go back "
+                    "(set rollback for a deliberate one)",
+                    header.version,
+                    self.policy_version,
+                )
+                raise FailedPrecondition(
+                    f"version {header.version} is not above the served "
+                    f"v{self.policy_version}; nothing applied (not a rollback)"
+                )
             if header.run != self.run:
                 PUSHES_REFUSED.labels("stale").inc()
-                raise FailedPrecondition(f"rollback to v{header.version} refused: it is for run {header.run!r}, "
-                                         f"this server serves run {self.run!r}")
+                raise FailedPrecondition(
+                    f"rollback to v{header.version} refused: it is for run {header.run!r}, "
+                    f"this server serves run {self.run!r}"
+                )
         if self.signature is not None:
             try:
                 self.signature.check(header.specs)
@@ -138,8 +160,9 @@ class RolloutCore:
     def _behind(self, header: PushHeader) -> bool:
         """Whether the push would not move the served version forward (the weights loaded from disk
         at start-up count as no version: the first push of v0 installs them)."""
-        return header.version < self.policy_version or (header.version == self.policy_version
-                                                        and self.weights_checksum != "")
+        return header.version < self.policy_version or (
+            header.version == self.policy_version and self.weights_checksum != ""
+        )
 
     def _refuse(self, header: PushHeader, exc: Exception):
         PUSHES_REFUSED.labels("invalid").inc()
@@ -162,20 +185,32 @@ class RolloutCore:
             rollback = self._behind(header)
             await self.backend.load_weights(tensors)
             if rollback:
-                log.warning("ROLLBACK of run %s: v%d replaces the served v%d", self.run, header.version,
-                            self.policy_version)
+                log.warning(
+                    "ROLLBACK of run %s: v%d replaces the served v%d", self.run, header.version, self.policy_version
+                )
             self.policy_version, self.weights_checksum = header.version, header.checksum
         seconds = time.perf_counter() - start
         POLICY_VERSION.set(header.version)
         WEIGHT_UPDATE_SECONDS.observe(seconds)
-        log.info("policy v%d loaded (%d tensors, %.1f MB) in %.2fs", header.version, len(header.specs),
-                 len(payload) / 1e6, seconds)
+        log.info(
+            "policy v%d loaded (%d tensors, %.1f MB) in %.2fs",
+            header.version,
+            len(header.specs),
+            len(payload) / 1e6,
+            seconds,
+        )
         if self.required_version and not self.waiting_for_version:
             log.info("holds v%d >= the run's v%d: serving", self.policy_version, self.required_version)
         return UpdateResult(header.version, header.checksum, len(payload), seconds)
 
     def status(self) -> dict:
-        return {"model": self.model, "backend": self.backend.name, "policy_version": self.policy_version,
-                "weights_checksum": self.weights_checksum, "active_requests": self._lock.readers,
-                "generated_tokens_total": self.generated_tokens, "active_episodes": self.active_episodes,
-                "waiting_for_version": self.waiting_for_version}
+        return {
+            "model": self.model,
+            "backend": self.backend.name,
+            "policy_version": self.policy_version,
+            "weights_checksum": self.weights_checksum,
+            "active_requests": self._lock.readers,
+            "generated_tokens_total": self.generated_tokens,
+            "active_episodes": self.active_episodes,
+            "waiting_for_version": self.waiting_for_version,
+        }

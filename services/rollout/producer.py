@@ -12,6 +12,7 @@ holder died (its lease expired) is taken over by any live worker and replayed on
 attempt (an episode out of retries, the reward service down) releases the slot, which is retried after a
 back-off on a fresh task; a slot out of attempts is dropped, counted, and replaced like a stale group.
 Publishing ends the lease in the same Redis script, so no group reaches the stream twice."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,7 @@ import socket
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
@@ -36,9 +37,16 @@ from services.rollout.supervision import TRANSIENT_REDIS
 
 log = logging.getLogger(__name__)
 
-GROUPS = metrics.preset(metrics.counter("rollout", "groups_total", "Task groups by outcome", ["outcome"]),
-                        ("published",), ("dropped",), ("released",), ("retried",), ("taken_over",),
-                        ("superseded",), ("dead_lettered",))
+GROUPS = metrics.preset(
+    metrics.counter("rollout", "groups_total", "Task groups by outcome", ["outcome"]),
+    ("published",),
+    ("dropped",),
+    ("released",),
+    ("retried",),
+    ("taken_over",),
+    ("superseded",),
+    ("dead_lettered",),
+)
 QUEUE_DEPTH = metrics.gauge("rollout", "queue_depth", "Workers waiting for a group slot the served policy may start")
 MAX_BACKOFF_S = 30.0
 MAX_REDIS_BACKOFF_S = 10.0
@@ -46,8 +54,17 @@ T = TypeVar("T")
 
 
 class Producer:
-    def __init__(self, config: TrainConfig, loop: AgentLoop, reward_client: Any, state: AsyncRunState, core: Any,
-                 poll_s: float = 0.2, max_attempts: Optional[int] = None, holder: Optional[str] = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        loop: AgentLoop,
+        reward_client: Any,
+        state: AsyncRunState,
+        core: Any,
+        poll_s: float = 0.2,
+        max_attempts: int | None = None,
+        holder: str | None = None,
+    ):
         """Groups are appended to `state.trajectories_key`, trimmed to about `config.stream.max_len` entries."""
         self.config, self.loop, self.rewards, self.state, self.core = config, loop, reward_client, state, core
         self.poll_s = poll_s
@@ -56,7 +73,7 @@ class Producer:
         self.ttl_s = config.rollout.lease_ttl_s
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.published = 0
-        self._tasks: Optional[TaskSplit] = None
+        self._tasks: TaskSplit | None = None
         self._reported: Counter[str] = Counter()
 
     def task_of(self, claim: int, attempt: int = 1) -> int:
@@ -83,13 +100,21 @@ class Producer:
         already retried for about 45 s) are retried with back-off, forever, so an outage pauses the workers
         instead of ending them (their leases lapse meanwhile and are taken over); any other error
         propagates to the server's supervision."""
-        def warn(state: RetryCallState) -> None:
-            log.warning("redis call %s failed (%s), retry %d in %.1fs", getattr(call, "__name__", call),
-                        state.outcome.exception(), state.attempt_number, state.upcoming_sleep)
 
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_REDIS), before_sleep=warn,
-                                           wait=wait_exponential(multiplier=self.redis_retry_s,
-                                                                 max=MAX_REDIS_BACKOFF_S)):
+        def warn(state: RetryCallState) -> None:
+            log.warning(
+                "redis call %s failed (%s), retry %d in %.1fs",
+                getattr(call, "__name__", call),
+                state.outcome.exception(),
+                state.attempt_number,
+                state.upcoming_sleep,
+            )
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TRANSIENT_REDIS),
+            before_sleep=warn,
+            wait=wait_exponential(multiplier=self.redis_retry_s, max=MAX_REDIS_BACKOFF_S),
+        ):
             with attempt:
                 return await call(*args)
         raise AssertionError("unreachable: retried until it returns")
@@ -103,7 +128,7 @@ class Producer:
         pending = +pending
         for key, value in increments.items():
             if value and key.startswith("groups_"):
-                GROUPS.labels(outcome=key[len("groups_"):]).inc(value)
+                GROUPS.labels(outcome=key[len("groups_") :]).inc(value)
         if not pending:
             return
         try:
@@ -115,7 +140,7 @@ class Producer:
         while (lease := await self._next_lease(holder)) is not None:
             await self._produce(lease)
 
-    async def _next_lease(self, holder: str) -> Optional[Lease]:
+    async def _next_lease(self, holder: str) -> Lease | None:
         """The next slot to play: first a due one (its holder gone, or a failed group past its back-off),
         so claimed steps fill before new ones start; else a new slot whose step is at most max_staleness
         ahead of the served policy; None once the run is over."""
@@ -125,20 +150,22 @@ class Producer:
             while True:
                 outcome, lease = await self._redis(leases.take_over, holder, self.ttl_s, self.max_attempts)
                 if outcome is LeaseOutcome.DEAD:
-                    log.error("group slot %d dropped after %d attempts; a new slot replaces it", lease.slot,
-                              lease.attempt)
+                    log.error(
+                        "group slot %d dropped after %d attempts; a new slot replaces it", lease.slot, lease.attempt
+                    )
                     await self._count(groups_dead_lettered=1)
                     continue
                 if outcome is LeaseOutcome.TAKEN:
                     if lease.taken_from:
-                        log.warning("group slot %d taken over from %s (attempt %d)", lease.slot, lease.taken_from,
-                                    lease.attempt)
-                    await self._count(groups_taken_over=int(bool(lease.taken_from)),
-                                      groups_retried=int(not lease.taken_from))
+                        log.warning(
+                            "group slot %d taken over from %s (attempt %d)", lease.slot, lease.taken_from, lease.attempt
+                        )
+                    await self._count(
+                        groups_taken_over=int(bool(lease.taken_from)), groups_retried=int(not lease.taken_from)
+                    )
                     return lease
                 limit = min(self.config.learner.steps, self.core.policy_version + k + 1)
-                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s,
-                                          self.core.policy_version)
+                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s, self.core.policy_version)
                 if lease is not None:
                     return lease
                 if await self._redis(self._finished):
@@ -166,8 +193,11 @@ class Producer:
         group_id = f"g{lease.slot}"
         try:
             try:
-                group = await self.loop.run_group(self.task_of(lease.slot, lease.task), group_id=group_id,
-                                                  seed=self.config.seed * 1_000_003 + lease.slot)
+                group = await self.loop.run_group(
+                    self.task_of(lease.slot, lease.task),
+                    group_id=group_id,
+                    seed=self.config.seed * 1_000_003 + lease.slot,
+                )
                 scores = await self.rewards.score(group)
             except (EpisodeFailed, ServiceError) as exc:
                 await self._release(lease, exc)
@@ -176,8 +206,9 @@ class Producer:
                 traj.reward = total
                 traj.reward_components.update(components)
             fields = entry_fields(group, group_id)
-            entry_id = await self._redis(self.state.leases.publish, lease, self.state.trajectories_key,
-                                         self.config.stream.max_len, fields)
+            entry_id = await self._redis(
+                self.state.leases.publish, lease, self.state.trajectories_key, self.config.stream.max_len, fields
+            )
         finally:
             renewal.cancel()
         if entry_id is None:  # also when a publish whose reply was lost is retried: it ended the lease
@@ -195,9 +226,12 @@ class Producer:
         log.warning("group slot %d attempt %d/%d dropped: %s", lease.slot, lease.attempt, self.max_attempts, exc)
         if outcome is LeaseOutcome.DEAD:
             log.error("group slot %d dropped after %d attempts; a new slot replaces it", lease.slot, lease.attempt)
-        await self._count(groups_dropped=1, groups_released=int(outcome is LeaseOutcome.TAKEN),
-                          groups_dead_lettered=int(outcome is LeaseOutcome.DEAD),
-                          groups_superseded=int(outcome is None))
+        await self._count(
+            groups_dropped=1,
+            groups_released=int(outcome is LeaseOutcome.TAKEN),
+            groups_dead_lettered=int(outcome is LeaseOutcome.DEAD),
+            groups_superseded=int(outcome is None),
+        )
 
     async def _renew(self, lease: Lease) -> None:
         """Renews the lease every third of its TTL until cancelled or lost. A Redis hiccup skips a renewal;

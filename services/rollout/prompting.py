@@ -1,5 +1,6 @@
 """Token ids of the conversation pieces the agent loop appends, rendered with the model's own chat
 template. Only new pieces are tokenised; what the model sampled is never re-tokenised."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,11 +33,11 @@ class ChatFormatter:
         """Template text that follows the assistant's end token (e.g. Qwen's "\\n" after <|im_end|>).
         The model stops at the end token, so the next observation has to carry that text."""
         rendered = self._render([{"role": "user", "content": _A}, {"role": "assistant", "content": _B}], False)
-        tail = rendered[rendered.rindex(_B) + len(_B):]
+        tail = rendered[rendered.rindex(_B) + len(_B) :]
         for tid in self.stop_token_ids:
             end = self.tokenizer.convert_ids_to_tokens(tid)
             if end and end in tail:
-                return tail[tail.index(end) + len(end):]
+                return tail[tail.index(end) + len(end) :]
         return tail
 
     def initial(self, observation: str) -> list[int]:
@@ -49,7 +50,7 @@ class ChatFormatter:
         after = self._render([*turn, {"role": "user", "content": observation}], True)
         if not after.startswith(before):
             raise ValueError("chat template renders earlier turns differently once a turn is added")
-        return self._encode(self._after_end + after[len(before):])
+        return self._encode(self._after_end + after[len(before) :])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

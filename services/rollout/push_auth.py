@@ -7,13 +7,14 @@ untrusted network the token can be read off the wire.
 
 Rule for a server without a token: it starts only when bound to a loopback address, where only local
 processes can reach it, and says at start-up that pushes are unauthenticated."""
+
 from __future__ import annotations
 
 import hmac
 import ipaddress
 import logging
 import os
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from services.common.errors import Unauthenticated
 
@@ -22,11 +23,12 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "OMRL_WEIGHT_TOKEN"
 HEADER = "authorization"
 
-def token_from_env() -> Optional[str]:
+
+def token_from_env() -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
-def auth_metadata(token: Optional[str]) -> tuple[tuple[str, str], ...]:
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((HEADER, f"Bearer {token}"),) if token else ()
 
 
@@ -40,18 +42,21 @@ def is_loopback(host: str) -> bool:
 
 
 class PushAuthenticator:
-    def __init__(self, token: Optional[str]):
+    def __init__(self, token: str | None):
         self._expected = f"Bearer {token}".encode() if token else None
 
     @classmethod
-    def for_server(cls, host: str, token: Optional[str]) -> "PushAuthenticator":
+    def for_server(cls, host: str, token: str | None) -> PushAuthenticator:
         """Refuses (SystemExit) a token-less server on a non-loopback address."""
         if not token:
             if not is_loopback(host):
-                raise SystemExit(f"{TOKEN_ENV} is not set and the server binds {host}: refusing to accept "
-                                 "unauthenticated weight pushes from the network (set the token, or bind 127.0.0.1)")
-            log.warning("%s is not set: weight pushes are unauthenticated (accepted on loopback %s only)",
-                        TOKEN_ENV, host)
+                raise SystemExit(
+                    f"{TOKEN_ENV} is not set and the server binds {host}: refusing to accept "
+                    "unauthenticated weight pushes from the network (set the token, or bind 127.0.0.1)"
+                )
+            log.warning(
+                "%s is not set: weight pushes are unauthenticated (accepted on loopback %s only)", TOKEN_ENV, host
+            )
         return cls(token)
 
     def check(self, metadata: Iterable[tuple[str, object]], peer: str = "?") -> None:

@@ -1,4 +1,5 @@
 """gRPC shell around RolloutCore."""
+
 from __future__ import annotations
 
 import logging
@@ -17,9 +18,14 @@ log = logging.getLogger(__name__)
 def sampling_from_proto(p: rollout_pb2.SamplingParams) -> SamplingSpec:
     if p.max_tokens == 0:
         raise InvalidArgument("sampling.max_tokens must be positive")
-    return SamplingSpec(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p or 1.0,
-                        top_k=max(p.top_k, 0), stop_token_ids=list(p.stop_token_ids),
-                        seed=p.seed if p.HasField("seed") else None)
+    return SamplingSpec(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p or 1.0,
+        top_k=max(p.top_k, 0),
+        stop_token_ids=list(p.stop_token_ids),
+        seed=p.seed if p.HasField("seed") else None,
+    )
 
 
 def header_from_proto(h: rollout_pb2.WeightUpdateHeader) -> PushHeader:
@@ -40,11 +46,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def Generate(self, request, context):
         if not request.prompt_token_ids:
             raise InvalidArgument("prompt_token_ids is empty")
-        out = await self.core.generate(request.request_id or uuid.uuid4().hex, list(request.prompt_token_ids),
-                                       sampling_from_proto(request.sampling))
+        out = await self.core.generate(
+            request.request_id or uuid.uuid4().hex,
+            list(request.prompt_token_ids),
+            sampling_from_proto(request.sampling),
+        )
         g = out.generation
-        return rollout_pb2.GenerateResponse(token_ids=g.token_ids, logprobs=g.logprobs,
-                                            finish_reason=g.finish_reason, policy_version=out.policy_version)
+        return rollout_pb2.GenerateResponse(
+            token_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason, policy_version=out.policy_version
+        )
 
     async def UpdateWeights(self, request_iterator, context):
         """Authenticates before reading anything, checks the header before reading data, and cuts off a
@@ -92,8 +102,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     @staticmethod
     def _reply(version: int, checksum: str, received: int, seconds: float) -> rollout_pb2.UpdateWeightsResponse:
-        return rollout_pb2.UpdateWeightsResponse(policy_version=version, checksum=checksum, bytes_received=received,
-                                                 apply_seconds=seconds)
+        return rollout_pb2.UpdateWeightsResponse(
+            policy_version=version, checksum=checksum, bytes_received=received, apply_seconds=seconds
+        )
 
     async def GetStatus(self, request, context):
         return rollout_pb2.RolloutStatus(**self.core.status())

@@ -1,11 +1,12 @@
 """Background tasks of the rollout server that must not die quietly: one that ends with an exception is
 logged, recorded, and stops the server, which then exits non-zero so its launcher (or Kubernetes)
 restarts it."""
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
 
 import redis
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 class TaskSupervisor:
     def __init__(self, stop: asyncio.Event):
         self.stop = stop
-        self.failure: Optional[str] = None
+        self.failure: str | None = None
         self._tasks: list[asyncio.Task] = []
 
     def start(self, name: str, coro: Awaitable) -> asyncio.Task:
@@ -38,8 +39,13 @@ class TaskSupervisor:
         if exc is None:
             log.info("%s finished", task.get_name())
             return
-        log.error("%s died: %s: %s; shutting down (exit 1) to be restarted", task.get_name(), type(exc).__name__,
-                  exc, exc_info=exc)
+        log.error(
+            "%s died: %s: %s; shutting down (exit 1) to be restarted",
+            task.get_name(),
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
         self.fail(f"{task.get_name()} died: {type(exc).__name__}: {exc}")
 
     async def cancel_all(self) -> None:
@@ -54,20 +60,26 @@ TRANSIENT_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
 async def retrying(call: Callable[[], Awaitable], what: str, every_s: float, max_backoff_s: float = 30.0) -> None:
     """Runs `call` every `every_s` forever; a transient Redis error is retried after 2, 4, 8, ... times
     `every_s` (at most `max_backoff_s`), anything else ends the loop (and, supervised, the server)."""
+
     def warn(state: RetryCallState) -> None:
-        log.warning("%s: Redis unavailable (%s); retrying in %.1fs", what, state.outcome.exception(),
-                    state.upcoming_sleep)
+        log.warning(
+            "%s: Redis unavailable (%s); retrying in %.1fs", what, state.outcome.exception(), state.upcoming_sleep
+        )
 
     while True:
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(TRANSIENT_REDIS), before_sleep=warn,
-                                           wait=wait_exponential(multiplier=2 * every_s, max=max_backoff_s)):
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(TRANSIENT_REDIS),
+            before_sleep=warn,
+            wait=wait_exponential(multiplier=2 * every_s, max=max_backoff_s),
+        ):
             with attempt:
                 await call()
         await asyncio.sleep(every_s)
 
 
-async def watch_engine(check_alive: Callable[[], Awaitable], on_dead: Callable[[BaseException], None],
-                       every_s: float = 1.0) -> None:
+async def watch_engine(
+    check_alive: Callable[[], Awaitable], on_dead: Callable[[BaseException], None], every_s: float = 1.0
+) -> None:
     while True:
         try:
             await check_alive()

@@ -6,6 +6,7 @@ rate per environment to the run's metrics stream as an entry with `"kind": "vali
 Validation episodes share the engine with training episodes and never reach the trajectory stream.
 Episodes lost to infrastructure are retried like training ones; those that still fail are left out
 of the rates and counted (`validation/failed_episodes`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,21 @@ from services.envs.datasets import TaskSplit
 from services.rollout.agent_loop import AgentLoop
 
 log = logging.getLogger(__name__)
-VALIDATION_SUCCESS = metrics.gauge("rollout", "validation_success_rate", "Success rate on the validation split",
-                                   ["env"])
+VALIDATION_SUCCESS = metrics.gauge(
+    "rollout", "validation_success_rate", "Success rate on the validation split", ["env"]
+)
 
 
 class Validator:
-    def __init__(self, config: TrainConfig, loop: AgentLoop, state: AsyncRunState, core: Any, poll_s: float = 0.5,
-                 concurrency: int = 64):
+    def __init__(
+        self,
+        config: TrainConfig,
+        loop: AgentLoop,
+        state: AsyncRunState,
+        core: Any,
+        poll_s: float = 0.5,
+        concurrency: int = 64,
+    ):
         self.config, self.state, self.core, self.poll_s = config, state, core, poll_s
         self.loop = copy.copy(loop)
         self.loop.rollout = loop.rollout.model_copy(update={"temperature": config.env.validation_temperature})
@@ -54,14 +63,20 @@ class Validator:
     async def validate(self, version: int) -> dict[str, Any]:
         start = time.perf_counter()
         split = await asyncio.to_thread(TaskSplit.load, self.config.env, "validation")
-        results = await asyncio.gather(*(self._episode(version, i, task) for i, task in enumerate(split.task_indices)),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._episode(version, i, task) for i, task in enumerate(split.task_indices)), return_exceptions=True
+        )
         played = [r for r in results if not isinstance(r, BaseException)]
         failed = len(results) - len(played)
         name = self.config.env.name
         summary: dict[str, Any] = {
-            "kind": "validation", "policy_version": version, "envs": [name], "validation/episodes": len(played),
-            "validation/failed_episodes": failed, "validation_seconds": time.perf_counter() - start}
+            "kind": "validation",
+            "policy_version": version,
+            "envs": [name],
+            "validation/episodes": len(played),
+            "validation/failed_episodes": failed,
+            "validation_seconds": time.perf_counter() - start,
+        }
         if played:
             summary[f"validation/{name}/success_rate"] = mean(float(t.success) for t in played)
             summary[f"validation/{name}/env_return"] = mean(t.env_return for t in played)
@@ -73,5 +88,6 @@ class Validator:
 
     async def _episode(self, version: int, i: int, task_index: int):
         async with self._slots:
-            return await self.loop.run_episode_with_retries(task_index, f"val-v{version}",
-                                                            seed=self.config.seed * 7_919 + i)
+            return await self.loop.run_episode_with_retries(
+                task_index, f"val-v{version}", seed=self.config.seed * 7_919 + i
+            )

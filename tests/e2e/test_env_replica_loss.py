@@ -6,6 +6,7 @@ and the run-wide counters say what was lost.
 The replica is frozen (SIGSTOP) before it is killed, and killed only once a call of the running step waits
 in its socket: so the kill always lands while the rollout has work on that replica (a kill while no
 episode used it would lose nothing, and the counters would rightly stay at zero)."""
+
 import os
 import signal
 import threading
@@ -27,11 +28,22 @@ STEPS, GROUPS, GROUP_SIZE = 8, 4, 4
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory, redis_url):
     tmp = tmp_path_factory.mktemp("replica-loss")
-    config = load_config(None, [
-        "env.name=corridor", "env.replicas=2", f"env.data_dir={tmp / 'data'}", "env.train_tasks=500",
-        f"learner.steps={STEPS}", f"rollout.group_size={GROUP_SIZE}", f"rollout.groups_per_step={GROUPS}",
-        "model.warmstart_steps=20", f"stream.redis_url={redis_url}", f"output_dir={tmp}",
-        f"run=replica-loss-{uuid.uuid4().hex[:6]}"])
+    config = load_config(
+        None,
+        [
+            "env.name=corridor",
+            "env.replicas=2",
+            f"env.data_dir={tmp / 'data'}",
+            "env.train_tasks=500",
+            f"learner.steps={STEPS}",
+            f"rollout.group_size={GROUP_SIZE}",
+            f"rollout.groups_per_step={GROUPS}",
+            "model.warmstart_steps=20",
+            f"stream.redis_url={redis_url}",
+            f"output_dir={tmp}",
+            f"run=replica-loss-{uuid.uuid4().hex[:6]}",
+        ],
+    )
     lines: list[str] = []
     run = LocalRun(config, say=lines.append)
     result: dict = {}
@@ -56,8 +68,9 @@ def outcome(tmp_path_factory, redis_url):
         assert not thread.is_alive() and "run" in result, "\n".join(lines[-30:])
         state = RunState.connect(config)
         counters = state.rollout_counters()
-        published = [decode_batch(fields[b"batch"]).trajectories
-                     for _, fields in state.client.xrange(state.trajectories_key)]
+        published = [
+            decode_batch(fields[b"batch"]).trajectories for _, fields in state.client.xrange(state.trajectories_key)
+        ]
         yield result["run"], lines, counters, published
     finally:
         if thread.is_alive():

@@ -2,6 +2,7 @@
 submitted with the CLI runs to completion while the API is killed (SIGKILL) and restarted under it; a
 second job waits in the queue, starts, and is cancelled with its processes stopped by PID; a third is
 cancelled while queued. All tests share that one timeline."""
+
 import json
 import os
 import signal
@@ -24,16 +25,25 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 class ApiProcess:
     def __init__(self, root: Path, port: int):
         self.root, self.port = root, port
-        self.env = {**os.environ, "OMRL_API_TOKEN": TOKEN, "OMRL_API_DB": str(root / "jobs.sqlite"),
-                    "OMRL_API_OUTPUT_DIR": str(root / "runs"), "OMRL_API_POLL_INTERVAL_S": "0.5"}
+        self.env = {
+            **os.environ,
+            "OMRL_API_TOKEN": TOKEN,
+            "OMRL_API_DB": str(root / "jobs.sqlite"),
+            "OMRL_API_OUTPUT_DIR": str(root / "runs"),
+            "OMRL_API_POLL_INTERVAL_S": "0.5",
+        }
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> "ApiProcess":
         with open(self.root / "api.log", "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.jobs", "--host", "127.0.0.1", "--port",
-                                          str(self.port)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.jobs", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -52,8 +62,12 @@ class ApiProcess:
 
 
 def cli(api: ApiProcess, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "--api", api.url, "--token", TOKEN, *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "--api", api.url, "--token", TOKEN, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_until(http: httpx.Client, job_id: str, done, timeout_s: float = 400, what: str = "") -> dict:
@@ -82,8 +96,9 @@ def alive(pid: int) -> bool:
 def timeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("jobs-e2e")
     spec = root / "job.yaml"
-    spec.write_text("run: e2e\nlearner: {steps: 2}\nmodel: {warmstart_steps: 5}\n"
-                    "rollout: {group_size: 4, groups_per_step: 2}\n")
+    spec.write_text(
+        "run: e2e\nlearner: {steps: 2}\nmodel: {warmstart_steps: 5}\nrollout: {group_size: 4, groups_per_step: 2}\n"
+    )
     port, out, apis = free_port(), {}, []
     api = ApiProcess(root, port).start()
     apis.append(api)
@@ -93,8 +108,12 @@ def timeline(tmp_path_factory):
         assert submitted.returncode == 0, submitted.stderr
         job_id = out["job_id"] = submitted.stdout.strip()
         # kill the API while the job's services start (vLLM loading): the job must not notice
-        job = wait_until(http, job_id, lambda j: j["state"] in ("starting", "running") and service_pids(j),
-                         what="started its services")
+        job = wait_until(
+            http,
+            job_id,
+            lambda j: j["state"] in ("starting", "running") and service_pids(j),
+            what="started its services",
+        )
         out["supervisor_pid"] = job["launcher_info"]["pid"]
         api.stop(signal.SIGKILL)
         out["supervisor_alive_without_api"] = alive(out["supervisor_pid"])
@@ -102,8 +121,15 @@ def timeline(tmp_path_factory):
         apis.append(api)
         out["after_restart"] = http.get(f"/v1/jobs/{job_id}").json()
         model = Path(job["launcher_info"]["run_dir"]) / "model" / "warm"
-        second = http.post("/v1/jobs", json={"run": "to-cancel", "model": {"path": str(model)},
-                                             "learner": {"steps": 1000}, "rollout": {"group_size": 4}}).json()
+        second = http.post(
+            "/v1/jobs",
+            json={
+                "run": "to-cancel",
+                "model": {"path": str(model)},
+                "learner": {"steps": 1000},
+                "rollout": {"group_size": 4},
+            },
+        ).json()
         third = http.post("/v1/jobs", json={"run": "never-started"}).json()
         out["queued_states"] = (second["state"], third["state"])
         out["third"] = http.post(f"/v1/jobs/{third['id']}/cancel").json()
@@ -114,8 +140,12 @@ def timeline(tmp_path_factory):
         out["learner_log"] = http.get(f"/v1/jobs/{job_id}/logs", params={"service": "learner", "tail": 50}).text
         out["pids"] = {**service_pids(out["job"]), "supervisor": out["supervisor_pid"]}
         # the second job leaves the queue once the first is done; cancel it once its services exist
-        running = wait_until(http, second["id"], lambda j: j["state"] in ("starting", "running") and service_pids(j),
-                             what="started its services")
+        running = wait_until(
+            http,
+            second["id"],
+            lambda j: j["state"] in ("starting", "running") and service_pids(j),
+            what="started its services",
+        )
         out["second_pids"] = {**service_pids(running), "supervisor": running["launcher_info"]["pid"]}
         started = time.monotonic()
         cancelled = cli(api, "cancel", second["id"], "--wait")
@@ -152,10 +182,19 @@ def test_the_job_ran_to_completion_through_the_api(timeline):
 
 
 def test_start_up_stages_reached_the_job_s_event_stream(timeline):
-    stages = [(e["data"]["service"], e["data"]["stage"]) for e in timeline["events"]
-              if e["type"] == "message" and "stage" in e["data"]]
-    for expected in [("model", "building"), ("model", "ready"), ("envs", "healthy"), ("reward", "healthy"),
-                     ("rollout", "healthy"), ("run", "healthy")]:
+    stages = [
+        (e["data"]["service"], e["data"]["stage"])
+        for e in timeline["events"]
+        if e["type"] == "message" and "stage" in e["data"]
+    ]
+    for expected in [
+        ("model", "building"),
+        ("model", "ready"),
+        ("envs", "healthy"),
+        ("reward", "healthy"),
+        ("rollout", "healthy"),
+        ("run", "healthy"),
+    ]:
         assert expected in stages, stages
     assert stages.index(("model", "ready")) < stages.index(("rollout", "healthy")) < stages.index(("run", "healthy"))
     followed = timeline["follow"].stdout

@@ -2,6 +2,7 @@
 learner), the tiny model on corridor. PPO with a critic, GRPO, and GRPO with rollout running ahead of the
 learner (max_staleness 1) each take the success rate from at most 20% (the first steps, before the
 policy has moved: a warm-up keeps the first updates small) to at least 80% (the last steps)."""
+
 import uuid
 from pathlib import Path
 from statistics import mean
@@ -14,7 +15,7 @@ from services.launcher.local import LocalRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-TASK = ['env.name=corridor', 'env.options={"max_turns": 3}']  # 3 moves for distance 3: 1/8 by chance
+TASK = ["env.name=corridor", 'env.options={"max_turns": 3}']  # 3 moves for distance 3: 1/8 by chance
 RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_model_rl.yaml")
 """GRPO, 16 groups of 8 per step, 50 steps, lr 1e-3 (3 warm-up steps, cosine to 1e-4), 2 epochs,
 clip-higher 0.28, KL loss 0.1, entropy bonus 0.005.
@@ -29,9 +30,13 @@ cosine decay. With it and this entropy bonus another PPO run stalled at ~50%; 0.
 RUNS = {
     # the entropy bonus that PPO needs lengthened replies in some runs (13 -> 17.5 tokens, around the action):
     # a length penalty from 15 tokens (3 terse turns) keeps them terse
-    "ppo": ["algorithm.advantage=gae", "algorithm.critic_lr=3e-3", "algorithm.entropy_coeff=0.02",
-            'reward.components={"goal": {"weight": 1.0}, "format": {"weight": 0.1}, '
-            '"length_penalty": {"weight": 0.5, "params": {"max_tokens": 15}}}'],
+    "ppo": [
+        "algorithm.advantage=gae",
+        "algorithm.critic_lr=3e-3",
+        "algorithm.entropy_coeff=0.02",
+        'reward.components={"goal": {"weight": 1.0}, "format": {"weight": 0.1}, '
+        '"length_penalty": {"weight": 0.5, "params": {"max_tokens": 15}}}',
+    ],
     "grpo": ["algorithm.advantage=grpo"],
     # trained on one-step-old samples half the time, it learns more slowly (tuning run: 85% over steps 46-50)
     "grpo_async": ["algorithm.advantage=grpo", "algorithm.max_staleness=1", "learner.steps=60"],
@@ -50,8 +55,16 @@ def tiny_model(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_success_rises_from_at_most_20_to_at_least_80_percent(name, tiny_model, tmp_path):
-    config = load_config(RECIPE, [*TASK, *RUNS[name], f"model.path={tiny_model}", f"output_dir={tmp_path}",
-                                f"run=learn-{name}-{uuid.uuid4().hex[:6]}"])
+    config = load_config(
+        RECIPE,
+        [
+            *TASK,
+            *RUNS[name],
+            f"model.path={tiny_model}",
+            f"output_dir={tmp_path}",
+            f"run=learn-{name}-{uuid.uuid4().hex[:6]}",
+        ],
+    )
     lines: list[str] = []
     try:
         result = LocalRun(config, say=lines.append).run()

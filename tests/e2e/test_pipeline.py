@@ -1,4 +1,5 @@
 """Every service as a real process (vLLM engine, Redis, gRPC, FSDP learner): three training steps."""
+
 import asyncio
 import uuid
 
@@ -17,9 +18,17 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    config = load_config(None, [
-        f"run=e2e-{uuid.uuid4().hex[:8]}", f"output_dir={tmp_path_factory.mktemp('runs')}",
-        f"learner.steps={STEPS}", "rollout.group_size=4", "rollout.groups_per_step=2", "model.warmstart_steps=20"])
+    config = load_config(
+        None,
+        [
+            f"run=e2e-{uuid.uuid4().hex[:8]}",
+            f"output_dir={tmp_path_factory.mktemp('runs')}",
+            f"learner.steps={STEPS}",
+            "rollout.group_size=4",
+            "rollout.groups_per_step=2",
+            "model.warmstart_steps=20",
+        ],
+    )
     lines: list[str] = []
     run = LocalRun(config, say=lines.append)
     state = RunState.connect(config)
@@ -30,9 +39,15 @@ def finished_run(tmp_path_factory):
     finally:
         exit_codes = {p.name: p.stop() for p in run.processes}
     stream = TrajectoryStream(state.client, state.trajectories_key)
-    yield {"config": config, "history": history, "rollout_status": rollout_status, "stream": stream,
-           "batches": [decode_batch(fields[b"batch"]) for _, fields in state.client.xrange(state.trajectories_key)],
-           "exit_codes": exit_codes, "lines": lines}
+    yield {
+        "config": config,
+        "history": history,
+        "rollout_status": rollout_status,
+        "stream": stream,
+        "batches": [decode_batch(fields[b"batch"]) for _, fields in state.client.xrange(state.trajectories_key)],
+        "exit_codes": exit_codes,
+        "lines": lines,
+    }
     state.reset()
 
 
@@ -46,14 +61,16 @@ def test_trajectories_reached_the_learner_through_the_stream(finished_run):
     cfg, batches = finished_run["config"], finished_run["batches"]
     groups = {t.group_id for b in batches for t in b.trajectories}
     assert len(groups) == STEPS * cfg.rollout.groups_per_step
-    assert all(m["trajectories"] == cfg.rollout.group_size * cfg.rollout.groups_per_step for m in finished_run["history"])
+    assert all(
+        m["trajectories"] == cfg.rollout.group_size * cfg.rollout.groups_per_step for m in finished_run["history"]
+    )
 
 
 def test_trajectories_hold_model_tokens_with_logprobs_and_masked_env_tokens(finished_run):
     for batch in finished_run["batches"]:
         for traj in batch.trajectories:
             mask, logprobs = list(traj.loss_mask), list(traj.logprobs)
-            assert sum(mask) > 0 and mask[:traj.prompt_length] == [0] * traj.prompt_length
+            assert sum(mask) > 0 and mask[: traj.prompt_length] == [0] * traj.prompt_length
             assert all(lp < 0 or lp == 0 and m == 1 for lp, m in zip(logprobs, mask) if m == 1)
             assert any(lp < 0 for lp, m in zip(logprobs, mask) if m == 1)
             assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if m == 0)

@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's `prometheus`) scrapes a running local training and the job API; every
 PromQL expression of every Grafana dashboard in deploy/grafana/dashboards must return data."""
+
 from __future__ import annotations
 
 import json
@@ -77,33 +78,62 @@ def stack(tmp_path_factory):
         pytest.fail("needs Debian's prometheus package (scripts/setup.sh installs it)")
     tmp = tmp_path_factory.mktemp("prom")
     # more steps than the test waits for: the services are scraped while they train, then stopped
-    config = load_config(None, [
-        f"run=prom-{uuid.uuid4().hex[:8]}", f"output_dir={tmp / 'runs'}", "learner.steps=1000",
-        "rollout.group_size=4", "rollout.groups_per_step=2", "model.warmstart_steps=20",
-        "env.validation_every=2", "env.validation_tasks=4"])  # validation at v0, v2, ...: its panel has data
+    config = load_config(
+        None,
+        [
+            f"run=prom-{uuid.uuid4().hex[:8]}",
+            f"output_dir={tmp / 'runs'}",
+            "learner.steps=1000",
+            "rollout.group_size=4",
+            "rollout.groups_per_step=2",
+            "model.warmstart_steps=20",
+            "env.validation_every=2",
+            "env.validation_tasks=4",
+        ],
+    )  # validation at v0, v2, ...: its panel has data
     lines: list[str] = []
     run = LocalRun(config, say=lines.append)
     api_port, prom_port = free_port(), free_port()
-    api = ServiceProcess("jobs-api", python_module("services.jobs", "--host", "127.0.0.1", "--port", str(api_port)),
-                         tmp / "jobs-api.log", env={"OMRL_API_TOKEN": TOKEN, "OMRL_API_DB": str(tmp / "jobs.sqlite"),
-                                                    "OMRL_API_LAUNCHER": "local",
-                                                    "OMRL_API_OUTPUT_DIR": str(tmp / "jobs")})
+    api = ServiceProcess(
+        "jobs-api",
+        python_module("services.jobs", "--host", "127.0.0.1", "--port", str(api_port)),
+        tmp / "jobs-api.log",
+        env={
+            "OMRL_API_TOKEN": TOKEN,
+            "OMRL_API_DB": str(tmp / "jobs.sqlite"),
+            "OMRL_API_LAUNCHER": "local",
+            "OMRL_API_OUTPUT_DIR": str(tmp / "jobs"),
+        },
+    )
     prometheus = None
     try:
         api.start()
         run.start()
-        targets = {**{name: f"127.0.0.1:{port}" for name, port in run.metrics_ports.items()},
-                   "jobs-api": f"127.0.0.1:{api_port}"}
-        scrape = [{"job_name": name, "static_configs": [{"targets": [address], "labels": {"run": config.run}}]}
-                  for name, address in targets.items()]
+        targets = {
+            **{name: f"127.0.0.1:{port}" for name, port in run.metrics_ports.items()},
+            "jobs-api": f"127.0.0.1:{api_port}",
+        }
+        scrape = [
+            {"job_name": name, "static_configs": [{"targets": [address], "labels": {"run": config.run}}]}
+            for name, address in targets.items()
+        ]
         scrape[-1]["authorization"] = {"credentials": TOKEN}
         prom_config = tmp / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                                               "scrape_configs": scrape}))
-        prometheus = ServiceProcess("prometheus", [
-            "prometheus", f"--config.file={prom_config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h",
-            "--log.level=warn"], tmp / "prometheus.log").start()
+        prom_config.write_text(
+            yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape})
+        )
+        prometheus = ServiceProcess(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={prom_config}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            tmp / "prometheus.log",
+        ).start()
         url = f"http://127.0.0.1:{prom_port}"
         wait_for(lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200, 60, "Prometheus not ready")
         state, steps, cursor = RunState.connect(config), 0, "0"
@@ -146,23 +176,30 @@ def test_dashboard_run_variable_lists_the_run(stack):
     for path in DASHBOARDS:
         variable = next(v for v in json.loads(path.read_text())["templating"]["list"] if v["name"] == "run")
         metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", variable["definition"]).groups()
-        values = http_json(f"{stack['url']}/api/v1/label/{label}/values?"
-                           f"{urllib.parse.urlencode({'match[]': metric})}")["data"]
+        values = http_json(f"{stack['url']}/api/v1/label/{label}/values?{urllib.parse.urlencode({'match[]': metric})}")[
+            "data"
+        ]
         assert stack["config"].run in values, (path.name, values)
 
 
-@pytest.mark.parametrize("dashboard, panel, expr", dashboard_queries(),
-                         ids=[f"{d}: {p}" for d, p, _ in dashboard_queries()])
+@pytest.mark.parametrize(
+    "dashboard, panel, expr", dashboard_queries(), ids=[f"{d}: {p}" for d, p, _ in dashboard_queries()]
+)
 def test_dashboard_query_returns_data(stack, dashboard, panel, expr):
     promql = substitute(expr, stack["config"].run)
     # counters and histograms need two scrapes inside the rate window after their first change
-    result = wait_for(lambda: [s for s in query(stack["url"], promql) if math.isfinite(float(s["value"][1]))],
-                      20, f"{dashboard} / {panel}: no finite sample for {promql}", poll_s=1.0)
+    result = wait_for(
+        lambda: [s for s in query(stack["url"], promql) if math.isfinite(float(s["value"][1]))],
+        20,
+        f"{dashboard} / {panel}: no finite sample for {promql}",
+        poll_s=1.0,
+    )
     assert result
 
 
-@pytest.mark.parametrize("dashboard, panel, expr", dashboard_queries(gpu=True),
-                         ids=[f"{d}: {p}" for d, p, _ in dashboard_queries(gpu=True)])
+@pytest.mark.parametrize(
+    "dashboard, panel, expr", dashboard_queries(gpu=True), ids=[f"{d}: {p}" for d, p, _ in dashboard_queries(gpu=True)]
+)
 def test_gpu_query_is_accepted_by_prometheus(stack, dashboard, panel, expr):
     """No DCGM exporter runs here: Prometheus parses and evaluates the query (tests/unit/test_dashboards.py
     checks its result on DCGM-shaped series), and finds no GPU series."""

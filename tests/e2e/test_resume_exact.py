@@ -2,6 +2,7 @@
 the same recorded trajectory batches (written once to a file, replayed into each run's Redis stream).
 Critic, reference KL (in the reward, adaptive, and as a loss), entropy bonus, warm-up + cosine schedule
 and truncated IS are all on, so every piece of checkpointed state takes part."""
+
 import json
 import os
 import signal
@@ -24,8 +25,23 @@ from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 
 pytestmark = [pytest.mark.e2e]
 STEPS, GROUPS, GROUP_SIZE = 6, 3, 4
-LOSS_KEYS = ("loss", "pg_loss", "vf_loss", "kl_loss", "entropy_loss", "kl_in_reward", "kl_coef", "grad_norm",
-             "critic_grad_norm", "approx_kl", "clip_frac", "mismatch_kl", "tis_weight_mean", "lr", "critic_lr")
+LOSS_KEYS = (
+    "loss",
+    "pg_loss",
+    "vf_loss",
+    "kl_loss",
+    "entropy_loss",
+    "kl_in_reward",
+    "kl_coef",
+    "grad_norm",
+    "critic_grad_norm",
+    "approx_kl",
+    "clip_frac",
+    "mismatch_kl",
+    "tis_weight_mean",
+    "lr",
+    "critic_lr",
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +54,7 @@ def recording(tmp_path_factory):
     for step in range(STEPS):
         trajs = synthetic_trajectories(GROUPS * GROUP_SIZE, GROUP_SIZE, seed=100 + step)
         for g in range(GROUPS):
-            members = trajs[g * GROUP_SIZE:(g + 1) * GROUP_SIZE]
+            members = trajs[g * GROUP_SIZE : (g + 1) * GROUP_SIZE]
             for t in members:
                 t.group_id = f"s{step}g{g}"
                 for turn in t.turns:  # sampled by policy `step`, as a synchronous rollout would
@@ -51,24 +67,49 @@ def recording(tmp_path_factory):
 def replay(path: Path, stream: TrajectoryStream) -> list[str]:
     data, ids, at = path.read_bytes(), [], 0
     while at < len(data):
-        n = int.from_bytes(data[at:at + 4], "big")
-        ids.append(stream.publish(decode_batch(data[at + 4:at + 4 + n]).trajectories))
+        n = int.from_bytes(data[at : at + 4], "big")
+        ids.append(stream.publish(decode_batch(data[at + 4 : at + 4 + n]).trajectories))
         at += 4 + n
     return ids
 
 
 def start_run(root: Path, model: str, recording: Path, redis_url: str, name: str):
-    config = load_config(None, [
-        f"run={name}", f"seed=7", f"model.path={model}", f"stream.redis_url={redis_url}", "stream.read_block_ms=200",
-        f"rollout.groups_per_step={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
-        f"learner.steps={STEPS}", f"learner.checkpoint_dir={root / name / 'ckpt'}", "learner.device=cpu",
-        "learner.weight_push=none", "learner.keep_checkpoints=2", "learner.step_timeout_s=120",
-        "algorithm.advantage=gae", "algorithm.lam=0.95", "algorithm.gamma=0.99", "algorithm.critic_lr=5e-3",
-        "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl=adaptive", "algorithm.kl_coef=0.05",
-        "algorithm.kl_target=0.001", "algorithm.kl_horizon=100", "algorithm.use_kl_loss=true",
-        "algorithm.kl_loss_coef=0.1", "algorithm.entropy_coeff=0.01", "algorithm.lr=5e-3",
-        "algorithm.lr_warmup_steps=2", "algorithm.lr_schedule=cosine", "algorithm.ppo_epochs=2",
-        "algorithm.micro_batch_size=5", "algorithm.tis_cap=2.0"])
+    config = load_config(
+        None,
+        [
+            f"run={name}",
+            "seed=7",
+            f"model.path={model}",
+            f"stream.redis_url={redis_url}",
+            "stream.read_block_ms=200",
+            f"rollout.groups_per_step={GROUPS}",
+            f"rollout.group_size={GROUP_SIZE}",
+            f"learner.steps={STEPS}",
+            f"learner.checkpoint_dir={root / name / 'ckpt'}",
+            "learner.device=cpu",
+            "learner.weight_push=none",
+            "learner.keep_checkpoints=2",
+            "learner.step_timeout_s=120",
+            "algorithm.advantage=gae",
+            "algorithm.lam=0.95",
+            "algorithm.gamma=0.99",
+            "algorithm.critic_lr=5e-3",
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl=adaptive",
+            "algorithm.kl_coef=0.05",
+            "algorithm.kl_target=0.001",
+            "algorithm.kl_horizon=100",
+            "algorithm.use_kl_loss=true",
+            "algorithm.kl_loss_coef=0.1",
+            "algorithm.entropy_coeff=0.01",
+            "algorithm.lr=5e-3",
+            "algorithm.lr_warmup_steps=2",
+            "algorithm.lr_schedule=cosine",
+            "algorithm.ppo_epochs=2",
+            "algorithm.micro_batch_size=5",
+            "algorithm.tis_cap=2.0",
+        ],
+    )
     (root / name).mkdir(parents=True)
     config_path = root / name / "config.yaml"
     config_path.write_text(dump_config(config))
@@ -80,8 +121,9 @@ def start_run(root: Path, model: str, recording: Path, redis_url: str, name: str
 
 
 def learner_process(config_path: Path, log: Path) -> ServiceProcess:
-    proc = ServiceProcess("learner", python_module("services.learner", "--config", str(config_path)), log,
-                          env={"OMP_NUM_THREADS": "1"})
+    proc = ServiceProcess(
+        "learner", python_module("services.learner", "--config", str(config_path)), log, env={"OMP_NUM_THREADS": "1"}
+    )
     return proc.start()
 
 
@@ -148,7 +190,7 @@ def test_the_kill_landed_mid_step(runs):
     at_kill = runs["at_kill"]
     assert at_kill["steps"] == list(range(1, STEPS // 2 + 1))
     assert 0 < at_kill["pending"] <= GROUPS  # read but not acknowledged: trained again after the restart
-    assert f"resumed from" in runs["restart_log"] and f"at step {STEPS // 2}" in runs["restart_log"]
+    assert "resumed from" in runs["restart_log"] and f"at step {STEPS // 2}" in runs["restart_log"]
     assert "pending stream entries will be trained on again" in runs["restart_log"]
 
 

@@ -2,6 +2,7 @@
 job (vLLM on CPU, every service a process) shows each start-up stage as it happens, then live step lines
 with reward, success, KL, step time and ETA; the services' logs are JSON lines (OMRL_LOG_FORMAT=json)
 without progress bars. Every process the run started is gone at the end, or is stopped here by PID."""
+
 import io
 import json
 import os
@@ -41,21 +42,47 @@ def terminal_run(tmp_path_factory):
     out, run = tmp_path_factory.mktemp("runs"), f"tty-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "OMRL_LOG_FORMAT": "json", "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}
     env.pop("TQDM_DISABLE", None)  # the launcher must set it for its services itself
-    args = ["-n", "5", sys.executable, "-m", "services.launcher", "train", "--run", run, "--output_dir", str(out),
-            "--steps", str(STEPS), "--model.warmstart_steps", "0", "--rollout.group_size", "2",
-            "--rollout.groups_per_step", "2", "--env.max_turns", "2"]
-    child = pexpect.spawn("nice", args, env=env, cwd=str(ROOT), dimensions=(50, 200), encoding="utf-8",
-                          timeout=420)
+    args = [
+        "-n",
+        "5",
+        sys.executable,
+        "-m",
+        "services.launcher",
+        "train",
+        "--run",
+        run,
+        "--output_dir",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--model.warmstart_steps",
+        "0",
+        "--rollout.group_size",
+        "2",
+        "--rollout.groups_per_step",
+        "2",
+        "--env.max_turns",
+        "2",
+    ]
+    child = pexpect.spawn("nice", args, env=env, cwd=str(ROOT), dimensions=(50, 200), encoding="utf-8", timeout=420)
     child.logfile_read = screen = io.StringIO()
     seen, stamps = [], {}
     try:
-        for name, pattern in [("building", r"model: building the tiny model"), ("model", r"model: tiny model ready"),
-                              ("envs", r"envs: healthy after"), ("reward", r"reward: healthy after"),
-                              ("loading", r"rollout: loading the vLLM engine \(\d+s\)"),
-                              ("rollout", r"rollout: healthy after \d+s"), ("all", r"all services healthy"),
-                              ("step1", r"step 1/2 +reward [-+]\d\.\d{3} +success +\d+% +kl +-?\d\.\d{4} +"
-                                        r"\d+\.\d+s/step +eta \d+s"),
-                              ("step2", r"step 2/2 +reward [-+]\d\.\d{3} +success +\d+% +kl")]:
+        for name, pattern in [
+            ("building", r"model: building the tiny model"),
+            ("model", r"model: tiny model ready"),
+            ("envs", r"envs: healthy after"),
+            ("reward", r"reward: healthy after"),
+            ("loading", r"rollout: loading the vLLM engine \(\d+s\)"),
+            ("rollout", r"rollout: healthy after \d+s"),
+            ("all", r"all services healthy"),
+            (
+                "step1",
+                r"step 1/2 +reward [-+]\d\.\d{3} +success +\d+% +kl +-?\d\.\d{4} +"
+                r"\d+\.\d+s/step +eta \d+s",
+            ),
+            ("step2", r"step 2/2 +reward [-+]\d\.\d{3} +success +\d+% +kl"),
+        ]:
             child.expect(pattern)
             seen.append(name)
             stamps[name] = time.monotonic()
@@ -63,8 +90,7 @@ def terminal_run(tmp_path_factory):
         child.close()
         transcript = plain(screen.getvalue())
         (out / "terminal.txt").write_text(transcript)
-        yield {"seen": seen, "stamps": stamps, "exit": child.exitstatus, "run_dir": out / run,
-               "transcript": transcript}
+        yield {"seen": seen, "stamps": stamps, "exit": child.exitstatus, "run_dir": out / run, "transcript": transcript}
     finally:
         if child.isalive():
             child.kill(signal.SIGINT)  # the launcher stops every service it started
@@ -81,8 +107,17 @@ def terminal_run(tmp_path_factory):
 
 
 def test_start_up_stages_then_live_step_lines_in_a_terminal(terminal_run):
-    assert terminal_run["seen"] == ["building", "model", "envs", "reward", "loading", "rollout", "all",
-                                    "step1", "step2"]
+    assert terminal_run["seen"] == [
+        "building",
+        "model",
+        "envs",
+        "reward",
+        "loading",
+        "rollout",
+        "all",
+        "step1",
+        "step2",
+    ]
     assert terminal_run["exit"] == 0
     assert "Traceback" not in terminal_run["transcript"]
 

@@ -1,5 +1,6 @@
 """Every drill's outcome goes into scripts/drills.sh's table (OMRL_DRILL_REPORT), beside the figures that
 the whole-run drills report themselves (tests/faults/drill.py)."""
+
 from tests.faults import drill
 
 

@@ -1,5 +1,6 @@
 """A whole local run (every service a real process, real vLLM and Redis) with faults injected between
 steps, for the drills in this folder and scripts/drills.sh."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from services.common.config import load_config
 from services.common.run_state import RunState
@@ -45,15 +46,35 @@ def kill_service(run: LocalRun, name: str) -> None:
     os.killpg(next(p for p in run.processes if p.name == name).pid, signal.SIGKILL)
 
 
-def run_drill(name: str, tmp, redis_url: str, faults: dict[int, Callable[[LocalRun], None]], steps: int, groups: int = 4,
-              group_size: int = 4, restart_delay_s: float = 5.0, overrides: tuple[str, ...] = (),
-              timeout_s: float = 1200.0) -> DrillResult:
+def run_drill(
+    name: str,
+    tmp,
+    redis_url: str,
+    faults: dict[int, Callable[[LocalRun], None]],
+    steps: int,
+    groups: int = 4,
+    group_size: int = 4,
+    restart_delay_s: float = 5.0,
+    overrides: tuple[str, ...] = (),
+    timeout_s: float = 1200.0,
+) -> DrillResult:
     """Runs `steps` GRPO steps on corridor; `faults[n]` is called once the launcher has printed step n."""
-    config = load_config(None, [
-        "env.name=corridor", f"env.data_dir={tmp / 'data'}", "env.train_tasks=500",
-        f"learner.steps={steps}", f"rollout.group_size={group_size}", f"rollout.groups_per_step={groups}",
-        "model.warmstart_steps=20", f"stream.redis_url={redis_url}", f"output_dir={tmp}",
-        f"run=drill-{uuid.uuid4().hex[:6]}", *overrides])
+    config = load_config(
+        None,
+        [
+            "env.name=corridor",
+            f"env.data_dir={tmp / 'data'}",
+            "env.train_tasks=500",
+            f"learner.steps={steps}",
+            f"rollout.group_size={group_size}",
+            f"rollout.groups_per_step={groups}",
+            "model.warmstart_steps=20",
+            f"stream.redis_url={redis_url}",
+            f"output_dir={tmp}",
+            f"run=drill-{uuid.uuid4().hex[:6]}",
+            *overrides,
+        ],
+    )
     lines: list[str] = []
     run = LocalRun(config, say=lines.append, restart_delay_s=restart_delay_s)
     result: dict = {}
@@ -72,18 +93,24 @@ def run_drill(name: str, tmp, redis_url: str, faults: dict[int, Callable[[LocalR
         thread.join(max(deadline - time.monotonic(), 1.0))
         assert not thread.is_alive() and "run" in result, "\n".join(lines[-40:])
         state = RunState.connect(config)
-        ids = Counter(t.trajectory_id for _, fields in state.client.xrange(state.trajectories_key)
-                      for t in decode_batch(fields[b"batch"]).trajectories)
+        ids = Counter(
+            t.trajectory_id
+            for _, fields in state.client.xrange(state.trajectories_key)
+            for t in decode_batch(fields[b"batch"]).trajectories
+        )
         history = result["run"].history
-        report(name, steps=f"{len(history)}/{steps}",
-               full_batches=sum(m["trajectories"] == groups * group_size for m in history),
-               groups_dead_lettered=state.rollout_counters().get("groups_dead_lettered", 0),
-               applied_twice=sum(n > 1 for n in ids.values()),
-               lost_to_redis=history[-1].get("groups_lost_to_redis", 0) if history else None,
-               entries_dead_lettered=state.client.xlen(state.trajectories_key + ":dead"),
-               restarts=dict(run.restarts), counters=state.rollout_counters())
-        return DrillResult(result["run"].history, lines, state.rollout_counters(), ids, dict(run.restarts),
-                           run.run_dir)
+        report(
+            name,
+            steps=f"{len(history)}/{steps}",
+            full_batches=sum(m["trajectories"] == groups * group_size for m in history),
+            groups_dead_lettered=state.rollout_counters().get("groups_dead_lettered", 0),
+            applied_twice=sum(n > 1 for n in ids.values()),
+            lost_to_redis=history[-1].get("groups_lost_to_redis", 0) if history else None,
+            entries_dead_lettered=state.client.xlen(state.trajectories_key + ":dead"),
+            restarts=dict(run.restarts),
+            counters=state.rollout_counters(),
+        )
+        return DrillResult(result["run"].history, lines, state.rollout_counters(), ids, dict(run.restarts), run.run_dir)
     finally:
         if thread.is_alive():
             run.stop()

@@ -1,5 +1,6 @@
 """Hostile and mistaken weight pushes against a real rollout server (vLLM on CPU, tiny model): each is
 refused with nothing applied, and the engine goes on serving the weights it had, bit for bit."""
+
 import asyncio
 import os
 import signal
@@ -66,13 +67,17 @@ def _wrong_shape(ts):
     return [(name, t[:-1]), *ts[1:]]
 
 
-@pytest.mark.parametrize("edit, match", [
-    (_wrong_shape, "shape"),
-    (lambda ts: ts + [("model.layers.7.mlp.extra.weight", torch.zeros(4))], "is not a parameter"),
-    (lambda ts: ts[: len(ts) // 2], "incomplete weight set"),
-    (lambda ts: [], "empty weight set"),
-    (lambda ts: [(n, t.clone().fill_(float("nan")) if i == 1 else t) for i, (n, t) in enumerate(ts)], "NaN"),
-], ids=["wrong-shape", "unknown-name", "partial", "empty", "nan"])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (_wrong_shape, "shape"),
+        (lambda ts: ts + [("model.layers.7.mlp.extra.weight", torch.zeros(4))], "is not a parameter"),
+        (lambda ts: ts[: len(ts) // 2], "incomplete weight set"),
+        (lambda ts: [], "empty weight set"),
+        (lambda ts: [(n, t.clone().fill_(float("nan")) if i == 1 else t) for i, (n, t) in enumerate(ts)], "NaN"),
+    ],
+    ids=["wrong-shape", "unknown-name", "partial", "empty", "nan"],
+)
 def test_a_set_that_does_not_fit_the_model_is_refused(server, edit, match):
     before = served(server)
     with pytest.raises(InvalidArgument, match=match):
@@ -113,8 +118,11 @@ def _endless(chunk=b"\0" * (1 << 20)):
 
 
 def _header(version, specs, checksum="0" * 64):
-    return rollout_pb2.WeightUpdateHeader(version=version, checksum=checksum, tensors=[
-        rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in specs])
+    return rollout_pb2.WeightUpdateHeader(
+        version=version,
+        checksum=checksum,
+        tensors=[rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in specs],
+    )
 
 
 def test_an_over_size_declaration_is_refused_before_any_data_is_read(server):

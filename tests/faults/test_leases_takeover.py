@@ -1,12 +1,12 @@
 """Drill: a rollout server dies holding claimed groups. Its leases lapse and a live server replays the
 lost groups on the same tasks; every group of the run reaches the stream exactly once."""
+
 import asyncio
 
 import pytest
 
 from services.common.trajectory import decode_batch
-from tests.integration.test_leases_producer import (  # noqa: F401
-    FlakyRewards, ScriptedLoop, play, run, seen, task_per_key)
+from tests.integration.test_leases_producer import FlakyRewards, ScriptedLoop, play, run, seen, task_per_key  # noqa: F401
 
 pytestmark = pytest.mark.faults
 

@@ -1,6 +1,7 @@
 """Poison drill: input that gets past validation and still breaks a step. The learner (real service, real
 trainer on a tiny model, real Redis) finds the groups that fail alone, dead-letters them with the
 exception, trains the step on the rest, leaves nothing pending, and a restart does not trip on them."""
+
 import json
 import math
 
@@ -29,8 +30,15 @@ def group(gid, *, token=9, reward=0.5, version=0):
     out = []
     for i in range(2):
         b = TrajectoryBuilder(env="corridor", task_index=0, group_id=gid, prompt_ids=[5, 6])
-        b.add_model_turn([token if i else 7, 8], [-0.4, -0.9], policy_version=version, text="", action="a",
-                         action_valid=True, finish_reason="stop")
+        b.add_model_turn(
+            [token if i else 7, 8],
+            [-0.4, -0.9],
+            policy_version=version,
+            text="",
+            action="a",
+            action_valid=True,
+            finish_reason="stop",
+        )
         t = b.finish(env_return=0.0, success=bool(i), stop_reason="done")
         t.reward = reward * i
         out.append(t)
@@ -39,10 +47,22 @@ def group(gid, *, token=9, reward=0.5, version=0):
 
 @pytest.fixture
 def run(redis_url, run_name, tmp_path, tiny_llama):
-    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=1",
-                                "rollout.groups_per_step=4", "rollout.group_size=2", "stream.read_block_ms=50",
-                                "learner.step_timeout_s=20", "learner.device=cpu", f"model.path={tiny_llama}",
-                                "learner.weight_push=none", f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            "learner.steps=1",
+            "rollout.groups_per_step=4",
+            "rollout.group_size=2",
+            "stream.read_block_ms=50",
+            "learner.step_timeout_s=20",
+            "learner.device=cpu",
+            f"model.path={tiny_llama}",
+            "learner.weight_push=none",
+            f"learner.checkpoint_dir={tmp_path / 'ckpt'}",
+        ],
+    )
     state = RunState.connect(config)
     stream = TrajectoryStream(state.client, state.trajectories_key)
     yield config, state, stream
@@ -82,8 +102,13 @@ def test_groups_that_break_the_step_are_isolated_and_the_step_trains_on_the_rest
 def test_a_learner_restarted_before_its_checkpoint_replays_the_good_groups_and_not_the_poison(run):
     config, state, stream = run
     config.rollout.groups_per_step, config.learner.checkpoint_every, config.learner.steps = 2, 2, 2
-    for gid, kwargs in (("good0", {}), ("index", {"token": 640}), ("good1", {}), ("good2", {"version": 1}),
-                        ("good3", {"version": 1})):
+    for gid, kwargs in (
+        ("good0", {}),
+        ("index", {"token": 640}),
+        ("good1", {}),
+        ("good2", {"version": 1}),
+        ("good3", {"version": 1}),
+    ):
         stream.publish(group(gid, **kwargs), gid)
     first = learner(config, state, stream)
     first.resume()

@@ -4,6 +4,7 @@ compose's default). Every service reconnects. Empty: the learner rebuilds the ru
 and version (consumer group, policy version, group claims), and the groups lost with Redis are counted and
 replaced. With AOF nothing is lost. Either way the run completes every step with full batches, none applied
 twice."""
+
 import shutil
 import subprocess
 import time
@@ -27,10 +28,25 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> "PrivateRedis":
-        self.proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "yes" if self.aof else "no",
-                                      "--appendfsync", "always", "--dir", str(self.directory)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                shutil.which("redis-server"),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes" if self.aof else "no",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -56,8 +72,19 @@ def drill(request, tmp_path_factory):
         server.start()
 
     try:
-        yield request.param, run_drill(f"redis restart ({request.param})", tmp, server.url, {2: restart_empty}, STEPS, GROUPS, GROUP_SIZE,
-                        overrides=("rollout.lease_ttl_s=15",))
+        yield (
+            request.param,
+            run_drill(
+                f"redis restart ({request.param})",
+                tmp,
+                server.url,
+                {2: restart_empty},
+                STEPS,
+                GROUPS,
+                GROUP_SIZE,
+                overrides=("rollout.lease_ttl_s=15",),
+            ),
+        )
     finally:
         server.kill()
 

@@ -3,6 +3,7 @@ later (as Kubernetes restarts a pod). The run completes every step with full bat
 none is applied twice: groups the dead services held are replayed by whoever is alive (leases), the restarted
 rollout server takes no work before the learner has pushed it the current policy, and the restarted learner
 resumes from its last committed checkpoint."""
+
 import os
 import random
 import time
@@ -27,6 +28,7 @@ def _kill_later(name: str, after_s: float):
     def fault(run):
         time.sleep(after_s)
         kill_service(run, name)
+
     return fault
 
 
@@ -34,8 +36,17 @@ def _kill_later(name: str, after_s: float):
 def drill(tmp_path_factory, redis_url):
     faults = {step: _kill_later(name, KILL_AFTER_S.get(step, 0.0)) for step, name in KILLS.items()}
     print(f"kills after steps {KILLS}, {KILL_AFTER_S or 'at once'}; restart delay {RESTART_DELAY_S:.0f}s")
-    return run_drill("service restarts", tmp_path_factory.mktemp("restarts"), redis_url, faults, STEPS, GROUPS,
-                     GROUP_SIZE, restart_delay_s=RESTART_DELAY_S, overrides=("rollout.lease_ttl_s=15",))
+    return run_drill(
+        "service restarts",
+        tmp_path_factory.mktemp("restarts"),
+        redis_url,
+        faults,
+        STEPS,
+        GROUPS,
+        GROUP_SIZE,
+        restart_delay_s=RESTART_DELAY_S,
+        overrides=("rollout.lease_ttl_s=15",),
+    )
 
 
 def test_every_service_was_killed_and_restarted_once(drill):

@@ -9,19 +9,25 @@ Test hooks, as actions: `explode` (HTTP 200 with {"error": ...}), `sleep` (answe
 `crash` (an exception outside the try blocks: HTTP 500). WebShop adds POST /__restart (forgets every
 environment, as a restarted process would) and hands out ids again past FAKE_MAX_ENVS creations;
 TextCraft and BabyAI add GET /__live (environments not closed)."""
+
 from __future__ import annotations
 
 import itertools
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import uvicorn
 from fastapi import Body, FastAPI, Query
 
-ACTIONS = {"textcraft": "get 1 plank", "babyai": "move forward", "maze": "move up", "wordle": "c r a n e",
-           "webshop": "click[buy now]"}
+ACTIONS = {
+    "textcraft": "get 1 plank",
+    "babyai": "move forward",
+    "maze": "move up",
+    "wordle": "c r a n e",
+    "webshop": "click[buy now]",
+}
 
 
 class Game:
@@ -63,7 +69,7 @@ def textcraft_style(family: str) -> FastAPI:
         return f"This is the environment server of {family}."
 
     @app.post("/create")
-    def create(body: Optional[dict] = Body(None)) -> Any:
+    def create(body: dict | None = Body(None)) -> Any:
         env_id = next(ids)
         if family == "textcraft":  # already reset with data_idx = id
             envs[env_id] = Game(family, env_id)
@@ -123,6 +129,7 @@ def lmrl_style() -> FastAPI:
         return "This is the environment server of LMRL-Gym."
 
     for game_name, task_field in (("maze", "game"), ("wordle", "seed")):
+
         def routes(game_name=game_name, task_field=task_field):
             table = envs[game_name]
 

@@ -1,6 +1,7 @@
 """The rollout agent loop against AgentGym-protocol servers (fakes written from the spec, one per family
 shape, each a real uvicorn process): every family's routes and fields, errors inside HTTP 200
 replies, replies slower than the deadline, a server killed mid-episode, and WebShop recycling."""
+
 import asyncio
 import os
 import re
@@ -33,8 +34,12 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"{shape}-{self.port}.log"
         with self.log.open("w") as out:
-            self.proc = subprocess.Popen([sys.executable, str(FAKE), shape, str(self.port)], stdout=out,
-                                         stderr=subprocess.STDOUT, env={**os.environ, **env})
+            self.proc = subprocess.Popen(
+                [sys.executable, str(FAKE), shape, str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+            )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -82,10 +87,17 @@ def follow_next(observation: str) -> str:
 
 def make_loop(tokenizer, options, reply=follow_next, timeout_s=5.0, attempts=2, group_size=3):
     service = EnvService(step_timeout_s=timeout_s + 5)
-    loop = AgentLoop(ScriptedPolicy(tokenizer, reply), InProcessEnvClient(service), ChatFormatter(tokenizer),
-                     PARSERS.create("xml_action"), RolloutConfig(group_size=group_size, max_new_tokens=32),
-                     EnvConfig(name="agentgym", options={"timeout_s": timeout_s, **options}, max_turns=8,
-                               max_episode_attempts=attempts), max_model_len=4096)
+    loop = AgentLoop(
+        ScriptedPolicy(tokenizer, reply),
+        InProcessEnvClient(service),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        RolloutConfig(group_size=group_size, max_new_tokens=32),
+        EnvConfig(
+            name="agentgym", options={"timeout_s": timeout_s, **options}, max_turns=8, max_episode_attempts=attempts
+        ),
+        max_model_len=4096,
+    )
     return loop, service
 
 
@@ -120,8 +132,12 @@ def test_error_inside_a_200_reply_is_a_typed_failure(servers, tokenizer):
         await client.close(state.episode_id)
 
     asyncio.run(main())
-    loop, _ = make_loop(tokenizer, {"family": "webshop", "base_url": servers["webshop"].url},
-                        reply=lambda obs: "<action>explode</action>", attempts=2)
+    loop, _ = make_loop(
+        tokenizer,
+        {"family": "webshop", "base_url": servers["webshop"].url},
+        reply=lambda obs: "<action>explode</action>",
+        attempts=2,
+    )
     with pytest.raises(EpisodeFailed, match="error reply") as err:
         asyncio.run(loop.run_group(task_index=1, group_id="g"))
     assert err.value.retryable and loop.stats["episode_retries"] >= 1
@@ -138,8 +154,14 @@ def test_reply_slower_than_the_deadline_is_deadline_exceeded(servers, tokenizer)
         return time.monotonic() - start
 
     assert asyncio.run(main()) < 3.0
-    loop, _ = make_loop(tokenizer, {"family": "textcraft", "base_url": servers["textcraft"].url}, timeout_s=0.5,
-                        reply=lambda obs: "<action>sleep</action>", attempts=1, group_size=1)
+    loop, _ = make_loop(
+        tokenizer,
+        {"family": "textcraft", "base_url": servers["textcraft"].url},
+        timeout_s=0.5,
+        reply=lambda obs: "<action>sleep</action>",
+        attempts=1,
+        group_size=1,
+    )
     with pytest.raises(EpisodeFailed, match="DeadlineExceeded"):
         asyncio.run(loop.run_group(task_index=0, group_id="g"))
 
@@ -169,9 +191,13 @@ def test_server_killed_mid_episode_episodes_move_to_the_live_server(servers, tok
         return follow_next(observation)
 
     try:
-        loop, service = make_loop(tokenizer, {"family": "textcraft",
-                                              "base_url": [doomed.url, servers["textcraft"].url]},
-                                  reply=reply, attempts=3, group_size=4)
+        loop, service = make_loop(
+            tokenizer,
+            {"family": "textcraft", "base_url": [doomed.url, servers["textcraft"].url]},
+            reply=reply,
+            attempts=3,
+            group_size=4,
+        )
         group = asyncio.run(loop.run_group(task_index=1, group_id="g"))
     finally:
         doomed.kill()
@@ -199,11 +225,22 @@ def test_killed_server_with_no_other_drops_the_group(tokenizer, tmp_path):
 def test_webshop_server_is_recycled_after_its_quota(tokenizer, tmp_path):
     server = FakeServer("webshop", tmp_path, FAKE_MAX_ENVS="4")
     marker = tmp_path / "recycled"
-    command = (f"{sys.executable} -c \"import pathlib, urllib.request; urllib.request.urlopen('{{url}}/__restart', "
-               f"data=b''); pathlib.Path('{marker}').write_text('{{port}}')\"")
+    command = (
+        f"{sys.executable} -c \"import pathlib, urllib.request; urllib.request.urlopen('{{url}}/__restart', "
+        f"data=b''); pathlib.Path('{marker}').write_text('{{port}}')\""
+    )
     try:
-        loop, _ = make_loop(tokenizer, {"family": "webshop", "base_url": server.url, "recycle_after": 3,
-                                        "recycle_command": command, "recycle_wait_s": 20}, group_size=1)
+        loop, _ = make_loop(
+            tokenizer,
+            {
+                "family": "webshop",
+                "base_url": server.url,
+                "recycle_after": 3,
+                "recycle_command": command,
+                "recycle_wait_s": 20,
+            },
+            group_size=1,
+        )
         pool = None
         for task in range(3):
             assert asyncio.run(loop.run_group(task_index=task, group_id=f"g{task}"))[0].success
@@ -220,12 +257,25 @@ def test_webshop_server_is_recycled_after_its_quota(tokenizer, tmp_path):
 
 
 def test_one_config_entry_trains_against_a_server(servers, tokenizer, tmp_path):
-    config = load_config(None, ["env.name=agentgym", f"env.data_dir={tmp_path}", "env.train_tasks=20",
-                                f"env.options={{family: textcraft, base_url: '{servers['textcraft'].url}'}}"])
+    config = load_config(
+        None,
+        [
+            "env.name=agentgym",
+            f"env.data_dir={tmp_path}",
+            "env.train_tasks=20",
+            f"env.options={{family: textcraft, base_url: '{servers['textcraft'].url}'}}",
+        ],
+    )
     split = TaskSplit.load(config.env, "train")  # generated without contacting the server: no prompts
     assert split.task_indices == list(range(20))
-    loop = AgentLoop(ScriptedPolicy(tokenizer, follow_next), InProcessEnvClient(EnvService()),
-                     ChatFormatter(tokenizer), PARSERS.create("xml_action"), config.rollout, config.env,
-                     max_model_len=4096)
+    loop = AgentLoop(
+        ScriptedPolicy(tokenizer, follow_next),
+        InProcessEnvClient(EnvService()),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        config.rollout,
+        config.env,
+        max_model_len=4096,
+    )
     traj = asyncio.run(loop.run_episode(split.draw("0:0"), group_id="g"))
     assert traj.success and traj.env == "agentgym"

@@ -2,6 +2,7 @@
 HTTP (server-sent events): start-up stages show as they arrive, each step keeps a line with reward,
 success, KL, step time and ETA, and the follow ends with the job's outcome. The same command into a pipe
 prints the plain lines."""
+
 import asyncio
 import json
 import os
@@ -17,18 +18,32 @@ from sse_starlette.sse import EventSourceResponse
 from tests.live_api import LiveApi
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = [("model", "building", "model: building the tiny model (tokenizer, random init)"),
-          ("rollout", "loading", "rollout: loading the vLLM engine (5s)"),
-          ("rollout", "healthy", "rollout: healthy after 7s"),
-          ("run", "healthy", "all services healthy; the learner waits for the first step's episodes")]
+STAGES = [
+    ("model", "building", "model: building the tiny model (tokenizer, random init)"),
+    ("rollout", "loading", "rollout: loading the vLLM engine (5s)"),
+    ("rollout", "healthy", "rollout: healthy after 7s"),
+    ("run", "healthy", "all services healthy; the learner waits for the first step's episodes"),
+]
 
 
 def events() -> list[tuple[str, dict]]:
     out = [("state", {"state": "starting"})]
     out += [("message", {"message": m, "service": s, "stage": st}) for s, st, m in STAGES]
     out += [("state", {"state": "running"})]
-    out += [("step", {"step": i, "reward_mean": 0.1 * i, "success_rate": 0.25 * i, "approx_kl": 0.001 * i,
-                      "step_seconds": 2.0, "policy_version": i}) for i in (1, 2, 3)]
+    out += [
+        (
+            "step",
+            {
+                "step": i,
+                "reward_mean": 0.1 * i,
+                "success_rate": 0.25 * i,
+                "approx_kl": 0.001 * i,
+                "step_seconds": 2.0,
+                "policy_version": i,
+            },
+        )
+        for i in (1, 2, 3)
+    ]
     return out + [("state", {"state": "succeeded"})]
 
 
@@ -46,8 +61,11 @@ def fake_api() -> FastAPI:
                 if seq <= after:
                     continue
                 await asyncio.sleep(0.15)  # arrive one by one, as a job's do
-                yield {"id": str(seq), "event": kind,
-                       "data": json.dumps({"seq": seq, "time": "2026-01-01T00:00:00Z", "type": kind, "data": data})}
+                yield {
+                    "id": str(seq),
+                    "event": kind,
+                    "data": json.dumps({"seq": seq, "time": "2026-01-01T00:00:00Z", "type": kind, "data": data}),
+                }
             yield {"event": "end", "data": json.dumps({"job_state": "succeeded"})}
 
         return EventSourceResponse(gen(), ping=1)
@@ -66,9 +84,15 @@ def omrl_args(api: LiveApi) -> list[str]:
 
 
 def test_follow_in_a_terminal_shows_stages_and_live_step_lines(api):
-    child = pexpect.spawn(sys.executable, omrl_args(api), env={**os.environ, "TERM": "xterm-256color",
-                                                               "PYTHONPATH": str(ROOT)},
-                          cwd=str(ROOT), dimensions=(40, 160), encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        sys.executable,
+        omrl_args(api),
+        env={**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
+        cwd=str(ROOT),
+        dimensions=(40, 160),
+        encoding="utf-8",
+        timeout=60,
+    )
     try:
         for _, _, message in STAGES:
             child.expect_exact(message)
@@ -83,8 +107,14 @@ def test_follow_in_a_terminal_shows_stages_and_live_step_lines(api):
 
 
 def test_follow_into_a_pipe_prints_plain_lines(api):
-    out = subprocess.run([sys.executable, *omrl_args(api)], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, *omrl_args(api)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "\x1b" not in out.stdout

@@ -2,6 +2,7 @@
 one episode land on either replica): every call reaches the replica that holds the episode, and when
 one replica is killed mid-run the rollout producer keeps going, retries the lost episodes on fresh
 environments, and publishes only complete, real groups."""
+
 import asyncio
 import signal
 import subprocess
@@ -11,12 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from services.common.config import dump_config, load_config
+from services.common.errors import Unavailable
 from services.common.grpc_server import free_port, wait_for_health
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
-from services.common.errors import Unavailable
 from services.envs.client import GrpcEnvClient, InProcessEnvClient
 from services.envs.service import EnvService
 from services.reward.client import InProcessRewardClient
@@ -38,10 +40,31 @@ class Replica:
         self.log = tmp / f"{name}.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.envs", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--metrics-port", str(self.metrics_port), "--config", str(config_path), "--replica-id", name,
-                 "--advertise", self.address, "--registry", "redis", "--grace-s", "1"],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "services.envs",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--config",
+                    str(config_path),
+                    "--replica-id",
+                    name,
+                    "--advertise",
+                    self.address,
+                    "--registry",
+                    "redis",
+                    "--grace-s",
+                    "1",
+                ],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait(self) -> None:
         try:
@@ -61,10 +84,21 @@ class Replica:
 
 @pytest.fixture
 def cluster(tmp_path, redis_url, run_name):
-    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "env.name=corridor",
-                                f"env.data_dir={tmp_path / 'data'}", "env.train_tasks=200", "rollout.group_size=4",
-                                "rollout.groups_per_step=2", "learner.steps=6", "algorithm.max_staleness=0",
-                                "env.max_episode_attempts=3"])
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            "env.name=corridor",
+            f"env.data_dir={tmp_path / 'data'}",
+            "env.train_tasks=200",
+            "rollout.group_size=4",
+            "rollout.groups_per_step=2",
+            "learner.steps=6",
+            "algorithm.max_staleness=0",
+            "env.max_episode_attempts=3",
+        ],
+    )
     config_path = tmp_path / "config.yaml"
     config_path.write_text(dump_config(config))
     replicas = [Replica("replica-a", config_path, tmp_path), Replica("replica-b", config_path, tmp_path)]
@@ -120,11 +154,25 @@ def test_a_replica_killed_mid_run_costs_retries_not_trajectories(cluster, tokeni
     state = RunState.connect(config)
     stream = TrajectoryStream(state.client, state.trajectories_key)
     client = GrpcEnvClient(config.env.address, timeout_s=10)
-    loop = AgentLoop(SlowPolicy(tokenizer, toward_exit), client, ChatFormatter(tokenizer),
-                     PARSERS.create("xml_action"), config.rollout, config.env, max_model_len=512)
+    loop = AgentLoop(
+        SlowPolicy(tokenizer, toward_exit),
+        client,
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        config.rollout,
+        config.env,
+        max_model_len=512,
+    )
     rewards = InProcessRewardClient(RewardService(RewardComposer.from_config(config.reward)))
-    producer = Producer(config, loop, rewards, AsyncRunState.connect(config),
-                        LearnerPace(stream, config.rollout.groups_per_step), poll_s=0.02, max_attempts=3)
+    producer = Producer(
+        config,
+        loop,
+        rewards,
+        AsyncRunState.connect(config),
+        LearnerPace(stream, config.rollout.groups_per_step),
+        poll_s=0.02,
+        max_attempts=3,
+    )
     groups = config.learner.steps * config.rollout.groups_per_step
 
     async def main():
@@ -175,17 +223,33 @@ class PoisonTaskClient(InProcessEnvClient):
 
 
 def test_a_group_out_of_retries_is_dropped_whole_and_replaced(tmp_path, redis_url, run_name, tokenizer):
-    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", f"env.data_dir={tmp_path}",
-                                "env.train_tasks=50", "rollout.group_size=3", "rollout.groups_per_step=1",
-                                "learner.steps=1", "env.max_episode_attempts=2"])
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            f"env.data_dir={tmp_path}",
+            "env.train_tasks=50",
+            "rollout.group_size=3",
+            "rollout.groups_per_step=1",
+            "learner.steps=1",
+            "env.max_episode_attempts=2",
+        ],
+    )
     state = RunState.connect(config)
     stream = TrajectoryStream(state.client, state.trajectories_key)
     probe = Producer(config, None, None, None, None)
     poison = probe.task_of(0)
     assert probe.task_of(0, attempt=2) != poison
-    loop = AgentLoop(ScriptedPolicy(tokenizer, toward_exit), PoisonTaskClient(EnvService(), poison),
-                     ChatFormatter(tokenizer), PARSERS.create("xml_action"), config.rollout, config.env,
-                     max_model_len=512)
+    loop = AgentLoop(
+        ScriptedPolicy(tokenizer, toward_exit),
+        PoisonTaskClient(EnvService(), poison),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        config.rollout,
+        config.env,
+        max_model_len=512,
+    )
     rewards = InProcessRewardClient(RewardService(RewardComposer.from_config(config.reward)))
     producer = Producer(config, loop, rewards, AsyncRunState.connect(config), LearnerPace(stream, 1), poll_s=0.01)
 

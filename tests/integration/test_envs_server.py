@@ -1,4 +1,5 @@
 """`python -m services.envs` as a real process, reached through GrpcEnvClient."""
+
 import asyncio
 import os
 import signal
@@ -11,14 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from services.common.errors import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
-                                    Unavailable)
+from services.common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from services.common.grpc_server import free_port, wait_for_health
 from services.envs.client import GrpcEnvClient
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 3.0
-TEST_ENVS = '''
+TEST_ENVS = """
 import time
 from services.envs.base import StepResult, TextEnv
 from services.envs.registry import register_env
@@ -37,7 +44,7 @@ class Faulty(TextEnv):
         return "ready"
     def step(self, action):
         raise ValueError(f"cannot {action}")
-'''
+"""
 
 
 class Server:
@@ -49,9 +56,27 @@ class Server:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp)])}
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.envs", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--metrics-port", str(self.metrics_port), "--import", "omrl_test_envs", "--grace-s", str(GRACE_S),
-                 *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "services.envs",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--import",
+                    "omrl_test_envs",
+                    "--grace-s",
+                    str(GRACE_S),
+                    *args,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -90,6 +115,7 @@ def call(address: str, fn):
     async def main():
         async with GrpcEnvClient(address, timeout_s=10) as client:
             return await fn(client)
+
     return asyncio.run(main())
 
 

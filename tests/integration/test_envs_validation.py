@@ -1,6 +1,7 @@
 """Validation on the held-out split (real Redis, scripted policy): run at multiples of
 env.validation_every, once per version run-wide, success per environment on the metrics stream, which
 the local launcher prints apart from the learner's steps. Also the parquet task datasets."""
+
 import asyncio
 
 import pyarrow.parquet as pq
@@ -22,9 +23,19 @@ from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer, toward_exit  #
 
 @pytest.fixture
 def config(tmp_path, redis_url, run_name):
-    cfg = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", f"env.data_dir={tmp_path}",
-                             "env.train_tasks=40", "env.validation_tasks=6", "env.validation_every=2",
-                             "learner.steps=4", f"output_dir={tmp_path}"])
+    cfg = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            f"env.data_dir={tmp_path}",
+            "env.train_tasks=40",
+            "env.validation_tasks=6",
+            "env.validation_every=2",
+            "learner.steps=4",
+            f"output_dir={tmp_path}",
+        ],
+    )
     yield cfg
     RunState.connect(cfg).reset()
 
@@ -35,9 +46,15 @@ class Version:
 
 def test_validation_runs_the_split_once_per_version_and_publishes_success(config, tokenizer):
     state = RunState.connect(config)
-    loop = AgentLoop(ScriptedPolicy(tokenizer, toward_exit), InProcessEnvClient(EnvService()),
-                     ChatFormatter(tokenizer), PARSERS.create("xml_action"), config.rollout, config.env,
-                     max_model_len=512)
+    loop = AgentLoop(
+        ScriptedPolicy(tokenizer, toward_exit),
+        InProcessEnvClient(EnvService()),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        config.rollout,
+        config.env,
+        max_model_len=512,
+    )
     core = Version()
     servers = [AsyncRunState.connect(config) for _ in range(2)]  # two rollout servers
     validators = [Validator(config, loop, server, core, poll_s=0.01) for server in servers]
@@ -66,10 +83,19 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
 def test_launcher_keeps_validation_apart_from_step_metrics(config):
     run, lines, history = LocalRun(config, say=[].append), [], []
     run.say = lines.append
-    run._record({"kind": "validation", "policy_version": 2, "envs": ["maze"], "validation/maze/success_rate": 0.25,
-                 "validation/episodes": 8, "validation/failed_episodes": 1, "validation_seconds": 1.5}, history)
-    run._record({"step": 1, "reward_mean": 0.5, "success_rate": 0.5, "step_seconds": 2.0, "policy_version": 1},
-                history)
+    run._record(
+        {
+            "kind": "validation",
+            "policy_version": 2,
+            "envs": ["maze"],
+            "validation/maze/success_rate": 0.25,
+            "validation/episodes": 8,
+            "validation/failed_episodes": 1,
+            "validation_seconds": 1.5,
+        },
+        history,
+    )
+    run._record({"step": 1, "reward_mean": 0.5, "success_rate": 0.5, "step_seconds": 2.0, "policy_version": 1}, history)
     assert [m["step"] for m in history] == [1] and run.validations[0]["policy_version"] == 2
     assert lines[0] == "validation at policy v2: maze success 25.0% (8 episodes, 1 lost to infrastructure, 1.5s)"
 

@@ -1,5 +1,6 @@
 """The learner on CUDA: FSDP full sharding with bf16 mixed precision (fp32 master weights and gradient
 reduction), one process and, where two GPUs exist, two (NCCL)."""
+
 import json
 import os
 import subprocess
@@ -25,10 +26,20 @@ def model_dir(tmp_path_factory):
 def test_one_gpu_step_in_bf16(model_dir, advantage):
     from services.learner.trainer import PolicyTrainer
 
-    config = TrainConfig.model_validate({
-        "model": {"dtype": "bfloat16"}, "rollout": {"group_size": 4}, "learner": {"device": "cuda"},
-        "algorithm": {"advantage": advantage, "lr": 1e-2, "micro_batch_size": 3, "use_kl_loss": True,
-                      "entropy_coeff": 0.01}})
+    config = TrainConfig.model_validate(
+        {
+            "model": {"dtype": "bfloat16"},
+            "rollout": {"group_size": 4},
+            "learner": {"device": "cuda"},
+            "algorithm": {
+                "advantage": advantage,
+                "lr": 1e-2,
+                "micro_batch_size": 3,
+                "use_kl_loss": True,
+                "entropy_coeff": 0.01,
+            },
+        }
+    )
     trainer = PolicyTrainer(config, model_dir)
     param = next(trainer.model.parameters())
     assert param.device.type == "cuda" and param.dtype == torch.float32  # fp32 master weights, sharded
@@ -48,11 +59,33 @@ def test_two_gpus_train_like_one(model_dir, tmp_path):
     from services.learner.smoke import run
 
     out = tmp_path / "two.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "services.learner.smoke", "--model", model_dir, "--out", str(out), "--device", "cuda",
-           "--agg-modes", "token-mean", "--steps", "2"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "services.learner.smoke",
+        "--model",
+        model_dir,
+        "--out",
+        str(out),
+        "--device",
+        "cuda",
+        "--agg-modes",
+        "token-mean",
+        "--steps",
+        "2",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     two = json.loads(out.read_text())

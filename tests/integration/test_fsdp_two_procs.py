@@ -1,4 +1,5 @@
 """Two FSDP processes (torchrun, gloo) must train exactly like one process on the full batch."""
+
 import json
 import os
 import subprocess
@@ -7,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from services.learner.smoke import (ALL_AGG_MODES, LEVERS_CASE, PPO_CASE, build_tiny_llama, case_config, run,
-                                    synthetic_trajectories)
+from services.learner.smoke import (
+    ALL_AGG_MODES,
+    LEVERS_CASE,
+    PPO_CASE,
+    build_tiny_llama,
+    case_config,
+    run,
+    synthetic_trajectories,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = ALL_AGG_MODES + [PPO_CASE, LEVERS_CASE]
@@ -28,9 +36,24 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp")
     model = str(build_tiny_llama(tmp / "model"))
     out = tmp / "two.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "services.learner.smoke", "--model", model, "--out", str(out), "--checkpoint-dir", str(tmp / "ckpt"),
-           "--agg-modes", ",".join(CASES)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "services.learner.smoke",
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--agg-modes",
+        ",".join(CASES),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -52,8 +75,17 @@ def test_two_processes_match_one(results, mode):
     assert close(two[mode]["checksum"], one[mode]["checksum"])
     keys = ["loss", "grad_norm", "clip_frac", "approx_kl", "ratio_mean", "mismatch_kl", "entropy"]
     if mode in (PPO_CASE, LEVERS_CASE):  # critic, reference and KL controller: sharded, gathered the same way
-        keys += ["vf_loss", "critic_grad_norm", "vf_explained_var", "kl_ref", "kl_loss", "kl_in_reward", "kl_coef",
-                 "entropy_loss", "values_mean"]
+        keys += [
+            "vf_loss",
+            "critic_grad_norm",
+            "vf_explained_var",
+            "kl_ref",
+            "kl_loss",
+            "kl_in_reward",
+            "kl_coef",
+            "entropy_loss",
+            "values_mean",
+        ]
     rel = 1e-4 if mode == LEVERS_CASE else 1e-5  # 3x the optimizer steps: Adam compounds the rounding
     for m1, m2 in zip(one[mode]["metrics"], two[mode]["metrics"], strict=True):
         for key in keys:

@@ -1,5 +1,6 @@
 """python -m services.common.healthcheck (the compose healthcheck and `helm test` command) against a real
 gRPC server with the standard health service, a real HTTP endpoint, and a closed port."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,9 @@ from services.common.grpc_server import free_port, serve
 
 
 def healthcheck(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.common.healthcheck", *args], capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "services.common.healthcheck", *args], capture_output=True, text=True, timeout=30
+    )
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +27,9 @@ def grpc_server():
 
     def run():
         asyncio.set_event_loop(loop)
-        loop.run_until_complete(serve("probe-test", port, [], host="127.0.0.1", stop=stop, grace_s=0.1,
-                                      ready=lambda _: ready.set()))
+        loop.run_until_complete(
+            serve("probe-test", port, [], host="127.0.0.1", stop=stop, grace_s=0.1, ready=lambda _: ready.set())
+        )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

@@ -1,11 +1,12 @@
 """The job API over real HTTP (uvicorn on a free port) with a scripted launcher and real Redis for progress:
 auth, validation errors naming the field, body limit, the job resource, events (page and SSE), metrics,
 records across an app restart, and the `omrl` CLI against it."""
+
 import json
 import sqlite3
-from datetime import datetime, timezone
 import threading
 import time
+from datetime import datetime, timezone
 
 import httpx
 import pytest
@@ -26,16 +27,25 @@ SCRIPTS = {"quick": ("running", "running", "succeeded"), "forever": ("running",)
 
 
 def make_app(tmp_path, launcher=None, **settings):
-    settings = JobsSettings(token=TOKEN, db=tmp_path / "jobs.sqlite", poll_interval_s=0.05, max_body_bytes=64 * 1024,
-                            allowed_data_roots=[tmp_path / "data"], output_dir=tmp_path / "out", **settings)
+    settings = JobsSettings(
+        token=TOKEN,
+        db=tmp_path / "jobs.sqlite",
+        poll_interval_s=0.05,
+        max_body_bytes=64 * 1024,
+        allowed_data_roots=[tmp_path / "data"],
+        output_dir=tmp_path / "out",
+        **settings,
+    )
     return create_app(settings, launcher=launcher or FakeLauncher(scripts=SCRIPTS))
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, redis_url):
     root = tmp_path_factory.mktemp("api")
-    with LiveApi(make_app(root, redis_url=redis_url)) as live, \
-            httpx.Client(base_url=live.url, headers=AUTH, timeout=10) as http:
+    with (
+        LiveApi(make_app(root, redis_url=redis_url)) as live,
+        httpx.Client(base_url=live.url, headers=AUTH, timeout=10) as http,
+    ):
         live.http, live.root = http, root
         yield live
 
@@ -69,12 +79,21 @@ def protected_routes(app):
                 yield method, route.path.replace("{job_id}", "some-job")
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}],
-                         ids=["none", "wrong-token", "wrong-scheme"])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}],
+    ids=["none", "wrong-token", "wrong-scheme"],
+)
 def test_every_other_route_answers_401_without_the_right_token(api, headers):
     routes = list(protected_routes(api.app))
-    assert {path for _, path in routes} >= {"/v1/jobs", "/v1/jobs/some-job", "/v1/jobs/some-job/cancel",
-                                            "/v1/jobs/some-job/events", "/v1/jobs/some-job/logs", "/metrics"}
+    assert {path for _, path in routes} >= {
+        "/v1/jobs",
+        "/v1/jobs/some-job",
+        "/v1/jobs/some-job/cancel",
+        "/v1/jobs/some-job/events",
+        "/v1/jobs/some-job/logs",
+        "/metrics",
+    }
     for method, path in routes:
         response = httpx.request(method, api.url + path, headers=headers, json={})
         assert response.status_code == 401, (method, path)
@@ -83,7 +102,9 @@ def test_every_other_route_answers_401_without_the_right_token(api, headers):
 
 def test_the_openapi_document_is_served_and_declares_bearer_auth(api):
     doc = httpx.get(api.url + "/openapi.json").json()
-    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/events"} <= set(doc["paths"])
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/events"} <= set(
+        doc["paths"]
+    )
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "JobSpec" in doc["components"]["schemas"] and "ResourcesConfig" in doc["components"]["schemas"]
 
@@ -96,22 +117,28 @@ def test_the_openapi_document_can_be_put_behind_the_token(tmp_path):
 
 
 # -- validation --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec,loc,kind", [
-    ({"learner": {"stepz": 3}}, ["body", "learner", "stepz"], "extra_forbidden"),
-    ({"colour": "blue"}, ["body", "colour"], "extra_forbidden"),
-    ({"rollout": {"temperature": 9}}, ["body", "rollout", "temperature"], "less_than_equal"),
-    ({"resources": {"learner": {"gpus": 99}}}, ["body", "resources", "learner", "gpus"], "less_than_equal"),
-    ({"schedule": {"max_runtime_s": 1}}, ["body", "schedule", "max_runtime_s"], "greater_than_equal"),
-    ({"env": {"name": "babyai"}}, ["body", "env", "name"], "launcher_rejected"),
-    ({"algorithm": {"advantage": "grpoo"}}, ["body", "algorithm", "advantage"], "value_error"),
-    ({"env": {"name": "corridorr"}}, ["body", "env", "name"], "value_error"),
-    ({"env": {"options": {"lenght": 5}}}, ["body", "env", "options", "lenght"], "unknown_option"),
-    ({"env": {"options": {"length": "many"}}}, ["body", "env", "options", "length"], "invalid_option"),
-    ({"rollout": {"action_parser": "xml"}}, ["body", "rollout", "action_parser"], "value_error"),
-    ({"reward": {"components": {"goal": {"params": {"wieght": 2}}}}},
-     ["body", "reward", "components", "goal", "params", "wieght"], "unknown_param"),
-    ({"reward": {"components": {"goall": {}}}}, ["body", "reward", "components", "goall", "[key]"], "value_error"),
-])
+@pytest.mark.parametrize(
+    "spec,loc,kind",
+    [
+        ({"learner": {"stepz": 3}}, ["body", "learner", "stepz"], "extra_forbidden"),
+        ({"colour": "blue"}, ["body", "colour"], "extra_forbidden"),
+        ({"rollout": {"temperature": 9}}, ["body", "rollout", "temperature"], "less_than_equal"),
+        ({"resources": {"learner": {"gpus": 99}}}, ["body", "resources", "learner", "gpus"], "less_than_equal"),
+        ({"schedule": {"max_runtime_s": 1}}, ["body", "schedule", "max_runtime_s"], "greater_than_equal"),
+        ({"env": {"name": "babyai"}}, ["body", "env", "name"], "launcher_rejected"),
+        ({"algorithm": {"advantage": "grpoo"}}, ["body", "algorithm", "advantage"], "value_error"),
+        ({"env": {"name": "corridorr"}}, ["body", "env", "name"], "value_error"),
+        ({"env": {"options": {"lenght": 5}}}, ["body", "env", "options", "lenght"], "unknown_option"),
+        ({"env": {"options": {"length": "many"}}}, ["body", "env", "options", "length"], "invalid_option"),
+        ({"rollout": {"action_parser": "xml"}}, ["body", "rollout", "action_parser"], "value_error"),
+        (
+            {"reward": {"components": {"goal": {"params": {"wieght": 2}}}}},
+            ["body", "reward", "components", "goal", "params", "wieght"],
+            "unknown_param",
+        ),
+        ({"reward": {"components": {"goall": {}}}}, ["body", "reward", "components", "goall", "[key]"], "value_error"),
+    ],
+)
 def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
     response = api.http.post("/v1/jobs", json=spec)
     assert response.status_code == 422
@@ -124,23 +151,29 @@ def test_a_misspelt_plugin_is_a_422_listing_the_choices(api):
     assert "'grpoo' is not one of: gae, grpo, reinforce_plus_plus" in response.json()["detail"][0]["msg"]
 
 
-@pytest.mark.parametrize("body,loc", [
-    ('{"algorithm": {"kl_coef": Infinity}}', ["body", "algorithm", "kl_coef"]),
-    ('{"rollout": {"temperature": NaN}}', ["body", "rollout", "temperature"]),
-    ('{"learner": {"push_timeout_s": -Infinity}}', ["body", "learner", "push_timeout_s"]),
-    ('{"env": {"options": {"length": Infinity}}}', ["body", "env", "options"]),
-])
+@pytest.mark.parametrize(
+    "body,loc",
+    [
+        ('{"algorithm": {"kl_coef": Infinity}}', ["body", "algorithm", "kl_coef"]),
+        ('{"rollout": {"temperature": NaN}}', ["body", "rollout", "temperature"]),
+        ('{"learner": {"push_timeout_s": -Infinity}}', ["body", "learner", "push_timeout_s"]),
+        ('{"env": {"options": {"length": Infinity}}}', ["body", "env", "options"]),
+    ],
+)
 def test_non_finite_numbers_are_a_422_naming_the_field(api, body, loc):
     response = api.http.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == loc
 
 
-@pytest.mark.parametrize("spec,loc", [
-    ({"algorithm": {"kl_coef": 1e300}}, ["body", "algorithm", "kl_coef"]),
-    ({"learner": {"steps": 10**12}}, ["body", "learner", "steps"]),
-    ({"seed": -1}, ["body", "seed"]),
-])
+@pytest.mark.parametrize(
+    "spec,loc",
+    [
+        ({"algorithm": {"kl_coef": 1e300}}, ["body", "algorithm", "kl_coef"]),
+        ({"learner": {"steps": 10**12}}, ["body", "learner", "steps"]),
+        ({"seed": -1}, ["body", "seed"]),
+    ],
+)
 def test_out_of_bounds_numbers_are_a_422_naming_the_field(api, spec, loc):
     response = api.http.post("/v1/jobs", json=spec)
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == loc
@@ -171,8 +204,11 @@ def test_paths_outside_the_allowed_roots_and_a_callers_redis_are_refused(api):
 
 
 def test_paths_inside_the_allowed_roots_and_hub_ids_are_accepted(api):
-    inside = {"env": {"data_dir": str(api.root / "data" / "sets"), "dataset": str(api.root / "out" / "d")},
-              "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "run": "quick"}
+    inside = {
+        "env": {"data_dir": str(api.root / "data" / "sets"), "dataset": str(api.root / "out" / "d")},
+        "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
+        "run": "quick",
+    }
     job = submit(api.http, **inside)
     assert job["spec"]["env"]["data_dir"] == inside["env"]["data_dir"]
     wait_for(api.http, job["id"], {"succeeded"})
@@ -193,20 +229,32 @@ def test_reading_an_unreadable_finished_record_repairs_it_at_once(api):
     assert job_id in {j["id"] for j in api.http.get("/v1/jobs", params={"limit": 500}).json()["jobs"]}
     job = api.http.get(f"/v1/jobs/{job_id}").json()
     assert job["state"] == "succeeded" and "algorithm.kl_coef" in job["error"]
-    kept = [e["data"] for e in api.http.get(f"/v1/jobs/{job_id}/events").json()["events"] if "stored_record" in e["data"]]
+    kept = [
+        e["data"] for e in api.http.get(f"/v1/jobs/{job_id}/events").json()["events"] if "stored_record" in e["data"]
+    ]
     assert len(kept) == 1
 
 
 def insert_unreadable(db_path, job_id: str, state: str) -> str:
     """A new row, so that no reconcile pass holds a good copy of it to save over the damage."""
     stamp = datetime.now(timezone.utc)
-    record = JobRecord(id=job_id, name="broken", state=state, launcher="fake", created_at=stamp, updated_at=stamp,
-                       total_steps=1, spec=JobSpec())
+    record = JobRecord(
+        id=job_id,
+        name="broken",
+        state=state,
+        launcher="fake",
+        created_at=stamp,
+        updated_at=stamp,
+        total_steps=1,
+        spec=JobSpec(),
+    )
     doc = json.loads(record.model_dump_json())
     doc["spec"]["algorithm"]["kl_coef"] = None  # what an earlier version stored for Infinity
     with sqlite3.connect(db_path) as db:
-        db.execute("INSERT INTO jobs (id, state, created_at, doc) VALUES (?, ?, ?, ?)",
-                   (job_id, state, stamp.timestamp(), json.dumps(doc)))
+        db.execute(
+            "INSERT INTO jobs (id, state, created_at, doc) VALUES (?, ?, ?, ?)",
+            (job_id, state, stamp.timestamp(), json.dumps(doc)),
+        )
     return job_id
 
 
@@ -260,8 +308,9 @@ def test_a_cross_field_error_names_both_fields(api):
 def test_a_body_over_the_limit_is_a_413_announced_or_streamed(api):
     big = json.dumps({"env": {"options": {"blob": "x" * 70_000}}}).encode()
     assert api.http.post("/v1/jobs", content=big, headers={"content-type": "application/json"}).status_code == 413
-    streamed = api.http.post("/v1/jobs", content=iter([big[:40_000], big[40_000:]]),
-                             headers={"content-type": "application/json"})
+    streamed = api.http.post(
+        "/v1/jobs", content=iter([big[:40_000], big[40_000:]]), headers={"content-type": "application/json"}
+    )
     assert streamed.status_code == 413 and "larger than 65536 bytes" in streamed.json()["detail"]
 
 
@@ -272,7 +321,9 @@ def test_submit_read_list_and_cancel(api):
     running = wait_for(api.http, job["id"], {"running"})
     assert running["launcher"] == "fake" and running["launcher_info"]["fake_id"] == job["id"]
     page = api.http.get("/v1/jobs", params={"state": ["running", "starting"], "limit": 500}).json()
-    assert job["id"] in [j["id"] for j in page["jobs"]] and all(j["state"] in ("running", "starting") for j in page["jobs"])
+    assert job["id"] in [j["id"] for j in page["jobs"]] and all(
+        j["state"] in ("running", "starting") for j in page["jobs"]
+    )
     cancel = api.http.post(f"/v1/jobs/{job['id']}/cancel")
     assert cancel.status_code == 202 and cancel.json()["state"] == "cancelling"
     assert wait_for(api.http, job["id"], {"cancelled"})["finished_at"]
@@ -281,7 +332,9 @@ def test_submit_read_list_and_cancel(api):
     assert api.http.get("/v1/jobs/no-such-job-1").status_code == 404
     assert api.http.post("/v1/jobs/no-such-job-1/cancel").status_code == 404
     assert api.http.get("/v1/jobs/Not_A_Valid_Id").status_code == 422
-    assert api.http.get(f"/v1/jobs/{job['id']}/logs", params={"service": "rollout"}).text == f"rollout log of {job['id']}"
+    assert (
+        api.http.get(f"/v1/jobs/{job['id']}/logs", params={"service": "rollout"}).text == f"rollout log of {job['id']}"
+    )
 
 
 def test_a_failing_launcher_backend_is_a_502_and_the_job_stays_as_it_was(api):
@@ -312,13 +365,19 @@ def test_events_as_a_page_and_as_a_server_sent_stream(api):
                 current = {}
     assert messages[-1]["event"] == "end" and json.loads(messages[-1]["data"]) == {"job_state": "succeeded"}
     events = [json.loads(m["data"]) for m in messages[:-1]]
-    assert [e["data"]["state"] for e in events if e["type"] == "state"] == ["queued", "starting", "running", "succeeded"]
+    assert [e["data"]["state"] for e in events if e["type"] == "state"] == [
+        "queued",
+        "starting",
+        "running",
+        "succeeded",
+    ]
     assert [int(m["id"]) for m in messages[:-1]] == [e["seq"] for e in events] == list(range(1, len(events) + 1))
     page = api.http.get(f"/v1/jobs/{job['id']}/events", params={"after": 2}).json()
     assert [e["seq"] for e in page["events"]] == list(range(3, len(events) + 1))
     assert page["finished"] and page["job_state"] == "succeeded" and page["next_after"] == len(events)
-    with api.http.stream("GET", f"/v1/jobs/{job['id']}/events", params={"follow": "true"},
-                         headers={"Last-Event-ID": str(len(events))}) as resumed:
+    with api.http.stream(
+        "GET", f"/v1/jobs/{job['id']}/events", params={"follow": "true"}, headers={"Last-Event-ID": str(len(events))}
+    ) as resumed:
         assert [line for line in resumed.iter_lines() if line.startswith("event:")] == ["event: end"]
 
 
@@ -329,8 +388,16 @@ def test_step_metrics_from_the_runs_redis_become_events_and_job_fields(api, redi
     state = RunState.connect(load_config(None, [f"run={job['id']}", f"stream.redis_url={redis_url}"]))
     try:
         for step in (1, 2):
-            state.publish_metrics(step, {"step": step, "reward_mean": 0.1 * step, "policy_version": step,
-                                         "approx_kl": float("nan"), "pushes": [{"ok": True}]})
+            state.publish_metrics(
+                step,
+                {
+                    "step": step,
+                    "reward_mean": 0.1 * step,
+                    "policy_version": step,
+                    "approx_kl": float("nan"),
+                    "pushes": [{"ok": True}],
+                },
+            )
         state.publish_version(2)
         deadline = time.monotonic() + 10
         while (current := api.http.get(f"/v1/jobs/{job['id']}").json())["step"] < 2:
@@ -338,8 +405,11 @@ def test_step_metrics_from_the_runs_redis_become_events_and_job_fields(api, redi
             time.sleep(0.05)
         assert current["policy_version"] == 2 and current["metrics"]["reward_mean"] == pytest.approx(0.2)
         assert current["metrics"]["approx_kl"] is None and "pushes" not in current["metrics"]
-        steps = [e["data"]["step"] for e in api.http.get(f"/v1/jobs/{job['id']}/events").json()["events"]
-                 if e["type"] == "step"]
+        steps = [
+            e["data"]["step"]
+            for e in api.http.get(f"/v1/jobs/{job['id']}/events").json()["events"]
+            if e["type"] == "step"
+        ]
         assert steps == [1, 2]
     finally:
         api.http.post(f"/v1/jobs/{job['id']}/cancel")

@@ -2,6 +2,7 @@
 (positive) and ones that break the schema (negative), with the token. The API must never answer with a
 server error and must answer as its document says. Bounded by max_examples per operation; the launcher
 is scripted, so no job really runs."""
+
 import httpx
 import pytest
 import schemathesis
@@ -27,8 +28,9 @@ def has_inputs(operation) -> bool:
     return any(key in spec for key in ("parameters", "requestBody", "security"))
 
 
-CASES = [(op, GenerationMode.POSITIVE) for op in OPERATIONS] + \
-        [(op, GenerationMode.NEGATIVE) for op in OPERATIONS if has_inputs(op)]
+CASES = [(op, GenerationMode.POSITIVE) for op in OPERATIONS] + [
+    (op, GenerationMode.NEGATIVE) for op in OPERATIONS if has_inputs(op)
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +42,16 @@ def live(tmp_path_factory):
 
 
 def test_every_operation_is_fuzzed():
-    assert {op.label for op in OPERATIONS} >= {"POST /v1/jobs", "GET /v1/jobs", "GET /v1/jobs/{job_id}",
-                                               "POST /v1/jobs/{job_id}/cancel", "GET /v1/jobs/{job_id}/events",
-                                               "GET /v1/jobs/{job_id}/logs", "GET /metrics", "GET /healthz"}
+    assert {op.label for op in OPERATIONS} >= {
+        "POST /v1/jobs",
+        "GET /v1/jobs",
+        "GET /v1/jobs/{job_id}",
+        "POST /v1/jobs/{job_id}/cancel",
+        "GET /v1/jobs/{job_id}/events",
+        "GET /v1/jobs/{job_id}/logs",
+        "GET /metrics",
+        "GET /healthz",
+    }
 
 
 @pytest.mark.parametrize("operation,mode", CASES, ids=[f"{op.label} {mode.value}" for op, mode in CASES])
@@ -54,7 +63,8 @@ def test_no_server_errors_and_answers_as_documented(live, operation, mode):
     @given(case=operation.as_strategy(mode))
     @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def check(case):
-        case.call_and_validate(base_url=live.url, headers={"Authorization": f"Bearer {TOKEN}"},
-                               excluded_checks=excluded)
+        case.call_and_validate(
+            base_url=live.url, headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=excluded
+        )
 
     check()

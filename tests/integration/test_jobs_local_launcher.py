@@ -1,6 +1,7 @@
 """The local launcher's process handling with small stand-in processes: re-attaching after an API
 restart, stopping what a dead supervisor left, PID-reuse safety, cancel escalation, and the supervisor's
 own signal handling."""
+
 import json
 import os
 import signal
@@ -55,8 +56,12 @@ def job_dir(tmp_path, status: dict | None = None, pids: dict | None = None, log:
 
 
 def handle_for(proc: subprocess.Popen, run_dir) -> dict:
-    return {"run_dir": str(run_dir), "pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
-            "log_offset": 0}
+    return {
+        "run_dir": str(run_dir),
+        "pid": proc.pid,
+        "create_time": psutil.Process(proc.pid).create_time(),
+        "log_offset": 0,
+    }
 
 
 def dead_supervisor(procs, run_dir) -> dict:
@@ -68,16 +73,21 @@ def dead_supervisor(procs, run_dir) -> dict:
 
 
 def test_a_restarted_api_reattaches_to_a_live_supervisor(tmp_path, procs):
-    log = ("tiny model ready in 3s\n"
-           "Loading weights: 100%|##########| 21/21 [00:00<00:00, 1882.34it/s]\n"
-           "step   1/2 | reward +0.057 | success   0.0% | kl 0.0000\n"
-           "all services healthy\npartial line without newl")
+    log = (
+        "tiny model ready in 3s\n"
+        "Loading weights: 100%|##########| 21/21 [00:00<00:00, 1882.34it/s]\n"
+        "step   1/2 | reward +0.057 | success   0.0% | kl 0.0000\n"
+        "all services healthy\npartial line without newl"
+    )
     run_dir = job_dir(tmp_path, status={"phase": "running"}, log=log)
     supervisor = procs(SLEEPER)
     status = LocalLauncher(tmp_path).recover("job-1", handle_for(supervisor, run_dir))
     assert status.state == base.RUNNING
-    assert status.messages == [f"re-attached to the job's supervisor (pid {supervisor.pid})",
-                               "tiny model ready in 3s", "all services healthy"]
+    assert status.messages == [
+        f"re-attached to the job's supervisor (pid {supervisor.pid})",
+        "tiny model ready in 3s",
+        "all services healthy",
+    ]
     assert status.handle["log_offset"] == len(log) - len("partial line without newl")
 
 
@@ -148,8 +158,9 @@ SUPERVISE = textwrap.dedent("""
 @pytest.mark.parametrize("how,state,code", [("sigterm", "cancelled", 0), ("deadline", "failed", 1)])
 def test_the_supervisor_turns_a_cancel_or_its_deadline_into_an_outcome(tmp_path, how, state, code):
     status_path = tmp_path / "status.json"
-    proc = subprocess.Popen([sys.executable, "-c", SUPERVISE, str(status_path), "2" if how == "deadline" else "0"],
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISE, str(status_path), "2" if how == "deadline" else "0"], start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 30
         while json.loads(status_path.read_text() if status_path.exists() else "{}").get("phase") != "running":

@@ -1,9 +1,10 @@
 """LearnerService's stream contract on the real Redis, with a recording stand-in for the trainer:
 groups per step, checkpoint-then-ack, and exactly-once application across a crash."""
+
 import json
-from types import SimpleNamespace
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -66,17 +67,27 @@ def group(gid, version, size=2):
     out = []
     for _ in range(size):
         b = TrajectoryBuilder(env="corridor", task_index=0, group_id=gid, prompt_ids=[1])
-        b.add_model_turn([2], [-0.3], policy_version=version, text="", action="left", action_valid=True,
-                         finish_reason="stop")
+        b.add_model_turn(
+            [2], [-0.3], policy_version=version, text="", action="left", action_valid=True, finish_reason="stop"
+        )
         out.append(b.finish(env_return=0.0, success=False, stop_reason="max_turns"))
     return out
 
 
 @pytest.fixture
 def setup(redis_url, run_name, tmp_path):
-    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=3",
-                                "rollout.groups_per_step=2", "stream.read_block_ms=50",
-                                "learner.step_timeout_s=5", f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            "learner.steps=3",
+            "rollout.groups_per_step=2",
+            "stream.read_block_ms=50",
+            "learner.step_timeout_s=5",
+            f"learner.checkpoint_dir={tmp_path / 'ckpt'}",
+        ],
+    )
     state = RunState.connect(config)
     state.register_rollout("127.0.0.1:1", {"policy_version": 0})
     stream = TrajectoryStream(state.client, state.trajectories_key)
@@ -178,9 +189,18 @@ class RegistryPusher(WeightPusher):
 
 
 def test_a_server_that_comes_back_behind_is_pushed_the_current_policy(redis_url, run_name, tmp_path):
-    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=2",
-                                "rollout.groups_per_step=2", "stream.read_block_ms=50",
-                                "learner.step_timeout_s=20", f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            "learner.steps=2",
+            "rollout.groups_per_step=2",
+            "stream.read_block_ms=50",
+            "learner.step_timeout_s=20",
+            f"learner.checkpoint_dir={tmp_path / 'ckpt'}",
+        ],
+    )
     state = RunState.connect(config)
     try:
         state.register_rollout("127.0.0.1:1", {"policy_version": 0})
@@ -224,6 +244,7 @@ def test_the_learner_rebuilds_the_run_when_redis_comes_back_empty(setup):
 
 # -- poison input, with the real trainer on a tiny model -----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     from services.learner.smoke import build_tiny_llama
@@ -244,15 +265,28 @@ def poisoned(gid, **change):
     return trajs
 
 
-def test_poison_entries_are_dead_lettered_and_the_step_trains_on_the_good_groups(redis_url, run_name, tmp_path,
-                                                                                 tiny_llama):
+def test_poison_entries_are_dead_lettered_and_the_step_trains_on_the_good_groups(
+    redis_url, run_name, tmp_path, tiny_llama
+):
     from services.learner.trainer import PolicyTrainer
 
-    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}", "learner.steps=1",
-                                "rollout.groups_per_step=2", "rollout.group_size=2", "stream.read_block_ms=50",
-                                "learner.step_timeout_s=20", "learner.device=cpu", f"model.path={tiny_llama}",
-                                "stream.max_entry_bytes=2048", "learner.weight_push=none",
-                                f"learner.checkpoint_dir={tmp_path / 'ckpt'}"])
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            "learner.steps=1",
+            "rollout.groups_per_step=2",
+            "rollout.group_size=2",
+            "stream.read_block_ms=50",
+            "learner.step_timeout_s=20",
+            "learner.device=cpu",
+            f"model.path={tiny_llama}",
+            "stream.max_entry_bytes=2048",
+            "learner.weight_push=none",
+            f"learner.checkpoint_dir={tmp_path / 'ckpt'}",
+        ],
+    )
     state = RunState.connect(config)
     stream = TrajectoryStream(state.client, state.trajectories_key, max_entry_bytes=config.stream.max_entry_bytes)
     try:
@@ -270,8 +304,12 @@ def test_poison_entries_are_dead_lettered_and_the_step_trains_on_the_good_groups
         assert history[0]["trajectories"] == 4 and history[0]["num_trajectories"] == 4.0
         assert history[0]["groups"] == 2 and math.isfinite(history[0]["loss"])
         letters = {(d["reason"], d["groups"]) for d in stream.dead_letters()}
-        assert letters == {("token_id", "vocab"), ("non_finite", "nanreward"), ("non_finite", "nanlogprob"),
-                           ("too_large", "")}
+        assert letters == {
+            ("token_id", "vocab"),
+            ("non_finite", "nanreward"),
+            ("non_finite", "nanlogprob"),
+            ("too_large", ""),
+        }
         assert all(d["error"] for d in stream.dead_letters())
         assert stream.pending_count() == 0
         assert state.dead_letter_counts() == {"token_id": 1, "non_finite": 2, "too_large": 1}

@@ -1,5 +1,6 @@
 """Group leases on a real Redis: a claim is held by one holder, taken over by exactly one other once it
 lapses, retried after a failure, dropped once out of attempts, and published at most once."""
+
 import asyncio
 import threading
 

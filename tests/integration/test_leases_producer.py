@@ -1,6 +1,7 @@
 """The producer on real Redis with a scripted agent loop and reward client: a failed group is retried
 until it is published (never abandoned), a slot out of attempts is replaced by a new one, and a holder
 whose lease was taken over while it played publishes nothing."""
+
 import asyncio
 from types import SimpleNamespace
 
@@ -55,17 +56,30 @@ class LearnerPace:
 
 
 def make_config(run_name, redis_url, steps=2, **rollout):
-    return TrainConfig.model_validate({
-        "run": run_name, "stream": {"redis_url": redis_url}, "learner": {"steps": steps},
-        "rollout": {"groups_per_step": 2, "group_size": 2, "lease_ttl_s": 30.0, "group_retry_backoff_s": 0.01,
-                    **rollout}})
+    return TrainConfig.model_validate(
+        {
+            "run": run_name,
+            "stream": {"redis_url": redis_url},
+            "learner": {"steps": steps},
+            "rollout": {
+                "groups_per_step": 2,
+                "group_size": 2,
+                "lease_ttl_s": 30.0,
+                "group_retry_backoff_s": 0.01,
+                **rollout,
+            },
+        }
+    )
 
 
 @pytest.fixture(autouse=True)
 def task_per_key(monkeypatch):
     """Task index = a stable hash of the draw key, so a replay on the same or a fresh task shows."""
-    monkeypatch.setattr(producer_module.TaskSplit, "load", staticmethod(
-        lambda env, split: SimpleNamespace(draw=lambda key: sum(key.encode()))))
+    monkeypatch.setattr(
+        producer_module.TaskSplit,
+        "load",
+        staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: sum(key.encode()))),
+    )
 
 
 @pytest.fixture
@@ -77,8 +91,9 @@ def run(redis_url, run_name):
         config = make_config(run_name, redis_url, steps, **rollout)
         stream = TrajectoryStream(RunState.connect(config).client, config.key("trajectories"))
         made.append(config)
-        return Producer(config, loop, rewards, AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.01,
-                        holder=holder)
+        return Producer(
+            config, loop, rewards, AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.01, holder=holder
+        )
 
     yield make
     if made:

@@ -1,4 +1,5 @@
 """`python -m services.reward` as a real process, reached through GrpcRewardClient."""
+
 import asyncio
 import os
 import signal
@@ -22,7 +23,7 @@ from services.reward.registry import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 3.0
-TEST_REWARDS = '''
+TEST_REWARDS = """
 import time
 from services.reward.base import RewardFunction
 from services.reward.registry import REWARDS
@@ -36,10 +37,18 @@ class Tripwire(RewardFunction):
         if traj.env == "slow":
             time.sleep(1.5)
         return 0.25
-'''
-CONFIG = {"reward": {"timeout_s": 0.5, "components": {
-    "goal": {"weight": 1.0}, "format": {"weight": 0.5},
-    "length_penalty": {"weight": 0.2, "params": {"max_tokens": 4}}, "tripwire": {"weight": 2.0}}}}
+"""
+CONFIG = {
+    "reward": {
+        "timeout_s": 0.5,
+        "components": {
+            "goal": {"weight": 1.0},
+            "format": {"weight": 0.5},
+            "length_penalty": {"weight": 0.2, "params": {"max_tokens": 4}},
+            "tripwire": {"weight": 2.0},
+        },
+    }
+}
 
 
 def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
@@ -48,9 +57,26 @@ def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
     log = tmp / f"reward-{port}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp)])}
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.reward", "--host", "127.0.0.1", "--port", str(port),
-                                 "--import", "omrl_test_rewards", "--grace-s", str(GRACE_S), *args],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.reward",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--import",
+                "omrl_test_rewards",
+                "--grace-s",
+                str(GRACE_S),
+                *args,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     return proc, f"127.0.0.1:{port}", log
 
 
@@ -99,8 +125,15 @@ def server(tmp_path_factory):
 def trajectory(env: str = "corridor", *turns: tuple[int, bool], success: bool = False, trajectory_id: str = "t"):
     builder = TrajectoryBuilder(env=env, task_index=0, group_id="g", prompt_ids=[1, 2], trajectory_id=trajectory_id)
     for n, valid in turns:
-        builder.add_model_turn([3] * n, [-1.0] * n, policy_version=1, text="", action="left" if valid else "",
-                               action_valid=valid, finish_reason="stop")
+        builder.add_model_turn(
+            [3] * n,
+            [-1.0] * n,
+            policy_version=1,
+            text="",
+            action="left" if valid else "",
+            action_valid=valid,
+            finish_reason="stop",
+        )
         builder.add_observation([4], env_reward=0.0)
     return builder.finish(env_return=float(success), success=success, stop_reason="done")
 
@@ -109,21 +142,25 @@ def score(address: str, trajectories, **kwargs):
     async def main():
         async with GrpcRewardClient(address, timeout_s=10, **kwargs) as client:
             return await client.score(trajectories)
+
     return asyncio.run(main())
 
 
 def test_scores_match_the_in_process_composer(server, tmp_path):
     address, _, log = server
     assert f"reward listening on {address}" in log.read_text()
-    batch = [trajectory("corridor", (2, True), (5, False), success=True, trajectory_id="a"),
-             trajectory("corridor", (9, True), trajectory_id="b"),
-             trajectory("corridor", trajectory_id="c")]
+    batch = [
+        trajectory("corridor", (2, True), (5, False), success=True, trajectory_id="a"),
+        trajectory("corridor", (9, True), trajectory_id="b"),
+        trajectory("corridor", trajectory_id="c"),
+    ]
     scores = score(address, batch)
     assert scores[0][1] == pytest.approx({"goal": 1.0, "format": 0.25, "length_penalty": -0.15, "tripwire": 0.5})
     assert scores[0][0] == pytest.approx(1.6)
     sys.path.insert(0, str(log.parent))
     try:
         import omrl_test_rewards  # noqa: F401  (registers "tripwire" here too)
+
         composer = RewardComposer.from_config(load_config(str(log.parent / "config.yaml")).reward)
     finally:
         sys.path.remove(str(log.parent))

@@ -1,5 +1,6 @@
 """The rollout server as a real process (vLLM engine on CPU) over gRPC: generation stamped with the
 policy version, weight updates that are verified whole and applied atomically, status, shutdown."""
+
 import asyncio
 import os
 import signal
@@ -17,15 +18,21 @@ from tests.rollout_server import start_rollout
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     rollout = start_rollout(tmp_path_factory.mktemp("rollout"))
-    yield {"address": rollout.address, "model": rollout.model, "proc": rollout.proc, "log": rollout.log,
-           "call": rollout.call, "run": rollout.run}
+    yield {
+        "address": rollout.address,
+        "model": rollout.model,
+        "proc": rollout.proc,
+        "log": rollout.log,
+        "call": rollout.call,
+        "run": rollout.run,
+    }
     rollout.kill()
 
 
 def reference_logprobs(model, prompt, output):
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1]
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output)[:, None])[:, 0]
 
 
@@ -40,8 +47,9 @@ def hf(server):
 
     model = AutoModelForCausalLM.from_pretrained(server["model"], dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(server["model"])
-    text = tok.apply_chat_template([{"role": "user", "content": "You are in cell 3."}], add_generation_prompt=True,
-                                   tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "You are in cell 3."}], add_generation_prompt=True, tokenize=False
+    )
     prompt = tok(text, add_special_tokens=False)["input_ids"]
     return model, prompt
 
@@ -61,7 +69,10 @@ def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):
     with pytest.raises(InvalidArgument, match="nothing applied"):
         server["call"](lambda c: c.update_weights(41, bad))
     after = server["call"](lambda c: c.status())
-    assert (after["policy_version"], after["weights_checksum"]) == (before["policy_version"], before["weights_checksum"])
+    assert (after["policy_version"], after["weights_checksum"]) == (
+        before["policy_version"],
+        before["weights_checksum"],
+    )
 
 
 def test_every_reply_comes_wholly_from_one_policy_version(server, hf):

@@ -1,4 +1,5 @@
 """The trajectory stream on the real Redis: consumer group delivery, acks, pending, dead letters."""
+
 import pytest
 
 from services.common.stream import TrajectoryStream
@@ -7,8 +8,9 @@ from services.common.trajectory import TrajectoryBuilder
 
 def traj(group="g0"):
     b = TrajectoryBuilder(env="corridor", task_index=1, group_id=group, prompt_ids=[1, 2])
-    b.add_model_turn([5, 6], [-0.1, -0.2], policy_version=0, text="t", action="left", action_valid=True,
-                     finish_reason="stop")
+    b.add_model_turn(
+        [5, 6], [-0.1, -0.2], policy_version=0, text="t", action="left", action_valid=True, finish_reason="stop"
+    )
     return b.finish(env_return=0.0, success=False, stop_reason="max_turns")
 
 

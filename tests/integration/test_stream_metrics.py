@@ -1,4 +1,5 @@
 """The learner's stream metrics (omrl_stream_length/pending/lag), read from a real Redis at scrape time."""
+
 from __future__ import annotations
 
 import redis

@@ -5,6 +5,7 @@ One engine per model variant (module-scoped, parametrized): pytest runs every te
 shuts its engine down, then starts the next. Each engine keeps its own event loop, since vLLM's async
 engine must be driven from the loop it was started in (pytest-asyncio is not used here).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,9 +31,15 @@ CORPUS = [
     f"or <action>right</action>. I go <action>{'left' if i % 3 else 'right'}</action>."
     for i in range(40)
 ] + ["The quick brown fox jumps over the lazy dog while the agent looks for the goal."] * 4
-ENGINE_SETTINGS = dict(dtype="float32", max_model_len=512, gpu_memory_utilization=0.05,
-                       max_num_seqs=64, enforce_eager=True, seed=0,
-                       engine_args={"max_num_batched_tokens": 4096, "prefix_caching_hash_algo": "sha256"})
+ENGINE_SETTINGS = dict(
+    dtype="float32",
+    max_model_len=512,
+    gpu_memory_utilization=0.05,
+    max_num_seqs=64,
+    enforce_eager=True,
+    seed=0,
+    engine_args={"max_num_batched_tokens": 4096, "prefix_caching_hash_algo": "sha256"},
+)
 """Small KV cache (a share of RAM on CPU), short context, no compile warm-up: a fast start. The engine
 args are passed through to vLLM (the defaults' values: the tests' results do not depend on them)."""
 
@@ -63,7 +70,9 @@ class Engine:
 
     def prompt(self, text: str) -> list[int]:
         return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
             return_dict=False,
         )
 
@@ -118,8 +127,12 @@ trainer.export_hf(sys.argv[2])
 def learner_export(base: Path, out: Path) -> Path:
     """`base` after one learner step, as the learner exports a trained policy (its own process: the learner
     sets up torch.distributed)."""
-    subprocess.run([sys.executable, "-c", EXPORT, str(base), str(out)], check=True, timeout=300,
-                   cwd=Path(__file__).resolve().parents[2])
+    subprocess.run(
+        [sys.executable, "-c", EXPORT, str(base), str(out)],
+        check=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     return out
 
 
@@ -128,8 +141,9 @@ def engine(request, tmp_path_factory):
     """The tied variant serves the learner's Hugging Face export of a trained tiny model, so every test here
     also checks that vLLM and transformers load an export alike."""
     tied = request.param
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny_tied" if tied else "tiny"), CORPUS,
-                                 seed=1, tie_word_embeddings=tied)
+    model_dir = build_tiny_model(
+        tmp_path_factory.mktemp("tiny_tied" if tied else "tiny"), CORPUS, seed=1, tie_word_embeddings=tied
+    )
     if tied:
         model_dir = learner_export(model_dir, tmp_path_factory.mktemp("export") / "policy_hf")
     eng = Engine(model_dir, tied)
@@ -159,8 +173,13 @@ def test_engine_args_reach_vllm(engine):
 
 
 ENGINE = "omrl_rollout_engine_"
-VLLM_OWN = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
-            "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+VLLM_OWN = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+)
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -205,8 +224,14 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
 
         seqs = ENGINE_SETTINGS["max_num_seqs"]
         prompts = [engine.prompt(f"Room {i}. Which way?") for i in range(seqs + 16)]
-        watched = (ENGINE + "requests{running}", ENGINE + "requests{waiting}", ENGINE + "kv_cache_usage",
-                   "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+        watched = (
+            ENGINE + "requests{running}",
+            ENGINE + "requests{waiting}",
+            ENGINE + "kv_cache_usage",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+        )
 
         async def sample_under_load() -> dict[str, float]:
             spec = SamplingSpec(max_tokens=24, seed=3)

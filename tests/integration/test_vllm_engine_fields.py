@@ -1,6 +1,7 @@
 """What needs vLLM installed: the committed list of AsyncEngineArgs fields (services/rollout/backends/
 vllm_engine_args.json, which config-time checks read without vLLM) is what the installed vLLM has, and the
 backend applies the engine-args checks before starting anything."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_field_list_matches_the_installed_vllm():
-    out = subprocess.run([sys.executable, "-m", "services.rollout.backends.vllm_args", "--check"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.rollout.backends.vllm_args", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 

@@ -8,23 +8,29 @@ def parser():
     return PARSERS.create("xml_action")
 
 
-@pytest.mark.parametrize("text, action", [
-    ("<action>left</action>", "left"),
-    ("I think so. <action> craft 1 stick </action><|end|>", "craft 1 stick"),
-    ("<action>line one\nline two</action>", "line one\nline two"),
-])
+@pytest.mark.parametrize(
+    "text, action",
+    [
+        ("<action>left</action>", "left"),
+        ("I think so. <action> craft 1 stick </action><|end|>", "craft 1 stick"),
+        ("<action>line one\nline two</action>", "line one\nline two"),
+    ],
+)
 def test_one_tag_pair_gives_the_stripped_inner_text(parser, text, action):
     parsed = parser.parse(text)
     assert parsed.valid and parsed.action == action
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("left", "found 0"),
-    ("<action>left", "found 0"),
-    ("<action>left</action><action>right</action>", "found 2"),
-    ("<action>  </action>", "empty"),
-    ("<Action>left</Action>", "found 0"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("left", "found 0"),
+        ("<action>left", "found 0"),
+        ("<action>left</action><action>right</action>", "found 2"),
+        ("<action>  </action>", "empty"),
+        ("<Action>left</Action>", "found 0"),
+    ],
+)
 def test_anything_else_is_invalid_with_a_reason(parser, text, reason):
     parsed = parser.parse(text)
     assert not parsed.valid and parsed.action == "" and reason in parsed.error

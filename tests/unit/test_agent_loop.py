@@ -1,4 +1,5 @@
 """The agent loop against the real env service core (in-process) and a scripted policy."""
+
 import asyncio
 
 import pytest
@@ -35,7 +36,7 @@ class ScriptedPolicy:
         self.prompts.append(list(prompt_ids))
         text = self.tokenizer.decode(prompt_ids)
         last_obs = text.rsplit("<|user|>", 1)[-1]
-        ids = self.tokenizer(self.reply(last_obs), add_special_tokens=False)["input_ids"][:sampling.max_tokens - 1]
+        ids = self.tokenizer(self.reply(last_obs), add_special_tokens=False)["input_ids"][: sampling.max_tokens - 1]
         ids.append(self.tokenizer.eos_token_id)
         return VersionedGeneration(Generation(ids, [-0.5] * len(ids), "stop"), self.version)
 
@@ -46,9 +47,15 @@ def toward_exit(obs):
 
 def make_loop(tokenizer, reply, env_client=None, max_turns=6, group_size=3):
     policy = ScriptedPolicy(tokenizer, reply)
-    loop = AgentLoop(policy, env_client or InProcessEnvClient(EnvService()), ChatFormatter(tokenizer),
-                     PARSERS.create("xml_action"), RolloutConfig(group_size=group_size, max_new_tokens=16),
-                     EnvConfig(name="corridor", max_turns=max_turns), max_model_len=512)
+    loop = AgentLoop(
+        policy,
+        env_client or InProcessEnvClient(EnvService()),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        RolloutConfig(group_size=group_size, max_new_tokens=16),
+        EnvConfig(name="corridor", max_turns=max_turns),
+        max_model_len=512,
+    )
     return loop, policy
 
 
@@ -62,7 +69,7 @@ def test_optimal_policy_succeeds_with_exact_tokens_and_masks(tokenizer):
         assert all(t.action_valid and t.policy_version == 3 for t in traj.turns)
         # every prompt the engine saw is exactly the record's prefix: nothing was re-tokenised
         for turn in traj.turns:
-            assert any(list(traj.token_ids[:turn.start]) == p for p in policy.prompts)
+            assert any(list(traj.token_ids[: turn.start]) == p for p in policy.prompts)
         assert traj.turns[-1].env_reward == 1.0 and traj.env_return == 1.0
 
 
@@ -71,8 +78,9 @@ def test_unparseable_replies_get_a_format_hint_and_run_out_of_turns(tokenizer):
     traj = asyncio.run(loop.run_episode(task_index=1, group_id="g"))
     assert traj.stop_reason == "max_turns" and not traj.success and len(traj.turns) == 3
     assert not any(t.action_valid for t in traj.turns)
-    assert "Invalid format" in tokenizer.decode(traj.token_ids[traj.turns[1].start - traj.turns[0].env_tokens:
-                                                              traj.turns[1].start])
+    assert "Invalid format" in tokenizer.decode(
+        traj.token_ids[traj.turns[1].start - traj.turns[0].env_tokens : traj.turns[1].start]
+    )
 
 
 def test_context_limit_stops_the_episode(tokenizer):

@@ -1,6 +1,7 @@
 """Config on the command line (omrl and the launcher): a flag per field with its docstring as help, layered
 sources remembered per value, `omrl config show/explain`, and every bad flag, override, value or file as one
 line naming the field, with nothing sent or started."""
+
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def no_api(monkeypatch):
     """Any request to the job API fails the test: a bad spec must never be sent."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the CLI contacted the job API")
 
@@ -54,9 +56,22 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
 
 def test_nested_flags_parse_into_the_config():
     parser, flags = flags_for(shortcuts=True)
-    args = parser.parse_args(["--algorithm.advantage", "rloo", "--env.options", '{"length": 5}', "--steps", "3",
-                              "--model", "some/model", "--rollout.enforce_eager", "false",
-                              "--reward.components", '{"goal": {"weight": 2}}'])
+    args = parser.parse_args(
+        [
+            "--algorithm.advantage",
+            "rloo",
+            "--env.options",
+            '{"length": 5}',
+            "--steps",
+            "3",
+            "--model",
+            "some/model",
+            "--rollout.enforce_eager",
+            "false",
+            "--reward.components",
+            '{"goal": {"weight": 2}}',
+        ]
+    )
     config = flags.resolve(args, environ={}).config
     assert config.algorithm.advantage == "rloo" and config.env.options == {"length": 5}
     assert config.learner.steps == 3 and config.model.path == "some/model" and config.rollout.enforce_eager is False
@@ -66,15 +81,30 @@ def test_nested_flags_parse_into_the_config():
 def test_layers_apply_in_order_and_each_value_knows_its_source(tmp_path):
     spec = tmp_path / "run.yaml"
     spec.write_text("learner: {steps: 7, nproc: 1}\nalgorithm: {lr: 0.01}\nrollout: {group_size: 4}\n")
-    resolved = resolve(JobSpec, str(spec), ["algorithm.lr=0.02", "rollout.top_k=5"],
-                       {"rollout": {"top_k": "6"}},
-                       environ={"OMRL_CONFIG__ALGORITHM__LR": "0.03", "OMRL_CONFIG__LEARNER__STEPS": "9",
-                                "OMRL_API_TOKEN": "not config"})
+    resolved = resolve(
+        JobSpec,
+        str(spec),
+        ["algorithm.lr=0.02", "rollout.top_k=5"],
+        {"rollout": {"top_k": "6"}},
+        environ={
+            "OMRL_CONFIG__ALGORITHM__LR": "0.03",
+            "OMRL_CONFIG__LEARNER__STEPS": "9",
+            "OMRL_API_TOKEN": "not config",
+        },
+    )
     config = resolved.config
     assert (config.learner.steps, config.algorithm.lr, config.rollout.top_k) == (9, 0.02, 6)
-    assert [resolved.source(p) for p in ("learner.nproc", "learner.steps", "algorithm.lr", "rollout.top_k",
-                                        "rollout.group_size", "algorithm.advantage")] == \
-        ["file", "env", "flag", "flag", "file", "default"]
+    assert [
+        resolved.source(p)
+        for p in (
+            "learner.nproc",
+            "learner.steps",
+            "algorithm.lr",
+            "rollout.top_k",
+            "rollout.group_size",
+            "algorithm.advantage",
+        )
+    ] == ["file", "env", "flag", "flag", "file", "default"]
 
 
 def test_a_value_the_schema_derives_is_marked_derived():
@@ -84,15 +114,22 @@ def test_a_value_the_schema_derives_is_marked_derived():
 
 
 BAD = [
-    (["--algorithm.advantage", "grpoo"],
-     "algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"),
+    (
+        ["--algorithm.advantage", "grpoo"],
+        "algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, rloo",
+    ),
     (["--algoritm.advantage", "grpo"], "unknown flag --algoritm.advantage; did you mean --algorithm.advantage?"),
     (["--set", "algorithm.advantag=grpo"], "algorithm.advantag: unknown field; did you mean algorithm.advantage?"),
     (["--set", "learner.steps"], "--set 'learner.steps': expected KEY=VALUE, e.g. --set learner.steps=10"),
-    (["--learner.steps", "many"],
-     "learner.steps: Input should be a valid integer, unable to parse string as an integer"),
-    (["--env.options", '{"lenght": 5}'],
-     "env.options.lenght: unknown option 'lenght' of env 'corridor'; known: distance, hint, length, max_turns"),
+    (
+        ["--learner.steps", "many"],
+        "learner.steps: Input should be a valid integer, unable to parse string as an integer",
+    ),
+    (
+        ["--env.options", '{"lenght": 5}'],
+        "env.options.lenght: unknown option 'lenght' of env 'corridor'; known: distance, hint, length, max_turns",
+    ),
     (["--set", "run.x=1"], "run: Input should be a valid string"),
     (["--set", "run=a", "--set", "run.x=1"], "--set run.x: run is set to a value, not a section"),
 ]
@@ -112,12 +149,15 @@ def test_omrl_submit_a_bad_flag_or_value_is_one_line_and_nothing_is_sent(no_api,
     assert capsys.readouterr().err == f"omrl: {line}\n"
 
 
-@pytest.mark.parametrize("text,line", [
-    ("learner: {steps: -3}\n", "learner.steps: Input should be greater than or equal to 0"),
-    ("learner: [1, 2\n", "not valid YAML"),
-    ("- a\n- b\n", "expected a mapping of config sections, got list"),
-    ("env: {name: corridorr}\n", "env.name: 'corridorr' is not one of: agentgym, babyai, corridor,"),
-])
+@pytest.mark.parametrize(
+    "text,line",
+    [
+        ("learner: {steps: -3}\n", "learner.steps: Input should be greater than or equal to 0"),
+        ("learner: [1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "expected a mapping of config sections, got list"),
+        ("env: {name: corridorr}\n", "env.name: 'corridorr' is not one of: agentgym, babyai, corridor,"),
+    ],
+)
 def test_a_bad_file_is_one_line_naming_the_problem(no_api, nothing_starts, tmp_path, capsys, text, line):
     spec = tmp_path / "job.yaml"
     spec.write_text(text)
@@ -156,21 +196,29 @@ def test_config_show_lists_every_field_with_value_and_source(tmp_path, capsys, m
 
 def test_config_show_json_and_changed_only(capsys, monkeypatch):
     monkeypatch.delenv("OMRL_CONFIG__ROLLOUT__TOP_K", raising=False)
-    assert omrl(["config", "show", "--json", "--changed", "--learner.steps", "3",
-                 "--set", "env.options={length: 5}"]) == 0
+    assert (
+        omrl(["config", "show", "--json", "--changed", "--learner.steps", "3", "--set", "env.options={length: 5}"]) == 0
+    )
     shown = json.loads(capsys.readouterr().out)
-    assert shown == {"env.options": {"value": {"length": 5}, "source": "flag"},
-                     "learner.steps": {"value": 3, "source": "flag"}}
+    assert shown == {
+        "env.options": {"value": {"length": 5}, "source": "flag"},
+        "learner.steps": {"value": 3, "source": "flag"},
+    }
 
 
 def test_config_explain_a_field(capsys):
     assert omrl(["config", "explain", "algorithm.advantage"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[:4] == ["algorithm.advantage", "  type     str", "  default  grpo",
-                       "  choices  gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"]
+    assert out[:4] == [
+        "algorithm.advantage",
+        "  type     str",
+        "  default  grpo",
+        "  choices  gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo",
+    ]
     assert "OMRL_CONFIG__ALGORITHM__ADVANTAGE=VALUE" in out[4]
-    assert "  Registered advantage estimator: grpo, rloo, gae (PPO with a critic), " \
-           "reinforce_plus_plus(_baseline)." in out
+    assert (
+        "  Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline)." in out
+    )
 
 
 def test_config_explain_bounds_literals_sections_and_plugin_options(capsys):
@@ -210,8 +258,10 @@ def test_submit_sends_the_merged_spec(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(JobsClient, "submit", submit)
     spec = tmp_path / "job.yaml"
     spec.write_text("run: mine\nlearner: {steps: 2}\n")
-    assert omrl(["--token", "t", "submit", str(spec), "--algorithm.advantage", "rloo",
-                 "--resources.learner.cpu", "2"]) == 0
+    assert (
+        omrl(["--token", "t", "submit", str(spec), "--algorithm.advantage", "rloo", "--resources.learner.cpu", "2"])
+        == 0
+    )
     assert capsys.readouterr().out == "job-1\n"
     assert sent["run"] == "mine" and sent["learner"]["steps"] == 2 and sent["algorithm"] == {"advantage": "rloo"}
     assert sent["resources"]["learner"]["cpu"] == "2"
@@ -227,7 +277,9 @@ def test_a_failed_run_is_one_line_pointing_at_the_logs(monkeypatch, capsys, tmp_
     monkeypatch.setattr(logs, "setup_logging", lambda *a, **k: "text")
     monkeypatch.setattr(local.LocalRun, "run", fail)
     assert launcher.main(["train", "--plain", "--output_dir", str(tmp_path), "--run", "r"]) == 1
-    assert capsys.readouterr().err == (f"python -m services.launcher: run failed: learner exited with 1 (logs in "
-                                       f"{tmp_path}/r/logs; --debug shows the traceback)\n")
+    assert capsys.readouterr().err == (
+        f"python -m services.launcher: run failed: learner exited with 1 (logs in "
+        f"{tmp_path}/r/logs; --debug shows the traceback)\n"
+    )
     with pytest.raises(RuntimeError):
         launcher.main(["train", "--plain", "--output_dir", str(tmp_path), "--debug"])

@@ -2,6 +2,7 @@
 specification (scripts/check_compose.py, the compose-spec library), healthchecks and healthy-only
 dependencies, required variables, a run config the services accept, Prometheus and Grafana wired to
 the services and dashboards. No Docker engine runs here: nothing of this starts a container."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,8 +20,12 @@ from tests import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-ENV = {"OMRL_MODEL": "/models/tiny", "REDIS_PASSWORD": "pw", "GRAFANA_ADMIN_PASSWORD": "admin-pw",
-       "OMRL_WEIGHT_TOKEN": "weight-token-1"}
+ENV = {
+    "OMRL_MODEL": "/models/tiny",
+    "REDIS_PASSWORD": "pw",
+    "GRAFANA_ADMIN_PASSWORD": "admin-pw",
+    "OMRL_WEIGHT_TOKEN": "weight-token-1",
+}
 OUR_SERVICES = {"envs", "reward", "rollout", "learner"}
 
 
@@ -37,8 +42,12 @@ def compose() -> dict:
 
 
 def run_check(*paths: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts/check_compose.py"), *map(str, paths)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts/check_compose.py"), *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_compose_files_are_valid():
@@ -46,14 +55,21 @@ def test_compose_files_are_valid():
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("breakage, message", [
-    (lambda s: s.replace("    shm_size: 2gb\n", "    shm_sise: 2gb\n", 1), "shm_sise"),
-    (lambda s: s.replace("start_period: 20s", "start_period: soon", 1), "duration"),
-    (lambda s: re.sub(r"  envs:\n(.*?)    healthcheck:\n(      .*\n)+", r"  envs:\n\1", s, count=1, flags=re.S),
-     "service envs: no healthcheck"),
-    (lambda s: s.replace("envs: {condition: service_healthy}", "envs: {condition: service_started}"),
-     "depends_on envs does not wait for service_healthy"),
-])
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda s: s.replace("    shm_size: 2gb\n", "    shm_sise: 2gb\n", 1), "shm_sise"),
+        (lambda s: s.replace("start_period: 20s", "start_period: soon", 1), "duration"),
+        (
+            lambda s: re.sub(r"  envs:\n(.*?)    healthcheck:\n(      .*\n)+", r"  envs:\n\1", s, count=1, flags=re.S),
+            "service envs: no healthcheck",
+        ),
+        (
+            lambda s: s.replace("envs: {condition: service_healthy}", "envs: {condition: service_started}"),
+            "depends_on envs does not wait for service_healthy",
+        ),
+    ],
+)
 def test_the_check_rejects_a_broken_file(tmp_path, breakage, message):
     broken = breakage(COMPOSE.read_text())
     assert broken != COMPOSE.read_text()
@@ -93,8 +109,9 @@ def test_every_service_is_healthchecked_and_waits_for_healthy_dependencies(compo
 
 def command_config(service: dict, tmp_path: Path):
     args = service["command"]
-    config_path = next(a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args)
-                       if a.startswith("--config"))
+    config_path = next(
+        a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("--config")
+    )
     host_path = next(v.split(":")[0] for v in service["volumes"] if v.split(":")[1] == config_path)
     overrides = [a.split("=", 1)[1] for a in args if a.startswith("--set=")]
     return load_config(str(ROOT / host_path), overrides)
@@ -129,8 +146,10 @@ def test_the_redis_password_reaches_the_services_only_as_an_env_var(gpu):
 
 def test_gpu_override_loads_as_a_bf16_cuda_run(tmp_path):
     checker = check_compose()
-    merged = checker.merge(checker.interpolate(yaml.safe_load(COMPOSE.read_text()), ENV),
-                           checker.interpolate(yaml.safe_load((ROOT / "docker-compose.gpu.yml").read_text()), ENV))
+    merged = checker.merge(
+        checker.interpolate(yaml.safe_load(COMPOSE.read_text()), ENV),
+        checker.interpolate(yaml.safe_load((ROOT / "docker-compose.gpu.yml").read_text()), ENV),
+    )
     for name in ("rollout", "learner"):
         service = merged["services"][name]
         config = command_config(service, tmp_path)
@@ -140,8 +159,13 @@ def test_gpu_override_loads_as_a_bf16_cuda_run(tmp_path):
 
 
 def metrics_port(service: dict) -> int:
-    return int(next(a.split("=", 1)[1] if "=" in a else service["command"][i + 1]
-                    for i, a in enumerate(service["command"]) if a.startswith("--metrics-port")))
+    return int(
+        next(
+            a.split("=", 1)[1] if "=" in a else service["command"][i + 1]
+            for i, a in enumerate(service["command"])
+            if a.startswith("--metrics-port")
+        )
+    )
 
 
 def test_prometheus_scrapes_every_service_with_the_run_label(compose):

@@ -1,4 +1,5 @@
 """Plugin choices and their options fail when a config is parsed, naming the field and what is valid."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,9 @@ from services.envs.registry import ENVS
 from services.reward.registry import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC_FILES = sorted([*ROOT.glob("configs/*.yaml"), *ROOT.glob("docs/job-examples/*.yaml"),
-                     ROOT / "deploy/compose/config.yaml"])
+SPEC_FILES = sorted(
+    [*ROOT.glob("configs/*.yaml"), *ROOT.glob("docs/job-examples/*.yaml"), ROOT / "deploy/compose/config.yaml"]
+)
 
 
 def error_of(overrides: list[str]) -> tuple[tuple, str]:
@@ -25,25 +27,46 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
     return first["loc"], first["msg"]
 
 
-@pytest.mark.parametrize("override,loc,words", [
-    ("algorithm.advantage=grpoo", ("algorithm", "advantage"),
-     "'grpoo' is not one of: gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"),
-    ("env.name=corridorr", ("env", "name"), "'corridorr' is not one of: agentgym, babyai, corridor,"),
-    ("rollout.action_parser=xml", ("rollout", "action_parser"), "'xml' is not one of: xml_action"),
-    ("rollout.backend=sglang", ("rollout", "backend"), "'sglang' is not one of: vllm"),
-    ("learner.weight_push=nccl", ("learner", "weight_push"), "'nccl' is not one of: grpc, none"),
-    ("reward.components={goall: {}}", ("reward", "components", "goall", "[key]"),
-     "'goall' is not one of: format, goal, length_penalty"),
-    ("env.options={lenght: 5}", ("env", "options", "lenght"),
-     "unknown option 'lenght' of env 'corridor'; known: distance, hint, length, max_turns"),
-    ("env.options={length: many}", ("env", "options", "length"), "Input should be a valid integer"),
-    ("reward.components={goal: {params: {wieght: 2}}}", ("reward", "components", "goal", "params", "wieght"),
-     "unknown param 'wieght' of reward function 'goal'; known: none"),
-    ("reward.components={length_penalty: {params: {max_tokens: '64'}}}",
-     ("reward", "components", "length_penalty", "params", "max_tokens"), "Input should be a valid integer"),
-    ("reward.components={length_penalty: {params: {}}}",
-     ("reward", "components", "length_penalty", "params", "max_tokens"), "Field required"),
-])
+@pytest.mark.parametrize(
+    "override,loc,words",
+    [
+        (
+            "algorithm.advantage=grpoo",
+            ("algorithm", "advantage"),
+            "'grpoo' is not one of: gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo",
+        ),
+        ("env.name=corridorr", ("env", "name"), "'corridorr' is not one of: agentgym, babyai, corridor,"),
+        ("rollout.action_parser=xml", ("rollout", "action_parser"), "'xml' is not one of: xml_action"),
+        ("rollout.backend=sglang", ("rollout", "backend"), "'sglang' is not one of: vllm"),
+        ("learner.weight_push=nccl", ("learner", "weight_push"), "'nccl' is not one of: grpc, none"),
+        (
+            "reward.components={goall: {}}",
+            ("reward", "components", "goall", "[key]"),
+            "'goall' is not one of: format, goal, length_penalty",
+        ),
+        (
+            "env.options={lenght: 5}",
+            ("env", "options", "lenght"),
+            "unknown option 'lenght' of env 'corridor'; known: distance, hint, length, max_turns",
+        ),
+        ("env.options={length: many}", ("env", "options", "length"), "Input should be a valid integer"),
+        (
+            "reward.components={goal: {params: {wieght: 2}}}",
+            ("reward", "components", "goal", "params", "wieght"),
+            "unknown param 'wieght' of reward function 'goal'; known: none",
+        ),
+        (
+            "reward.components={length_penalty: {params: {max_tokens: '64'}}}",
+            ("reward", "components", "length_penalty", "params", "max_tokens"),
+            "Input should be a valid integer",
+        ),
+        (
+            "reward.components={length_penalty: {params: {}}}",
+            ("reward", "components", "length_penalty", "params", "max_tokens"),
+            "Field required",
+        ),
+    ],
+)
 def test_a_bad_choice_or_option_names_the_field_and_the_valid_ones(override, loc, words):
     got_loc, msg = error_of([override])
     assert got_loc == loc and words in msg
@@ -60,13 +83,16 @@ def test_agentgym_options_are_its_own_closed_set():
     good = ["env.name=agentgym", "env.options={family: textcraft, base_url: 'http://127.0.0.1:8000'}"]
     assert load_config(None, good).env.options["family"] == "textcraft"
     assert error_of(["env.name=agentgym"]) == (("env", "options", "family"), "Field required")
-    assert "unknown AgentGym family 'textcraf'" in error_of(
-        ["env.name=agentgym", "env.options={family: textcraf, base_url: 'http://x:1'}"])[1]
+    assert (
+        "unknown AgentGym family 'textcraf'"
+        in error_of(["env.name=agentgym", "env.options={family: textcraf, base_url: 'http://x:1'}"])[1]
+    )
 
 
 def test_good_params_pass_and_the_options_are_kept_as_written():
-    config = load_config(None, ["reward.components={length_penalty: {params: {max_tokens: 8}}, goal: {}}",
-                                "env.options={length: 5}"])
+    config = load_config(
+        None, ["reward.components={length_penalty: {params: {max_tokens: 8}}, goal: {}}", "env.options={length: 5}"]
+    )
     assert config.reward.components["length_penalty"].params == {"max_tokens": 8}
     assert config.env.options == {"length": 5}
 
@@ -85,24 +111,29 @@ def test_a_reward_registered_by_a_plugin_module_is_known_through_omrl_plugins(tm
         "    def __init__(self, scale: float = 1.0):\n"
         "        self.scale = scale\n"
         "    def __call__(self, traj):\n"
-        "        return self.scale\n")
+        "        return self.scale\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("OMRL_PLUGINS", "omrl_choices_plugin")
     monkeypatch.setattr(choices, "_imported_plugins", set())
     try:
         config = load_config(None, ["reward.components={choices_probe: {params: {scale: 2}}}"])
         assert config.reward.components["choices_probe"].params == {"scale": 2}
-        assert "unknown param 'scal' of reward function 'choices_probe'; known: scale" in error_of(
-            ["reward.components={choices_probe: {params: {scal: 2}}}"])[1]
+        assert (
+            "unknown param 'scal' of reward function 'choices_probe'; known: scale"
+            in error_of(["reward.components={choices_probe: {params: {scal: 2}}}"])[1]
+        )
     finally:
         REWARDS.unregister("choices_probe")
         sys.modules.pop("omrl_choices_plugin", None)
 
 
 def test_parsing_a_config_imports_no_torch_or_vllm():
-    code = ("import sys; from services.common.config import load_config; "
-            "load_config(None, ['env.options={length: 5}']); "
-            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys; from services.common.config import load_config; "
+        "load_config(None, ['env.options={length: 5}']); "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -111,8 +142,11 @@ def test_error_lines_name_each_field_once_per_line():
     with pytest.raises(ValidationError) as info:
         load_config(None, ["algorithm.advantage=grpoo", "env.name=corridorr"])
     assert sorted(error_lines(info.value)) == [
-        "algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo",
-        "env.name: 'corridorr' is not one of: agentgym, babyai, corridor, crafting, guess_number, maze, reasoning, wordle"]
+        "algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, rloo",
+        "env.name: 'corridorr' is not one of: agentgym, babyai, corridor, crafting, guess_number, maze, "
+        "reasoning, wordle",
+    ]
 
 
 def test_omrl_validate_says_ok_or_lists_the_errors(tmp_path, capsys):
@@ -132,18 +166,25 @@ def test_omrl_validate_says_ok_or_lists_the_errors(tmp_path, capsys):
 def test_omrl_submit_rejects_a_bad_plugin_before_sending(tmp_path, capsys):
     spec = tmp_path / "job.yaml"
     spec.write_text("learner: {steps: 3}\n")
-    assert omrl(["--api", "http://127.0.0.1:9", "--token", "t", "submit", str(spec),
-                 "--set", "env.name=corridorr"]) == 2
+    assert (
+        omrl(["--api", "http://127.0.0.1:9", "--token", "t", "submit", str(spec), "--set", "env.name=corridorr"]) == 2
+    )
     assert capsys.readouterr().err.startswith("omrl: env.name: 'corridorr' is not one of: agentgym,")
 
 
 def test_the_launcher_prints_one_line_naming_the_field(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "services.launcher", "train", "--set", "algorithm.advantage=grpoo"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "services.launcher", "train", "--set", "algorithm.advantage=grpoo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.splitlines() == [
         "config error: algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, rloo"]
+        "reinforce_plus_plus_baseline, rloo"
+    ]
 
 
 def test_an_env_whose_dependencies_are_missing_here_is_left_to_the_env_service():

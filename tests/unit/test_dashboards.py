@@ -1,6 +1,7 @@
 """The Grafana dashboards in deploy/grafana/dashboards: well-formed, valid PromQL (promtool), and every
 metric they query is one the services define. tests/e2e/test_prometheus_dashboards.py shows each
 query returns data from a real training run."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,11 @@ def test_every_expression_is_valid_promql(tmp_path):
     """promtool parses each expression as a recording rule: a syntax error fails here, offline."""
     if not shutil.which("promtool"):
         pytest.fail("needs promtool from Debian's prometheus package (scripts/setup.sh installs it)")
-    rules = [{"record": f"omrl:dashboard_check:{i}", "expr": grafana_free(t["expr"])}
-             for i, (_, board) in enumerate(boards()) for _, t in targets(board)]
+    rules = [
+        {"record": f"omrl:dashboard_check:{i}", "expr": grafana_free(t["expr"])}
+        for i, (_, board) in enumerate(boards())
+        for _, t in targets(board)
+    ]
     for i, rule in enumerate(rules):
         rule["record"] = f"omrl:dashboard_check:{i}"
     path = tmp_path / "rules.yml"
@@ -82,8 +86,23 @@ def test_every_expression_is_valid_promql(tmp_path):
 
 def test_the_promql_check_catches_a_broken_expression(tmp_path):
     path = tmp_path / "rules.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "x", "rules": [
-        {"record": "omrl:broken", "expr": "sum by (job (rate(omrl_rollout_generated_tokens_total[1m]))"}]}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "x",
+                        "rules": [
+                            {
+                                "record": "omrl:broken",
+                                "expr": "sum by (job (rate(omrl_rollout_generated_tokens_total[1m]))",
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
 
@@ -110,12 +129,12 @@ def exported_series() -> set[str]:
     import services.rollout.engine_metrics  # noqa: F401
     import services.rollout.producer  # noqa: F401
     import services.rollout.validation  # noqa: F401
+    from services.common.config import RewardConfig
     from services.common.grpc_server import ErrorInterceptor
     from services.envs.service import EnvService
     from services.jobs.app import ApiMetrics
     from services.reward.composer import RewardComposer
     from services.reward.service import RewardService
-    from services.common.config import RewardConfig
 
     for service in ("rollout", "envs", "reward"):
         ErrorInterceptor(service)
@@ -130,15 +149,22 @@ def exported_series() -> set[str]:
     from services.common.stream import TrajectoryStream
 
     class FakeStream(TrajectoryStream):
-        def length(self): return 3
-        def pending_count(self): return 2
-        def lag(self): return 1
+        def length(self):
+            return 3
+
+        def pending_count(self):
+            return 2
+
+        def lag(self):
+            return 1
 
     collector = learner_exporter.StreamCollector(TrajectoryStream(redis.Redis(), "omrl:x:trajectories"))
     collector.stream = FakeStream(redis.Redis(), "omrl:x:trajectories")
     stream = CollectorRegistry()
     stream.register(collector)
-    return sample_names(REGISTRY) | sample_names(own) | sample_names(stream) | sample_names(ApiMetrics.create().registry)
+    return (
+        sample_names(REGISTRY) | sample_names(own) | sample_names(stream) | sample_names(ApiMetrics.create().registry)
+    )
 
 
 def metric_names(expr: str) -> set[str]:
@@ -148,16 +174,21 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\{[^}]*\}", "{}", expr)  # label matchers
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
     expr = re.sub(r"\[[^\]]*\]", "[]", expr)  # range durations
-    words = [m.group() for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr)
-             if not expr[m.end():].lstrip().startswith("(")]
+    words = [
+        m.group()
+        for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr)
+        if not expr[m.end() :].lstrip().startswith("(")
+    ]
     keywords = {"sum", "avg", "min", "max", "count", "and", "or", "unless", "bool", "offset"}
     return {w for w in words if w not in keywords and not re.fullmatch(r"\d+[smhdwy]?", w)}
 
 
 def test_metric_name_extraction():
-    assert metric_names('histogram_quantile(0.95, sum by (le, env) (rate(omrl_envs_call_seconds_bucket'
-                        '{run=~"$run", op="step"}[$__rate_interval])))') == {"omrl_envs_call_seconds_bucket"}
-    assert metric_names("max by (run) (a_b{x=\"1\"}) - min by (run) (c_d)") == {"a_b", "c_d"}
+    assert metric_names(
+        "histogram_quantile(0.95, sum by (le, env) (rate(omrl_envs_call_seconds_bucket"
+        '{run=~"$run", op="step"}[$__rate_interval])))'
+    ) == {"omrl_envs_call_seconds_bucket"}
+    assert metric_names('max by (run) (a_b{x="1"}) - min by (run) (c_d)') == {"a_b", "c_d"}
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
@@ -181,9 +212,18 @@ def test_the_run_variable_reads_a_scraped_label():
 
 
 def test_the_catalogue_holds_each_services_metrics_and_nothing_invented(exported_series):
-    for name in ("omrl_rollout_generated_tokens_total", "omrl_rollout_queue_depth", "omrl_envs_errors_total",
-                 "omrl_reward_component_score_bucket", "omrl_learner_loss", "omrl_learner_kl",
-                 "omrl_stream_lag", "omrl_stream_pending", "omrl_api_jobs", "omrl_api_request_seconds_count"):
+    for name in (
+        "omrl_rollout_generated_tokens_total",
+        "omrl_rollout_queue_depth",
+        "omrl_envs_errors_total",
+        "omrl_reward_component_score_bucket",
+        "omrl_learner_loss",
+        "omrl_learner_kl",
+        "omrl_stream_lag",
+        "omrl_stream_pending",
+        "omrl_api_jobs",
+        "omrl_api_request_seconds_count",
+    ):
         assert name in exported_series, name
     assert "omrl_rollout_invented_total" not in exported_series
     # scores can be negative: the client exports no _sum for such histograms, so no panel may use one
@@ -192,8 +232,9 @@ def test_the_catalogue_holds_each_services_metrics_and_nothing_invented(exported
 
 
 def test_dashboard_json_is_what_the_generator_writes():
-    proc = subprocess.run([sys.executable, "scripts/gen_dashboards.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_dashboards.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -202,11 +243,18 @@ def queried_names() -> set[str]:
 
 
 def test_the_dashboards_show_validation_importance_sampling_vllm_and_gpus():
-    assert {"omrl_rollout_validation_success_rate", "omrl_learner_importance_weight_mean",
-            "omrl_learner_importance_weight_capped_fraction", "omrl_learner_clip_fraction",
-            "omrl_rollout_engine_kv_cache_usage", "omrl_rollout_engine_requests",
-            "omrl_rollout_engine_prefix_cache_hits_total", "omrl_rollout_engine_prefix_cache_queries_total",
-            "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"} <= queried_names()
+    assert {
+        "omrl_rollout_validation_success_rate",
+        "omrl_learner_importance_weight_mean",
+        "omrl_learner_importance_weight_capped_fraction",
+        "omrl_learner_clip_fraction",
+        "omrl_rollout_engine_kv_cache_usage",
+        "omrl_rollout_engine_requests",
+        "omrl_rollout_engine_prefix_cache_hits_total",
+        "omrl_rollout_engine_prefix_cache_queries_total",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+    } <= queried_names()
 
 
 def gpu_targets() -> list[tuple[dict, dict]]:
@@ -220,8 +268,12 @@ def test_gpu_panels_use_dcgm_exporters_documented_names_and_labels():
     for panel, target in gpu_targets():
         used = {n for n in metric_names(target["expr"]) if n.startswith("DCGM_")}
         assert used and used <= names, (panel["title"], used - names)
-        grouping = {label.strip() for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", target["expr"])
-                    for label in group.split(",") if label.strip()}
+        grouping = {
+            label.strip()
+            for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", target["expr"])
+            for label in group.split(",")
+            if label.strip()
+        }
         assert grouping <= labels, (panel["title"], grouping - labels)
         assert set(re.findall(r"\{\{(\w+)\}\}", target["legendFormat"])) <= labels, panel["title"]
 
@@ -231,30 +283,59 @@ def test_gpu_panels_select_the_gpus_of_the_runs_pods(tmp_path):
     mapping) beside the run's own scrapes: only the GPUs of the selected run's pods come out, one series each."""
     gpu_labels = 'Hostname="node-1", UUID="GPU-{i}", device="nvidia{i}", modelName="NVIDIA H100", namespace="rl"'
     series = []
-    for i, (pod, util, used, free, watts) in enumerate([("rl-rollout-0", 80, 60000, 20000, 500),
-                                                         ("rl-learner-0", 40, 30000, 50000, 300),
-                                                         ("other-job-0", 99, 1000, 79000, 100),
-                                                         ("", 0, 0, 80000, 60)]):
+    for i, (pod, util, used, free, watts) in enumerate(
+        [
+            ("rl-rollout-0", 80, 60000, 20000, 500),
+            ("rl-learner-0", 40, 30000, 50000, 300),
+            ("other-job-0", 99, 1000, 79000, 100),
+            ("", 0, 0, 80000, 60),
+        ]
+    ):
         labels = gpu_labels.format(i=i) + f', gpu="{i}", pod="{pod}", instance="dcgm:9400", job="dcgm-exporter"'
-        for metric, value in (("DCGM_FI_DEV_GPU_UTIL", util), ("DCGM_FI_DEV_FB_USED", used),
-                              ("DCGM_FI_DEV_FB_FREE", free), ("DCGM_FI_DEV_POWER_USAGE", watts)):
+        for metric, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", util),
+            ("DCGM_FI_DEV_FB_USED", used),
+            ("DCGM_FI_DEV_FB_FREE", free),
+            ("DCGM_FI_DEV_POWER_USAGE", watts),
+        ):
             series.append({"series": f"{metric}{{{labels}}}", "values": f"{value}x5"})
-    for job, pod, run in (("rollout", "rl-rollout-0", "some-run"), ("rollout-metrics", "rl-rollout-0", "some-run"),
-                          ("learner", "rl-learner-0", "some-run"), ("learner", "other-job-0", "other-run")):
+    for job, pod, run in (
+        ("rollout", "rl-rollout-0", "some-run"),
+        ("rollout-metrics", "rl-rollout-0", "some-run"),
+        ("learner", "rl-learner-0", "some-run"),
+        ("learner", "other-job-0", "other-run"),
+    ):
         series.append({"series": f'up{{job="{job}", namespace="rl", pod="{pod}", run="{run}"}}', "values": "1x5"})
-    expected = {"DCGM_FI_DEV_GPU_UTIL": (80, 40), "DCGM_FI_DEV_FB_USED": (60000, 30000),
-                "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)": (0.75, 0.375),
-                "DCGM_FI_DEV_POWER_USAGE": (500, 300)}
+    expected = {
+        "DCGM_FI_DEV_GPU_UTIL": (80, 40),
+        "DCGM_FI_DEV_FB_USED": (60000, 30000),
+        "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)": (0.75, 0.375),
+        "DCGM_FI_DEV_POWER_USAGE": (500, 300),
+    }
     tests = []
     for panel, target in gpu_targets():
         inner = next(k for k in sorted(expected, key=len, reverse=True) if f"(({k})" in target["expr"])
         rollout, learner = expected[inner]
-        tests.append({"expr": grafana_free(target["expr"]), "eval_time": "4m", "exp_samples": [
-            {"labels": '{Hostname="node-1", gpu="0", pod="rl-rollout-0"}', "value": rollout},
-            {"labels": '{Hostname="node-1", gpu="1", pod="rl-learner-0"}', "value": learner}]})
+        tests.append(
+            {
+                "expr": grafana_free(target["expr"]),
+                "eval_time": "4m",
+                "exp_samples": [
+                    {"labels": '{Hostname="node-1", gpu="0", pod="rl-rollout-0"}', "value": rollout},
+                    {"labels": '{Hostname="node-1", gpu="1", pod="rl-learner-0"}', "value": learner},
+                ],
+            }
+        )
     path = tmp_path / "gpu_test.yml"
-    path.write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [
-        {"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [],
+                "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}],
+            }
+        )
+    )
     proc = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(tests) == len(gpu_targets()) == 4

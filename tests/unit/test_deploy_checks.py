@@ -3,6 +3,7 @@ template (default, GPU, Kueue with a Job and a JobSet, and other value sets), ev
 the Kubernetes schemas of the oldest and newest supported versions and the custom resources against their
 vendored schemas, values.schema.json and the chart README up to date, the compose files against the
 Compose specification, promtool on the Prometheus config and alert rules."""
+
 import os
 import subprocess
 import sys
@@ -12,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ci_deploy_checks_pass():
-    proc = subprocess.run(["bash", "scripts/ci_deploy_checks.sh"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHON": sys.executable})
+    proc = subprocess.run(
+        ["bash", "scripts/ci_deploy_checks.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     for case in ("default", "gpu", "external-redis", "monitoring", "multinode", "kueue-job", "kueue-jobset"):
         assert f"helm lint + template ({case})" in proc.stdout
@@ -37,18 +44,22 @@ spec:
       containers:
         - {name: c, image: i, startupProbe: %s}
 ---"""
-    path.write_text(deployment % ("unknown-field", 1, "{grpcc: {port: 1}}")
-                    + deployment % ("bad-value", '"two"', "{grpc: {port: 1}}")
-                    + deployment % ("good", 1, "{grpc: {port: 1}}") + """
+    path.write_text(
+        deployment % ("unknown-field", 1, "{grpcc: {port: 1}}")
+        + deployment % ("bad-value", '"two"', "{grpc: {port: 1}}")
+        + deployment % ("good", 1, "{grpc: {port: 1}}")
+        + """
 apiVersion: monitoring.coreos.com/v1
 kind: ServiceMonitor
 metadata: {name: m}
 spec:
   selector: {}
   endpoints: [{port: metrics, intervall: 15s}]
-""")
-    proc = subprocess.run([sys.executable, "scripts/check_manifests.py", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+"""
+    )
+    proc = subprocess.run(
+        [sys.executable, "scripts/check_manifests.py", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
     assert "Deployment/unknown-field: spec.template.spec.containers.0.startupProbe" in proc.stderr
     assert "'grpcc' was unexpected" in proc.stderr
@@ -106,11 +117,13 @@ metadata: {name: r}
 spec:
   groups: [{name: g, rules: [{alert: A, expr: up == 0, forr: 5m}]}]
 """)
-    proc = subprocess.run([sys.executable, "scripts/check_manifests.py", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/check_manifests.py", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
-    assert ("JobSet/typo: spec.successPolicy: Additional properties are not allowed ('targetReplicatedJob'"
-            in proc.stderr)
+    assert (
+        "JobSet/typo: spec.successPolicy: Additional properties are not allowed ('targetReplicatedJob'" in proc.stderr
+    )
     assert "JobSet/bad-pod: spec.replicatedJobs.0.template.spec.template.spec.containers.0: " in proc.stderr
     assert "'gpus' was unexpected" in proc.stderr
     assert "JobSet/good" not in proc.stderr

@@ -1,6 +1,7 @@
 """docker/*.Dockerfile, read as text (no Docker engine here, nothing is built): one image per service,
 a CUDA variant where the service uses torch or vLLM, non-root, a healthcheck, the service's own module
 as entrypoint, and only paths that exist copied in."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,9 +15,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 IMAGES = {  # Dockerfile -> module it runs
-    "envs.Dockerfile": "services.envs", "reward.Dockerfile": "services.reward",
-    "rollout.Dockerfile": "services.rollout", "rollout.cuda.Dockerfile": "services.rollout",
-    "learner.Dockerfile": "services.learner", "learner.cuda.Dockerfile": "services.learner",
+    "envs.Dockerfile": "services.envs",
+    "reward.Dockerfile": "services.reward",
+    "rollout.Dockerfile": "services.rollout",
+    "rollout.cuda.Dockerfile": "services.rollout",
+    "learner.Dockerfile": "services.learner",
+    "learner.cuda.Dockerfile": "services.learner",
     "jobs-api.Dockerfile": "services.jobs",
 }
 
@@ -39,7 +43,7 @@ def test_one_image_per_service_and_cuda_where_torch_or_vllm_runs():
 @pytest.mark.parametrize("name, module", IMAGES.items())
 def test_image_runs_its_service_as_non_root_with_a_healthcheck(name, module):
     steps = instructions(DOCKER / name)
-    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM") :]
     words = dict(final)
     assert re.fullmatch(r"\d+:\d+", words["USER"]) and not words["USER"].startswith("0:")
     entrypoint = json.loads(words["ENTRYPOINT"])
@@ -65,8 +69,11 @@ def test_copied_sources_exist_and_proto_code_is_generated_in_the_build(name):
 
 
 def test_dockerignore_keeps_local_state_out_of_the_build_context():
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".venv", "runs", ".git", ".cache"} <= ignored
     assert not {"services", "proto", "pyproject.toml"} & ignored
 

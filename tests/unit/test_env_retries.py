@@ -1,6 +1,7 @@
 """Infrastructure failures in the agent loop: an episode lost to the env service is played again on a
 fresh environment up to env.max_episode_attempts; past that its whole group fails, and nothing of it
 is scored."""
+
 import asyncio
 
 import pytest
@@ -35,12 +36,16 @@ class FlakyEnvClient(InProcessEnvClient):
 
 
 def make_loop(tokenizer, client, attempts=3, group_size=4, options=None):
-    return AgentLoop(ScriptedPolicy(tokenizer, toward_exit), client, ChatFormatter(tokenizer),
-                     PARSERS.create("xml_action"), RolloutConfig(group_size=group_size, max_new_tokens=16),
-                     # unchecked: the env service must handle options the config did not check (another version)
-                     EnvConfig.model_construct(name="corridor", max_turns=6, max_episode_attempts=attempts,
-                                               options=options or {}),
-                     max_model_len=512)
+    return AgentLoop(
+        ScriptedPolicy(tokenizer, toward_exit),
+        client,
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        RolloutConfig(group_size=group_size, max_new_tokens=16),
+        # unchecked: the env service must handle options the config did not check (another version)
+        EnvConfig.model_construct(name="corridor", max_turns=6, max_episode_attempts=attempts, options=options or {}),
+        max_model_len=512,
+    )
 
 
 def test_lost_episodes_are_replayed_on_fresh_environments(tokenizer):

@@ -1,5 +1,6 @@
 """Safety limits of the env service that the other tests do not cover (step deadline, observation cut,
 exception isolation: test_env_service.py), and replica routing with in-process servers."""
+
 import asyncio
 
 import pytest
@@ -55,8 +56,9 @@ def test_an_env_exception_leaves_other_episodes_and_the_service_running():
     async def main():
         client = InProcessEnvClient(service())
         a, b = await client.create("endless"), await client.create("corridor", 3)
-        results = await asyncio.gather(client.step(a.episode_id, "boom"), client.step(b.episode_id, "left"),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            client.step(a.episode_id, "boom"), client.step(b.episode_id, "left"), return_exceptions=True
+        )
         assert isinstance(results[0], Exception) and "env bug" in str(results[0])
         assert results[1].observation
         assert (await client.step(a.episode_id, "fine")).observation == "again"
@@ -78,8 +80,10 @@ def test_calls_are_forwarded_to_the_owner_and_fail_typed_when_it_is_gone():
     peers = StaticDirectory({})
 
     async def main():
-        async with running(add_env_service(RoutedEnvService(a, peers))) as addr_a, \
-                running(add_env_service(RoutedEnvService(b, peers))) as addr_b:
+        async with (
+            running(add_env_service(RoutedEnvService(a, peers))) as addr_a,
+            running(add_env_service(RoutedEnvService(b, peers))) as addr_b,
+        ):
             peers.peers.update({"a": addr_a, "b": addr_b})
             async with GrpcEnvClient(addr_a, timeout_s=5) as via_a, GrpcEnvClient(addr_b, timeout_s=5) as via_b:
                 state = await via_b.create("corridor", 4)  # held by b

@@ -6,8 +6,14 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.errors import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
-                                    ResourceExhausted)
+from services.common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from services.common.registry import Registry
 from services.envs.base import StepResult, TextEnv
 from services.envs.builtin.corridor import Corridor

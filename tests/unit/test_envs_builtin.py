@@ -1,5 +1,6 @@
 """The built-in catalogue beyond corridor/guess_number: for each env a scripted optimal policy reaches
 success, invalid actions are handled (they cost a turn, never raise), and seeds reproduce tasks."""
+
 import random
 import re
 
@@ -134,6 +135,7 @@ def solve_wordle(env: Wordle) -> object:
     """Minimax guessing among the candidates still consistent with the feedback."""
     candidates = list(env.candidates)
     while True:
+
         def worst(guess, candidates=candidates):
             buckets = {}
             for secret in candidates:
@@ -178,8 +180,9 @@ def test_wordle_invalid_guesses_and_dictionary_mode():
 
 
 # -- crafting ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("options", [{}, {"depth": 2, "fan_in": 3}, {"depth": 4, "fan_in": 3, "distractors": 6,
-                                                                      "slack": 0}])
+@pytest.mark.parametrize(
+    "options", [{}, {"depth": 2, "fan_in": 3}, {"depth": 4, "fan_in": 3, "distractors": 6, "slack": 0}]
+)
 def test_crafting_plan_from_the_observation_always_succeeds(options):
     for seed in range(150):
         env = Crafting()
@@ -188,7 +191,8 @@ def test_crafting_plan_from_the_observation_always_succeeds(options):
         recipes = {}
         for line in first.splitlines():
             if line.startswith("craft "):
-                from services.envs.builtin.crafting import CRAFT, COUNTED, Recipe
+                from services.envs.builtin.crafting import COUNTED, CRAFT, Recipe
+
                 m = CRAFT.fullmatch(line)
                 parts = [COUNTED.fullmatch(p.strip()) for p in m.group(3).split(",")]
                 recipes[m.group(2)] = Recipe(int(m.group(1)), tuple((p.group(2), int(p.group(1))) for p in parts))
@@ -286,12 +290,19 @@ def test_reasoning_without_the_package_says_how_to_install_it(monkeypatch):
 
 
 # -- babyai ------------------------------------------------------------------------------------------
-BOT_ACTIONS = {"left": "turn left", "right": "turn right", "forward": "go forward", "pickup": "pick up",
-               "drop": "drop", "toggle": "toggle"}
+BOT_ACTIONS = {
+    "left": "turn left",
+    "right": "turn right",
+    "forward": "go forward",
+    "pickup": "pick up",
+    "drop": "drop",
+    "toggle": "toggle",
+}
 
 
-@pytest.mark.parametrize("level", ["GoToRedBallNoDists", "BabyAI-GoToLocal-v0", "PickupLoc", "OpenDoor",
-                                   "PutNextLocal"])
+@pytest.mark.parametrize(
+    "level", ["GoToRedBallNoDists", "BabyAI-GoToLocal-v0", "PickupLoc", "OpenDoor", "PutNextLocal"]
+)
 def test_babyai_expert_bot_succeeds_through_the_text_interface(level):
     from minigrid.utils.baby_ai_bot import BabyAIBot
 

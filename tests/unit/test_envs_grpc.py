@@ -1,5 +1,6 @@
 """The env service behind a real in-process gRPC server: the shared server plumbing (health, error
 mapping, metrics) and both clients returning the same things."""
+
 import asyncio
 import contextlib
 
@@ -24,8 +25,18 @@ class ExplodingServicer(EnvServicer):
 @contextlib.asynccontextmanager
 async def running(*add_servicers, on_shutdown=None):
     stop, bound = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(serve("envs", 0, list(add_servicers), host="127.0.0.1", grace_s=1.0,
-                                       stop=stop, ready=bound.set_result, on_shutdown=on_shutdown))
+    task = asyncio.ensure_future(
+        serve(
+            "envs",
+            0,
+            list(add_servicers),
+            host="127.0.0.1",
+            grace_s=1.0,
+            stop=stop,
+            ready=bound.set_result,
+            on_shutdown=on_shutdown,
+        )
+    )
     port = await asyncio.wait_for(asyncio.shield(bound), 10)
     try:
         yield f"127.0.0.1:{port}"
@@ -50,9 +61,8 @@ def test_grpc_and_in_process_clients_agree():
         return [(s.observation, s.reward, s.done, s.success, s.info) for s in states], await client.list_envs()
 
     async def main():
-        async with running(add_env_service(service)) as address:
-            async with GrpcEnvClient(address, timeout_s=5) as remote:
-                assert await play(remote) == await play(InProcessEnvClient(service))
+        async with running(add_env_service(service)) as address, GrpcEnvClient(address, timeout_s=5) as remote:
+            assert await play(remote) == await play(InProcessEnvClient(service))
 
     run(main())
 
@@ -93,17 +103,22 @@ def test_health_per_service_and_error_codes():
 def test_unexpected_exception_becomes_internal():
     async def main():
         add = lambda server: envs_pb2_grpc.add_EnvServiceServicer_to_server(  # noqa: E731
-            ExplodingServicer(EnvService()), server)
-        async with running(add) as address:
-            async with GrpcEnvClient(address, timeout_s=5) as client:
-                with pytest.raises(Internal, match="RuntimeError: kaboom"):
-                    await client.list_envs()
+            ExplodingServicer(EnvService()), server
+        )
+        async with running(add) as address, GrpcEnvClient(address, timeout_s=5) as client:
+            with pytest.raises(Internal, match="RuntimeError: kaboom"):
+                await client.list_envs()
 
-    before = REGISTRY.get_sample_value("omrl_envs_grpc_requests_total",
-                                       {"method": "/openmanus.envs.v1.EnvService/ListEnvs", "code": "INTERNAL"}) or 0
+    before = (
+        REGISTRY.get_sample_value(
+            "omrl_envs_grpc_requests_total", {"method": "/openmanus.envs.v1.EnvService/ListEnvs", "code": "INTERNAL"}
+        )
+        or 0
+    )
     run(main())
-    after = REGISTRY.get_sample_value("omrl_envs_grpc_requests_total",
-                                      {"method": "/openmanus.envs.v1.EnvService/ListEnvs", "code": "INTERNAL"})
+    after = REGISTRY.get_sample_value(
+        "omrl_envs_grpc_requests_total", {"method": "/openmanus.envs.v1.EnvService/ListEnvs", "code": "INTERNAL"}
+    )
     assert after == before + 1
 
 
@@ -119,5 +134,6 @@ def test_port_in_use_fails_loudly():
 
 def test_free_port_is_bindable():
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", free_port()))

@@ -3,6 +3,7 @@ hardened pods, NetworkPolicies that allow exactly the calls the system makes, Re
 ServiceMonitor behind its flag, the dashboards as ConfigMaps, values checked by values.schema.json.
 Rendered with the real helm binary (scripts/get_helm.sh); scripts/ci_deploy_checks.sh validates the
 same renders against the Kubernetes schemas."""
+
 from __future__ import annotations
 
 import base64
@@ -30,8 +31,13 @@ from tests.helm_chart import (
     workloads,
 )
 
-SERVICE_MODULES = {"envs": "services.envs", "reward": "services.reward", "rollout": "services.rollout",
-                   "learner": "services.learner", "jobs-api": "services.jobs"}
+SERVICE_MODULES = {
+    "envs": "services.envs",
+    "reward": "services.reward",
+    "rollout": "services.rollout",
+    "learner": "services.learner",
+    "jobs-api": "services.jobs",
+}
 
 
 def run_config_of(docs, component: str, tmp_path: Path):
@@ -160,9 +166,20 @@ def test_generated_redis_password_when_none_is_given():
 
 
 def test_external_redis_replaces_the_bundled_one(tmp_path):
-    docs = render("--set", "redis.enabled=false", "--set", "externalRedis.host=cache.internal",
-                  "--set", "externalRedis.port=6380", "--set", "externalRedis.db=2",
-                  "--set", "externalRedis.existingSecret=shared-redis", "--set", "externalRedis.tls=true")
+    docs = render(
+        "--set",
+        "redis.enabled=false",
+        "--set",
+        "externalRedis.host=cache.internal",
+        "--set",
+        "externalRedis.port=6380",
+        "--set",
+        "externalRedis.db=2",
+        "--set",
+        "externalRedis.existingSecret=shared-redis",
+        "--set",
+        "externalRedis.tls=true",
+    )
     assert "redis" not in workloads(docs)
     assert not any(component_of(d) == "redis" for d in docs)
     config = run_config_of(docs, "rollout", tmp_path)
@@ -186,10 +203,15 @@ def test_service_monitor_only_behind_its_flag():
     assert endpoints["http"]["authorization"]["credentials"]["name"] == "omrl-openmanus-rl-jobs-api"
     assert all(e["relabelings"] == [{"targetLabel": "run", "replacement": "default"}] for e in endpoints.values())
     selected = set(monitor["spec"]["selector"]["matchExpressions"][0]["values"])
-    assert monitor["spec"]["selector"]["matchExpressions"][1] == {"key": "openmanus-rl/peers",
-                                                                  "operator": "DoesNotExist"}
-    scraped = [s for s in objects(docs, "Service").values()
-               if component_of(s) in selected and "openmanus-rl/peers" not in s["metadata"]["labels"]]
+    assert monitor["spec"]["selector"]["matchExpressions"][1] == {
+        "key": "openmanus-rl/peers",
+        "operator": "DoesNotExist",
+    }
+    scraped = [
+        s
+        for s in objects(docs, "Service").values()
+        if component_of(s) in selected and "openmanus-rl/peers" not in s["metadata"]["labels"]
+    ]
     assert {component_of(s) for s in scraped} == selected
     for service in scraped:  # one scraped Service per component, each with a port an endpoint names
         assert {p["name"] for p in service["spec"]["ports"]} & set(endpoints), service["metadata"]["name"]
@@ -241,16 +263,22 @@ def allowed(docs, src: str, dst: str, port: int, src_namespace: str = "ml") -> b
     policies = list(objects(docs, "NetworkPolicy").values())
     ingress = [p for p in policies if _selects(p["spec"]["podSelector"], pods[dst])]
     egress = [p for p in policies if _selects(p["spec"]["podSelector"], pods[src])]
-    ok_in = not ingress or any(_rule_allows(p["spec"].get("ingress", []), "from", pods[src], port, src_namespace)
-                               for p in ingress)
+    ok_in = not ingress or any(
+        _rule_allows(p["spec"].get("ingress", []), "from", pods[src], port, src_namespace) for p in ingress
+    )
     ok_out = not egress or any(_rule_allows(p["spec"].get("egress", []), "to", pods[dst], port) for p in egress)
     return ok_in and ok_out
 
 
 CALLS = {  # (caller, callee, port): what the system does
-    ("rollout", "envs", 50052), ("rollout", "reward", 50053), ("rollout", "redis", 6379),
-    ("learner", "rollout", 50051), ("learner", "redis", 6379), ("learner", "learner", 29500),
-    ("jobs-api", "redis", 6379), ("envs", "envs", 50052),
+    ("rollout", "envs", 50052),
+    ("rollout", "reward", 50053),
+    ("rollout", "redis", 6379),
+    ("learner", "rollout", 50051),
+    ("learner", "redis", 6379),
+    ("learner", "learner", 29500),
+    ("jobs-api", "redis", 6379),
+    ("envs", "envs", 50052),
 }
 
 
@@ -258,8 +286,11 @@ def test_network_policies_allow_exactly_the_calls_the_system_makes():
     docs = render()
     components = ["envs", "reward", "rollout", "learner", "redis", "jobs-api"]
     ports = {"envs": 50052, "reward": 50053, "rollout": 50051, "learner": 29500, "redis": 6379, "jobs-api": 8080}
-    every_pod_isolated = {component_of(p) for p in objects(docs, "NetworkPolicy").values()
-                          if set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}}
+    every_pod_isolated = {
+        component_of(p)
+        for p in objects(docs, "NetworkPolicy").values()
+        if set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    }
     assert every_pod_isolated == set(components)
     for src in components:
         for dst in components:
@@ -285,19 +316,28 @@ MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name
 
 def metrics_rules(docs) -> dict[str, list]:
     policies = {component_of(p): p for p in objects(docs, "NetworkPolicy").values()}
-    return {component: [r for r in policies[component]["spec"]["ingress"] if r.get("ports") == [{"port": port}]]
-            for component, port in METRICS_PORTS.items()}
+    return {
+        component: [r for r in policies[component]["spec"]["ingress"] if r.get("ports") == [{"port": port}]]
+        for component, port in METRICS_PORTS.items()
+    }
 
 
 def test_metrics_ports_are_open_to_the_monitoring_namespace_only():
     docs = render()
-    assert all(rules == [{"from": [MONITORING], "ports": [{"port": METRICS_PORTS[c]}]}]
-               for c, rules in metrics_rules(docs).items())
+    assert all(
+        rules == [{"from": [MONITORING], "ports": [{"port": METRICS_PORTS[c]}]}]
+        for c, rules in metrics_rules(docs).items()
+    )
     assert objects(docs, "NetworkPolicy")["omrl-openmanus-rl-redis"]["spec"]["egress"] == []
     api = objects(docs, "NetworkPolicy")["omrl-openmanus-rl-jobs-api"]["spec"]["ingress"]
     assert api == [{"from": [{"namespaceSelector": {}}, MONITORING], "ports": [{"port": 8080}]}]
     extra = {"podSelector": {"matchLabels": {"app": "vmagent"}}}
-    docs = render("--set", "networkPolicy.monitoringNamespace=obs", "--set-json", f"networkPolicy.metricsFrom=[{json.dumps(extra)}]")
+    docs = render(
+        "--set",
+        "networkPolicy.monitoringNamespace=obs",
+        "--set-json",
+        f"networkPolicy.metricsFrom=[{json.dumps(extra)}]",
+    )
     obs = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}}}
     assert all(rules[0]["from"] == [obs, extra] for rules in metrics_rules(docs).values())
 
@@ -310,13 +350,16 @@ def test_no_scrapers_means_no_metrics_rule_rather_than_an_open_one():
 
 
 # -- values and their schema -------------------------------------------------------------------------
-@pytest.mark.parametrize("setting, field", [
-    ("config.model.pth=x", "pth"),                    # not a TrainConfig field
-    ("config.rollout.group_size=0", "group_size"),    # TrainConfig range
-    ("config.algorithm.loss_agg_mode=mean", "loss_agg_mode"),
-    ("rollout.replica=2", "replica"),                 # not a chart value
-    ("rollout.flavor=rocm", "flavor"),
-])
+@pytest.mark.parametrize(
+    "setting, field",
+    [
+        ("config.model.pth=x", "pth"),  # not a TrainConfig field
+        ("config.rollout.group_size=0", "group_size"),  # TrainConfig range
+        ("config.algorithm.loss_agg_mode=mean", "loss_agg_mode"),
+        ("rollout.replica=2", "replica"),  # not a chart value
+        ("rollout.flavor=rocm", "flavor"),
+    ],
+)
 def test_schema_rejects_bad_values_naming_the_field(setting, field):
     proc = run_helm("lint", "--strict", str(CHART), "--set", setting)
     assert proc.returncode != 0, setting
@@ -324,8 +367,9 @@ def test_schema_rejects_bad_values_naming_the_field(setting, field):
 
 
 def test_schema_is_generated_from_the_run_config_schema():
-    proc = subprocess.run([sys.executable, "scripts/gen_helm_schema.py", "--check"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_helm_schema.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -372,7 +416,8 @@ def test_env_replicas_know_each_others_direct_addresses():
     assert "--advertise=$(POD_NAME).omrl-openmanus-rl-envs-peers:50052" in args
     assert [a for a in args if a.startswith("--peer=")] == [
         f"--peer=omrl-openmanus-rl-envs-{i}=omrl-openmanus-rl-envs-{i}.omrl-openmanus-rl-envs-peers:50052"
-        for i in range(3)]
+        for i in range(3)
+    ]
     single = main_container(workloads(render())["envs"])["args"]
     assert not any(a.startswith(("--peer=", "--replica-id")) for a in single)
 
@@ -394,8 +439,11 @@ def launcher_calls() -> set[tuple[str, str, str]]:
         cluster.set_status("Deployment", name, {"availableReplicas": 1})
     cluster.set_status("Job", handle["job"], {"active": 1, "ready": 1})
     launcher.poll("job-a", handle)
-    cluster.add_pod("job-a-learner-0", {"app.kubernetes.io/instance": "job-a",
-                                        "app.kubernetes.io/component": "learner"}, {"phase": "Running"})
+    cluster.add_pod(
+        "job-a-learner-0",
+        {"app.kubernetes.io/instance": "job-a", "app.kubernetes.io/component": "learner"},
+        {"phase": "Running"},
+    )
     launcher.logs("job-a", handle, "learner", 10)
     cluster.set_status("Job", handle["job"], {"conditions": [{"type": "Complete", "status": "True"}]})
     launcher.poll("job-a", handle)  # releases the servers
@@ -405,7 +453,7 @@ def launcher_calls() -> set[tuple[str, str, str]]:
     for method, path in cluster.calls:
         parts = path.strip("/").split("/")
         group = "" if parts[0] == "api" else parts[1]
-        rest = parts[parts.index("namespaces") + 2:]
+        rest = parts[parts.index("namespaces") + 2 :]
         resource = rest[0] + ("/log" if rest[-1] == "log" else "")
         verb = verbs.get(method) or ("get" if len(rest) > 1 else "list")
         calls.add((group, resource, verb))
@@ -414,8 +462,13 @@ def launcher_calls() -> set[tuple[str, str, str]]:
 
 def test_the_job_apis_role_grants_exactly_the_calls_its_launcher_makes():
     role = objects(render(), "Role")["omrl-openmanus-rl-jobs-api"]
-    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] for verb in rule["verbs"]}
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
     assert granted == launcher_calls()
     assert not {verb for _, _, verb in granted} & {"update", "patch", "watch", "deletecollection", "*"}
 
@@ -435,7 +488,9 @@ def test_no_container_has_the_redis_password_on_its_command_line(values):
     for component in ("rollout", "learner", "jobs-api"):  # the ones that use Redis get it from the Secret
         env = {e["name"]: e for e in main_container(workloads(docs)[component])["env"]}
         assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-            "name": "omrl-openmanus-rl-redis", "key": "redis-password"}, component
+            "name": "omrl-openmanus-rl-redis",
+            "key": "redis-password",
+        }, component
         assert all("REDIS_PASSWORD" not in str(e.get("value", "")) for e in env.values()), component
     assert "exec redis-server - <<EOF" in redis_container(docs)["args"][0]  # config from stdin, not argv
 
@@ -465,8 +520,10 @@ def test_rollout_and_learner_get_the_weight_push_token_from_a_generated_secret()
     pods = workloads(docs)
     for component in ("rollout", "learner"):
         env = {e["name"]: e for e in main_container(pods[component])["env"]}
-        assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "omrl-openmanus-rl-weight-token",
-                                                                        "key": "weight-token"}
+        assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "omrl-openmanus-rl-weight-token",
+            "key": "weight-token",
+        }
     for component in ("envs", "reward", "jobs-api", "redis"):
         assert "OMRL_WEIGHT_TOKEN" not in {e["name"] for e in main_container(pods[component]).get("env", [])}
     own = render("--set", "weightPush.existingSecret=mine", "--set", "weightPush.existingSecretKey=t")

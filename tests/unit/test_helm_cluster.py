@@ -2,6 +2,7 @@
 RuntimeClass, tolerations, node labels), a rollout pod's GPUs as its engine's tensor-parallel size, the
 services' log format, the learner's probes and deadline, datasets and checkpoints on volumes, the alert rules
 as a PrometheusRule, Kueue labels and the LocalQueue, and the learner with the rollout servers as one JobSet."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,8 +47,16 @@ def mounts(pod: dict) -> dict[str, dict]:
 # -- GPUs ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("workload", [(), JOBSET], ids=["job", "jobset"])
 def test_gpu_tolerations_labels_and_runtime_class_reach_the_gpu_pods_only(workload):
-    docs = render(*GPU, *workload, "--set", "gpu.nodeSelector.gpu-pool=a100", "--set", "gpu.runtimeClassName=nvidia",
-                  "--set", "nodeSelector.zone=z1")
+    docs = render(
+        *GPU,
+        *workload,
+        "--set",
+        "gpu.nodeSelector.gpu-pool=a100",
+        "--set",
+        "gpu.runtimeClassName=nvidia",
+        "--set",
+        "nodeSelector.zone=z1",
+    )
     pods = workloads(docs)
     assert set(pods) == {"envs", "reward", "rollout", "learner", "redis", "jobs-api"}
     for component, pod in pods.items():
@@ -58,8 +67,9 @@ def test_gpu_tolerations_labels_and_runtime_class_reach_the_gpu_pods_only(worklo
 
 
 def test_the_gpu_resource_name_is_configurable_per_component():
-    docs = render(*GPU, "--set", "gpu.resourceName=nvidia.com/mig-3g.40gb", "--set",
-                  "learner.gpuResourceName=nvidia.com/gpu")
+    docs = render(
+        *GPU, "--set", "gpu.resourceName=nvidia.com/mig-3g.40gb", "--set", "learner.gpuResourceName=nvidia.com/gpu"
+    )
     pods = workloads(docs)
     assert main_container(pods["rollout"])["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == 1
     assert "nvidia.com/gpu" not in main_container(pods["rollout"])["resources"]["limits"]
@@ -74,18 +84,40 @@ def test_the_rollout_engine_is_tensor_parallel_over_its_pods_gpus(workload, tmp_
     docs = render(*GPU, *workload, "--set", "rollout.gpus=4")
     assert run_config(docs, tmp_path).rollout.gpus == 4  # vLLM's tensor_parallel_size
     assert main_container(workloads(docs)["rollout"])["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert run_config(render(*GPU, *workload, "--set", "rollout.gpus=4", "--set", "config.rollout.gpus=4"),
-                      tmp_path).rollout.gpus == 4  # both set, agreeing
+    assert (
+        run_config(
+            render(*GPU, *workload, "--set", "rollout.gpus=4", "--set", "config.rollout.gpus=4"), tmp_path
+        ).rollout.gpus
+        == 4
+    )  # both set, agreeing
     assert run_config(render(*GPU), tmp_path).rollout.gpus == 1
-    assert "gpus" not in yaml.safe_load(next(d for d in objects(render(), "ConfigMap").values()
-                                             if component_of(d) == "config")["data"]["config.yaml"])["rollout"]
+    assert (
+        "gpus"
+        not in yaml.safe_load(
+            next(d for d in objects(render(), "ConfigMap").values() if component_of(d) == "config")["data"][
+                "config.yaml"
+            ]
+        )["rollout"]
+    )
 
 
-@pytest.mark.parametrize("settings, message", [
-    (("rollout.gpus=2", "config.rollout.gpus=4"), ("rollout.gpus (2 GPUs per rollout pod) and config.rollout.gpus "
-                                                   "(4, vLLM's tensor-parallel size) disagree: set rollout.gpus only")),
-    (("config.rollout.gpus=2",), "config.rollout.gpus (2) needs rollout.gpus = 2: tensor parallelism runs on GPU pods"),
-], ids=["disagree", "cpu-pods"])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            ("rollout.gpus=2", "config.rollout.gpus=4"),
+            (
+                "rollout.gpus (2 GPUs per rollout pod) and config.rollout.gpus "
+                "(4, vLLM's tensor-parallel size) disagree: set rollout.gpus only"
+            ),
+        ),
+        (
+            ("config.rollout.gpus=2",),
+            "config.rollout.gpus (2) needs rollout.gpus = 2: tensor parallelism runs on GPU pods",
+        ),
+    ],
+    ids=["disagree", "cpu-pods"],
+)
 def test_a_tensor_parallel_size_other_than_the_pods_gpus_is_refused_at_render_time(settings, message):
     proc = run_helm("template", "omrl", str(CHART), *[a for s in settings for a in ("--set", s)])
     assert proc.returncode != 0 and message in proc.stderr
@@ -99,14 +131,17 @@ def test_the_schema_refuses_a_gpu_resource_that_is_not_a_resource_name():
 def test_runtime_class_per_workload():
     pods = workloads(render("--set", "envs.runtimeClassName=gvisor"))
     assert {c: p["spec"].get("runtimeClassName") for c, p in pods.items() if p["spec"].get("runtimeClassName")} == {
-        "envs": "gvisor"}
+        "envs": "gvisor"
+    }
 
 
 # -- logs ------------------------------------------------------------------------------------------------
 def log_formats(docs) -> dict[str, str | None]:
     """component -> OMRL_LOG_FORMAT of its main container."""
-    return {c: {e["name"]: e.get("value") for e in main_container(p).get("env", [])}.get("OMRL_LOG_FORMAT")
-            for c, p in workloads(docs).items()}
+    return {
+        c: {e["name"]: e.get("value") for e in main_container(p).get("env", [])}.get("OMRL_LOG_FORMAT")
+        for c, p in workloads(docs).items()
+    }
 
 
 @pytest.mark.parametrize("workload", [(), JOBSET], ids=["job", "jobset"])
@@ -130,8 +165,11 @@ def test_jobs_the_api_launches_log_in_the_charts_format(monkeypatch):
 
     api = main_container(workloads(render("--set", "logFormat=text"))["jobs-api"])
     monkeypatch.setenv("OMRL_LOG_FORMAT", {e["name"]: e.get("value") for e in api["env"]}["OMRL_LOG_FORMAT"])
-    pods = [o["spec"]["template"]["spec"] for o in JobObjects("job-1", JobSpec(), K8sOptions()).all()
-            if o["kind"] in ("Job", "Deployment")]
+    pods = [
+        o["spec"]["template"]["spec"]
+        for o in JobObjects("job-1", JobSpec(), K8sOptions()).all()
+        if o["kind"] in ("Job", "Deployment")
+    ]
     assert len(pods) == 4
     for pod in pods:
         assert {"name": "OMRL_LOG_FORMAT", "value": "text"} in main_container({"spec": pod})["env"]
@@ -164,8 +202,14 @@ def test_datasets_live_on_an_absolute_path_mounted_where_they_are_read(tmp_path)
         assert "readOnly" not in mounts(pods[component])["/datasets"]
         assert volumes(pods[component])["datasets"] == {"name": "datasets", "emptyDir": {}}
     claim = {"persistentVolumeClaim": {"claimName": "task-data"}}
-    docs = render("--set", "datasets.volume.persistentVolumeClaim.claimName=task-data",
-                  "--set", "datasets.readOnly=true", "--set", "config.env.dataset=/datasets/my-tasks")
+    docs = render(
+        "--set",
+        "datasets.volume.persistentVolumeClaim.claimName=task-data",
+        "--set",
+        "datasets.readOnly=true",
+        "--set",
+        "config.env.dataset=/datasets/my-tasks",
+    )
     rollout = workloads(docs)["rollout"]
     assert volumes(rollout)["datasets"] == {"name": "datasets", **claim}
     assert mounts(rollout)["/datasets"]["readOnly"] is True
@@ -179,8 +223,10 @@ def test_a_relative_dataset_path_is_refused_at_render_time(setting):
 
 
 def test_checkpoints_can_live_on_any_volume_source_such_as_an_object_storage_mount():
-    docs = render("--set-json", 'learner.persistence.volume={"csi":{"driver":"s3.csi.aws.com","volumeAttributes":'
-                                '{"bucketName":"ckpts"}}}')
+    docs = render(
+        "--set-json",
+        'learner.persistence.volume={"csi":{"driver":"s3.csi.aws.com","volumeAttributes":{"bucketName":"ckpts"}}}',
+    )
     data = volumes(learner_job(docs)["spec"]["template"])["data"]
     assert data["csi"]["driver"] == "s3.csi.aws.com"
     assert "omrl-openmanus-rl-learner-data" not in objects(docs, "PersistentVolumeClaim")
@@ -190,16 +236,20 @@ def test_checkpoints_can_live_on_any_volume_source_such_as_an_object_storage_mou
 # -- alert rules ---------------------------------------------------------------------------------------
 def test_alert_rules_ship_as_a_prometheus_rule_behind_a_flag():
     assert not objects(render(), "PrometheusRule")
-    rule = objects(render("--set", "alerts.enabled=true", "--set", "alerts.labels.release=kps"),
-                   "PrometheusRule")["omrl-openmanus-rl"]
+    rule = objects(render("--set", "alerts.enabled=true", "--set", "alerts.labels.release=kps"), "PrometheusRule")[
+        "omrl-openmanus-rl"
+    ]
     assert rule["metadata"]["labels"]["release"] == "kps"
     assert rule["spec"]["groups"] == yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"]
 
 
 # -- Kueue and JobSet ----------------------------------------------------------------------------------
 def queued(docs) -> dict[str, str]:
-    return {f"{d['kind']}/{component_of(d)}": d["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
-            for d in docs if "kueue.x-k8s.io/queue-name" in d["metadata"].get("labels", {})}
+    return {
+        f"{d['kind']}/{component_of(d)}": d["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+        for d in docs
+        if "kueue.x-k8s.io/queue-name" in d["metadata"].get("labels", {})
+    }
 
 
 def test_kueue_queues_the_gpu_workloads_and_can_create_the_local_queue():
@@ -211,8 +261,17 @@ def test_kueue_queues_the_gpu_workloads_and_can_create_the_local_queue():
 
 
 def test_the_jobset_holds_learner_and_rollout_servers_as_one_workload():
-    docs = render(*GPU, *JOBSET, *KUEUE, "--set", "kueue.priorityClass=training", "--set", "learner.nodes=2",
-                  "--set", "rollout.replicas=3")
+    docs = render(
+        *GPU,
+        *JOBSET,
+        *KUEUE,
+        "--set",
+        "kueue.priorityClass=training",
+        "--set",
+        "learner.nodes=2",
+        "--set",
+        "rollout.replicas=3",
+    )
     assert not objects(docs, "Job") and "omrl-openmanus-rl-rollout" not in objects(docs, "Deployment")
     (jobset,) = objects(docs, "JobSet").values()
     assert queued(docs) == {"JobSet/learner": "omrl-gpu"}  # the one workload Kueue admits, all pods or none
@@ -257,8 +316,9 @@ def test_the_workload_name_follows_its_spec(workload):
 def test_the_job_api_launches_jobs_with_the_same_gpu_and_queue_settings(monkeypatch):
     from services.jobs.settings import JobsSettings
 
-    docs = render(*GPU, *KUEUE, "--set", "gpu.runtimeClassName=nvidia",
-                  "--set", "gpu.resourceName=nvidia.com/mig-1g.10gb")
+    docs = render(
+        *GPU, *KUEUE, "--set", "gpu.runtimeClassName=nvidia", "--set", "gpu.resourceName=nvidia.com/mig-1g.10gb"
+    )
     for env in main_container(workloads(docs)["jobs-api"])["env"]:
         if "value" in env and env["name"].startswith("OMRL_API_K8S_"):
             monkeypatch.setenv(env["name"], env["value"])

@@ -2,6 +2,7 @@
 version) and this one are rendered with the same values, and every object both render must be one the API
 server lets helm patch: no change to a field Kubernetes keeps immutable (a Job's pod template, a StatefulSet's
 claim templates, selectors, a Service's cluster IP, a claim's spec). What does change is listed exactly."""
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,14 @@ from tests.helm_chart import CHART, ROOT, helm, render
 
 CHART_PATH = "deploy/helm/openmanus-rl"
 # fields of a StatefulSet spec the API server accepts changes to; any other change is refused
-STATEFULSET_MUTABLE = {"replicas", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy",
-                       "minReadySeconds", "ordinals"}
+STATEFULSET_MUTABLE = {
+    "replicas",
+    "template",
+    "updateStrategy",
+    "persistentVolumeClaimRetentionPolicy",
+    "minReadySeconds",
+    "ordinals",
+}
 
 
 def immutable_changes(old: list[dict], new: list[dict]) -> list[str]:
@@ -54,12 +61,18 @@ def previous_chart_commit() -> str | None:
     """The chart as it was right before its version became the working tree's: the parent of the oldest commit
     whose Chart.yaml has the current version (the working tree itself, when that version is not committed yet)."""
     current = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
-    proc = subprocess.run(["git", "log", "--format=%H", "--", f"{CHART_PATH}/Chart.yaml"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["git", "log", "--format=%H", "--", f"{CHART_PATH}/Chart.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     bump = None  # the oldest commit seen so far with the current version
     for commit in proc.stdout.split():
-        text = subprocess.run(["git", "show", f"{commit}:{CHART_PATH}/Chart.yaml"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=60).stdout
+        text = subprocess.run(
+            ["git", "show", f"{commit}:{CHART_PATH}/Chart.yaml"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ).stdout
         if yaml.safe_load(text)["version"] != current:
             return f"{bump}^" if bump else "HEAD"
         bump = commit
@@ -67,14 +80,19 @@ def previous_chart_commit() -> str | None:
 
 
 def render_at(commit: str, tmp_path: Path, *args: str) -> list[dict]:
-    archive = subprocess.run(["git", "archive", commit, "deploy"], cwd=ROOT, capture_output=True, timeout=60,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", commit, "deploy"], cwd=ROOT, capture_output=True, timeout=60, check=True
+    ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp_path, filter="tar")
     chart = tmp_path / CHART_PATH
     args = tuple(a.replace(str(CHART), str(chart)) for a in args)
-    proc = subprocess.run([helm(), "template", "omrl", str(chart), "--namespace", "ml", *args], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [helm(), "template", "omrl", str(chart), "--namespace", "ml", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
@@ -94,7 +112,7 @@ def test_upgrading_from_the_previous_chart_version_changes_no_immutable_field(va
     gone, added = names(old) - names(new), names(new) - names(old)
     assert gone == {("Job", "omrl-openmanus-rl-learner")}
     assert [kind for kind, _ in added] == ["Job"]
-    (_, job), = added
+    ((_, job),) = added
     assert job.startswith("omrl-openmanus-rl-learner-")
 
 
@@ -113,7 +131,8 @@ def test_the_check_finds_changes_the_api_server_would_refuse():
     assert immutable_changes(old, grown) == [
         "PersistentVolumeClaim/omrl-openmanus-rl-learner-data: spec.resources changed (a claim can only grow, where "
         "its class allows)",
-        "StatefulSet/omrl-openmanus-rl-redis: spec.volumeClaimTemplates changed"]
+        "StatefulSet/omrl-openmanus-rl-redis: spec.volumeClaimTemplates changed",
+    ]
     job = next(d for d in old if d["kind"] == "Job")
     patched = {**job, "spec": {**job["spec"], "template": {**job["spec"]["template"], "metadata": {}}}}
     assert immutable_changes([job], [patched]) == [f"Job/{job['metadata']['name']}: spec.template changed"]

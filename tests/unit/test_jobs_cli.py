@@ -1,4 +1,5 @@
 """The CLI's pieces that need no server: SSE following, error and progress rendering, argument handling."""
+
 import json
 
 import httpx
@@ -21,9 +22,11 @@ def sse_client(body: str, status: int = 200) -> JobsClient:
 def test_followed_events_skip_pings_and_end_with_the_job_state():
     first = {"seq": 1, "type": "state", "data": {"state": "running"}}
     second = {"seq": 2, "type": "message", "data": {"message": "rollout: healthy", "stage": "healthy"}}
-    body = (f": ping\r\n\r\nid: 1\r\nevent: state\r\ndata: {json.dumps(first)}\r\n\r\n: ping\r\n\r\n"
-            f"id: 2\r\nevent: message\r\ndata: {json.dumps(second)}\r\n\r\nevent: end\r\n"
-            'data: {"job_state": "succeeded"}\r\n\r\n')
+    body = (
+        f": ping\r\n\r\nid: 1\r\nevent: state\r\ndata: {json.dumps(first)}\r\n\r\n: ping\r\n\r\n"
+        f"id: 2\r\nevent: message\r\ndata: {json.dumps(second)}\r\n\r\nevent: end\r\n"
+        'data: {"job_state": "succeeded"}\r\n\r\n'
+    )
     events = list(sse_client(body).follow("x"))
     assert events == [first, second, {"type": "end", "job_state": "succeeded"}]
 
@@ -38,17 +41,33 @@ def test_a_follow_of_an_unknown_job_is_an_api_error():
 
 
 def test_validation_errors_read_as_field_paths():
-    detail = [{"loc": ["body", "learner", "steps"], "msg": "Input should be greater than or equal to 0"},
-              {"loc": ["body"], "msg": "Value error, bad"}]
+    detail = [
+        {"loc": ["body", "learner", "steps"], "msg": "Input should be greater than or equal to 0"},
+        {"loc": ["body"], "msg": "Value error, bad"},
+    ]
     assert format_detail(detail) == "learner.steps: Input should be greater than or equal to 0; body: Value error, bad"
     assert format_detail("no job x") == "no job x"
 
 
 def test_a_step_event_shows_progress_and_an_eta():
-    line = render.event_line({"type": "step", "data": {"step": 5, "reward_mean": 0.25, "success_rate": 0.5,
-                                                       "approx_kl": 0.001, "step_seconds": 2.0, "policy_version": 5}}, 10)
+    line = render.event_line(
+        {
+            "type": "step",
+            "data": {
+                "step": 5,
+                "reward_mean": 0.25,
+                "success_rate": 0.5,
+                "approx_kl": 0.001,
+                "step_seconds": 2.0,
+                "policy_version": 5,
+            },
+        },
+        10,
+    )
     assert line == ("step 5/10 [##########..........] reward +0.250 success 50% kl 0.0010 2.0s/step v5 eta 10s")
-    assert render.event_line({"type": "state", "data": {"state": "failed", "error": "boom"}}, 10) == "state: failed (boom)"
+    assert (
+        render.event_line({"type": "state", "data": {"state": "failed", "error": "boom"}}, 10) == "state: failed (boom)"
+    )
 
 
 def test_missing_fields_render_as_dashes():
@@ -69,17 +88,24 @@ def test_an_unreachable_api_is_reported(capsys):
 
 def test_a_server_422_is_one_line_naming_the_field(monkeypatch, capsys, tmp_path):
     """A spec the CLI's models accept but the server's launcher rejects comes back as the API's 422."""
+
     def submit(self, spec):
-        raise ApiError(422, [{"loc": ["body", "resources", "learner", "replicas"],
-                              "msg": "the local launcher runs one process of each service"}])
+        raise ApiError(
+            422,
+            [
+                {
+                    "loc": ["body", "resources", "learner", "replicas"],
+                    "msg": "the local launcher runs one process of each service",
+                }
+            ],
+        )
 
     monkeypatch.setattr(JobsClient, "submit", submit)
     spec = tmp_path / "job.yaml"
     spec.write_text("learner: {steps: 2}\n")
     assert main(["--token", "t", "submit", str(spec)]) == 1
     err = capsys.readouterr().err
-    assert err == ("omrl: HTTP 422: resources.learner.replicas: the local launcher runs one process of each "
-                   "service\n")
+    assert err == ("omrl: HTTP 422: resources.learner.replicas: the local launcher runs one process of each service\n")
 
 
 def test_the_live_view_keeps_a_line_per_step_with_eta_and_mismatch():
@@ -94,9 +120,17 @@ def test_the_live_view_keeps_a_line_per_step_with_eta_and_mismatch():
     out = io.StringIO()
     with LiveView(4, Console(file=out, width=160, force_terminal=False)) as view:
         view.stage("rollout: healthy after 3s")
-        view.step({"step": 1, "reward_mean": -0.5, "success_rate": 0.125, "approx_kl": 0.0021, "step_seconds": 3.0,
-                   "mismatch_kl": 0.00123, "policy_version": 1})
+        view.step(
+            {
+                "step": 1,
+                "reward_mean": -0.5,
+                "success_rate": 0.125,
+                "approx_kl": 0.0021,
+                "step_seconds": 3.0,
+                "mismatch_kl": 0.00123,
+                "policy_version": 1,
+            }
+        )
     lines = out.getvalue().splitlines()
     assert "  rollout: healthy after 3s" in lines
-    assert ("step 1/4  reward -0.500  success 12%  kl 0.0021  3.0s/step  eta 9s  mismatch 1.2e-03  policy v1"
-            in lines)
+    assert "step 1/4  reward -0.500  success 12%  kl 0.0021  3.0s/step  eta 9s  mismatch 1.2e-03  policy v1" in lines

@@ -1,5 +1,6 @@
 """The kubernetes launcher without a cluster: every object it renders passes Kubernetes' own schemas, and
 its logic runs through the real `kubernetes` client against an in-process fake API server."""
+
 import base64
 from pathlib import Path
 
@@ -42,8 +43,18 @@ def pod_specs(objects):
 @pytest.mark.parametrize("make_spec", [cpu_spec, gpu_spec], ids=["cpu", "gpu"])
 def test_every_rendered_object_passes_the_kubernetes_schemas(make_spec, version):
     objects = JobObjects(JOB, make_spec(), OPTIONS).all()
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "Deployment", "Deployment", "Deployment", "Job",
-                                                  *["NetworkPolicy"] * 4, "Secret", "Service", "Service", "Service"]
+    assert sorted(o["kind"] for o in objects) == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "Deployment",
+        "Job",
+        *["NetworkPolicy"] * 4,
+        "Secret",
+        "Service",
+        "Service",
+        "Service",
+    ]
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
 
@@ -67,15 +78,21 @@ def test_learner_is_a_torchrun_job_across_pods_meeting_through_a_headless_servic
 
 def test_gpus_are_requested_where_the_spec_asks_and_images_follow():
     objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
-    containers = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0] for o in objects
-                  if o["kind"] in ("Job", "Deployment")}
+    containers = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]
+        for o in objects
+        if o["kind"] in ("Job", "Deployment")
+    }
     gpus = {name: c["resources"]["limits"].get("nvidia.com/gpu") for name, c in containers.items()}
     assert gpus == {f"{JOB}-learner": "4", f"{JOB}-rollout": "1", f"{JOB}-envs": None, f"{JOB}-reward": None}
     assert containers[f"{JOB}-rollout"]["image"] == "omrl:cuda" and containers[f"{JOB}-envs"]["image"] == "omrl:cpu"
     assert by_kind(objects, "Deployment")[f"{JOB}-rollout"]["spec"]["replicas"] == 4
     rollout = containers[f"{JOB}-rollout"]
     assert "$(POD_IP):50051" in rollout["command"] and rollout["startupProbe"]["grpc"]["port"] == 50051
-    assert rollout["livenessProbe"]["grpc"]["service"] == "omrl.live" and "service" not in rollout["readinessProbe"]["grpc"]
+    assert (
+        rollout["livenessProbe"]["grpc"]["service"] == "omrl.live"
+        and "service" not in rollout["readinessProbe"]["grpc"]
+    )
     assert rollout["startupProbe"]["failureThreshold"] * rollout["startupProbe"]["periodSeconds"] >= 1800
     for pod in pod_specs(objects):
         assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -100,18 +117,30 @@ def test_names_selectors_and_owner_references_fit_together():
         if obj["kind"] == "Service":
             assert any(obj["spec"]["selector"].items() <= t.items() for t in templates), obj["metadata"]["name"]
         if obj["kind"] == "Deployment":
-            assert obj["spec"]["selector"]["matchLabels"].items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+            assert (
+                obj["spec"]["selector"]["matchLabels"].items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+            )
         if obj["kind"] != "Job":
-            assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job",
-                                                           "name": f"{JOB}-learner", "uid": "uid-of-the-job",
-                                                           "blockOwnerDeletion": True}]
+            assert obj["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": f"{JOB}-learner",
+                    "uid": "uid-of-the-job",
+                    "blockOwnerDeletion": True,
+                }
+            ]
 
 
 def test_config_map_holds_a_run_config_the_services_accept():
     objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
     data = yaml.safe_load(by_kind(objects, "ConfigMap")[f"{JOB}-config"]["data"]["config.yaml"])
     config = TrainConfig.model_validate(data)  # no job-only sections: the services reject unknown keys
-    assert config.run == JOB and config.env.address == f"{JOB}-envs:50052" and config.reward.address == f"{JOB}-reward:50053"
+    assert (
+        config.run == JOB
+        and config.env.address == f"{JOB}-envs:50052"
+        and config.reward.address == f"{JOB}-reward:50053"
+    )
     assert config.stream.redis_url == "redis://omrl-redis:6379/0"
     assert config.learner.checkpoint_dir.startswith("/data/runs/")
     assert config.learner.nproc == 4 and config.model.path == "/data/models/Qwen2.5-1.5B-Instruct"
@@ -137,8 +166,9 @@ def launcher(cluster):
 
 
 def mark_ready(cluster, spec):
-    cluster.set_status("Job", f"{JOB}-learner", {"active": spec.resources.learner.replicas,
-                                                   "ready": spec.resources.learner.replicas})
+    cluster.set_status(
+        "Job", f"{JOB}-learner", {"active": spec.resources.learner.replicas, "ready": spec.resources.learner.replicas}
+    )
     for component in ("envs", "reward", "rollout"):
         replicas = getattr(spec.resources, component).replicas
         cluster.set_status("Deployment", f"{JOB}-{component}", {"replicas": replicas, "availableReplicas": replicas})
@@ -163,7 +193,9 @@ def test_state_is_read_back_from_the_cluster_and_a_finished_job_frees_its_server
     assert launcher.poll(JOB, handle).state == base.STARTING  # one rollout replica is still loading
     mark_ready(cluster, spec)
     assert launcher.poll(JOB, handle).state == base.RUNNING
-    cluster.set_status("Job", f"{JOB}-learner", {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]})
+    cluster.set_status(
+        "Job", f"{JOB}-learner", {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]}
+    )
     status = launcher.poll(JOB, handle)
     assert status.state == base.SUCCEEDED and status.handle["released"]
     # kept until the TTL: the Job (logs), its config, token and policies (they guard pods still shutting down)
@@ -172,9 +204,21 @@ def test_state_is_read_back_from_the_cluster_and_a_finished_job_frees_its_server
 
 def test_a_failed_learner_job_reports_why(cluster, launcher):
     handle = launcher.start(JOB, cpu_spec())
-    cluster.set_status("Job", f"{JOB}-learner", {"failed": 1, "conditions": [
-        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
-         "message": "Job was active longer than specified deadline"}]})
+    cluster.set_status(
+        "Job",
+        f"{JOB}-learner",
+        {
+            "failed": 1,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "DeadlineExceeded",
+                    "message": "Job was active longer than specified deadline",
+                }
+            ],
+        },
+    )
     status = launcher.poll(JOB, handle)
     assert status.state == base.FAILED and status.error.startswith("DeadlineExceeded: Job was active longer")
     assert not cluster.of_kind("Deployment")
@@ -199,12 +243,38 @@ def test_a_job_deleted_behind_the_apis_back_is_failed(cluster, launcher):
 
 def test_pod_problems_are_reported_once(cluster, launcher):
     handle = launcher.start(JOB, gpu_spec())
-    cluster.add_pod(f"{JOB}-rollout-7d9-x1", {"app.kubernetes.io/instance": JOB}, {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
-    cluster.add_pod(f"{JOB}-envs-5c4-y2", {"app.kubernetes.io/instance": JOB}, {"phase": "Pending", "containerStatuses": [
-        {"name": "envs", "ready": False, "restartCount": 0, "image": "omrl:cpu", "imageID": "",
-         "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]})
+    cluster.add_pod(
+        f"{JOB}-rollout-7d9-x1",
+        {"app.kubernetes.io/instance": JOB},
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        },
+    )
+    cluster.add_pod(
+        f"{JOB}-envs-5c4-y2",
+        {"app.kubernetes.io/instance": JOB},
+        {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "envs",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "omrl:cpu",
+                    "imageID": "",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
+                }
+            ],
+        },
+    )
     first = launcher.poll(JOB, handle)
     assert first.state == base.STARTING
     assert any("not scheduled (Unschedulable): 0/3 nodes" in m for m in first.messages)
@@ -217,8 +287,11 @@ def test_start_adopts_its_own_objects_after_a_restart_and_refuses_foreign_ones(c
     again = launcher.start(JOB, cpu_spec())  # the API died between creating and recording the job
     assert again["uid"] == first["uid"] and len(cluster.objects) == 13
     cluster.objects.clear()
-    cluster.handle("POST", "/api/v1/namespaces/default/configmaps", {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{JOB}-config", "labels": {"team": "other"}}})
+    cluster.handle(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{JOB}-config", "labels": {"team": "other"}}},
+    )
     with pytest.raises(RuntimeError, match="belongs to something else"):
         launcher.start(JOB, cpu_spec())
     assert [o["metadata"]["name"] for o in cluster.objects.values()] == [f"{JOB}-config"]  # theirs stays, ours went
@@ -239,8 +312,12 @@ def test_a_rejected_object_rolls_the_whole_job_back(cluster, launcher, monkeypat
 
 def test_logs_come_from_the_components_pods(cluster, launcher):
     handle = launcher.start(JOB, cpu_spec())
-    cluster.add_pod(f"{JOB}-learner-0-aaaaa", {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "learner"},
-                    {"phase": "Running"}, log="step 1\nstep 2\nstep 3")
+    cluster.add_pod(
+        f"{JOB}-learner-0-aaaaa",
+        {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "learner"},
+        {"phase": "Running"},
+        log="step 1\nstep 2\nstep 3",
+    )
     text = launcher.logs(JOB, handle, "learner", tail=2)
     assert text == f"==> {JOB}-learner-0-aaaaa <==\nstep 2\nstep 3"
 
@@ -272,8 +349,12 @@ def test_job_manager_drives_a_kubernetes_job_to_completion(cluster, launcher, tm
 
 
 def test_a_redis_password_reaches_the_pods_only_as_an_env_var_from_its_secret():
-    options = K8sOptions(redis_url="redis://:s3cret@omrl-redis:6379/0", redis_password_secret="omrl-redis",
-                         image="reg.io/omrl/{component}:1.0", gpu_image="reg.io/omrl/{component}:1.0")
+    options = K8sOptions(
+        redis_url="redis://:s3cret@omrl-redis:6379/0",
+        redis_password_secret="omrl-redis",
+        image="reg.io/omrl/{component}:1.0",
+        gpu_image="reg.io/omrl/{component}:1.0",
+    )
     objects = JobObjects(JOB, gpu_spec(), options).all()
     config_map = by_kind(objects, "ConfigMap")[f"{JOB}-config"]["data"]["config.yaml"]
     assert "s3cret" not in config_map and "redis://omrl-redis:6379/0" in config_map
@@ -316,11 +397,17 @@ def test_env_replicas_get_the_redis_password_from_the_secret_too():
 
 def test_each_component_is_reached_only_by_its_callers_of_the_same_job_and_scrapers():
     objects = JobObjects(JOB, gpu_spec(), OPTIONS).all()
-    policies = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
-                for p in by_kind(objects, "NetworkPolicy").values()}
+    policies = {
+        p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
+        for p in by_kind(objects, "NetworkPolicy").values()
+    }
     assert set(policies) == {"envs", "reward", "rollout", "learner"}
-    expected = {"envs": ({"rollout", "envs"}, 50052), "reward": ({"rollout"}, 50053),
-                "rollout": ({"learner"}, 50051), "learner": ({"learner"}, None)}
+    expected = {
+        "envs": ({"rollout", "envs"}, 50052),
+        "reward": ({"rollout"}, 50053),
+        "rollout": ({"learner"}, 50051),
+        "learner": ({"learner"}, None),
+    }
     for component, (callers, port) in expected.items():
         spec = policies[component]["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == JOB
@@ -328,8 +415,10 @@ def test_each_component_is_reached_only_by_its_callers_of_the_same_job_and_scrap
         assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in calls["from"]} == callers
         assert all(p["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == JOB for p in calls["from"])
         assert calls.get("ports") == ([{"port": port, "protocol": "TCP"}] if port else None)
-        assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {
-            "kubernetes.io/metadata.name": "monitoring"}}}], "ports": [{"port": 9100, "protocol": "TCP"}]}
+        assert metrics == {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"port": 9100, "protocol": "TCP"}],
+        }
     unscraped = JobObjects(JOB, gpu_spec(), K8sOptions(monitoring_namespace=None)).all()
     assert all(len(p["spec"]["ingress"]) == 1 for p in by_kind(unscraped, "NetworkPolicy").values())
     assert not by_kind(JobObjects(JOB, gpu_spec(), K8sOptions(network_policies=False)).all(), "NetworkPolicy")
@@ -347,16 +436,23 @@ def test_rollout_and_learner_share_a_weight_token_of_their_own_job_and_every_ser
         assert env["OMRL_BIND_HOST"]["value"] == "0.0.0.0"
         component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
         if component in ("rollout", "learner"):
-            assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{JOB}-weight-token",
-                                                                            "key": "weight-token"}
+            assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+                "name": f"{JOB}-weight-token",
+                "key": "weight-token",
+            }
         else:
             assert "OMRL_WEIGHT_TOKEN" not in env
 
 
 def test_cluster_gpu_settings_reach_the_pods_with_gpus_only():
     taint = {"key": "example.com/a100", "operator": "Exists", "effect": "NoSchedule"}
-    options = K8sOptions(namespace="rl", gpu_resource="nvidia.com/mig-3g.40gb", gpu_tolerations=[taint],
-                         gpu_node_selector={"pool": "a100"}, gpu_runtime_class="nvidia")
+    options = K8sOptions(
+        namespace="rl",
+        gpu_resource="nvidia.com/mig-3g.40gb",
+        gpu_tolerations=[taint],
+        gpu_node_selector={"pool": "a100"},
+        gpu_runtime_class="nvidia",
+    )
     objects = JobObjects(JOB, gpu_spec(), options).all()
     for obj in objects:
         kubernetes_validate.validate(obj, "1.31.0", strict=True)
@@ -366,13 +462,15 @@ def test_cluster_gpu_settings_reach_the_pods_with_gpus_only():
         limits = pod["containers"][0]["resources"]["limits"]
         assert ("nvidia.com/mig-3g.40gb" in limits) == gpu and "nvidia.com/gpu" not in limits, name
         assert (taint in pod["tolerations"]) == gpu, name  # the spec's own tolerations stay on every pod
-        assert pod["nodeSelector"] == ({"nvidia.com/gpu.present": "true", "pool": "a100"} if gpu
-                                       else {"nvidia.com/gpu.present": "true"}), name
+        assert pod["nodeSelector"] == (
+            {"nvidia.com/gpu.present": "true", "pool": "a100"} if gpu else {"nvidia.com/gpu.present": "true"}
+        ), name
         assert pod.get("runtimeClassName") == ("nvidia" if gpu else None), name
 
 
-@pytest.mark.parametrize("settings", [["resources.rollout.gpus=2"], ["resources.rollout.gpus=2", "rollout.gpus=2"]],
-                         ids=["pod-gpus", "both"])
+@pytest.mark.parametrize(
+    "settings", [["resources.rollout.gpus=2"], ["resources.rollout.gpus=2", "rollout.gpus=2"]], ids=["pod-gpus", "both"]
+)
 def test_rollout_pods_get_as_many_gpus_as_their_engines_tensor_parallel_size(settings):
     spec = load_config(str(EXAMPLES / "gpu-cluster.yaml"), settings, schema=JobSpec)
     objects = JobObjects(JOB, spec, OPTIONS).all()
@@ -386,8 +484,11 @@ def test_rollout_pods_get_as_many_gpus_as_their_engines_tensor_parallel_size(set
 
 def test_a_kueue_queue_labels_the_learner_job_and_the_rollout_deployment():
     def queued(options):
-        return {o["metadata"]["name"] for o in JobObjects(JOB, gpu_spec(), options).all()
-                if o["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpus"}
+        return {
+            o["metadata"]["name"]
+            for o in JobObjects(JOB, gpu_spec(), options).all()
+            if o["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "gpus"
+        }
 
     assert queued(OPTIONS) == set()
     assert queued(K8sOptions(namespace="rl", queue_name="gpus")) == {f"{JOB}-learner", f"{JOB}-rollout"}
@@ -403,7 +504,8 @@ def test_a_relative_data_dir_moves_onto_the_writable_data_volume():
 def test_a_one_pod_learner_is_probed_on_its_metrics_port():
     def container(spec):
         return by_kind(JobObjects(JOB, spec, OPTIONS).all(), "Job")[f"{JOB}-learner"]["spec"]["template"]["spec"][
-            "containers"][0]
+            "containers"
+        ][0]
 
     one = container(cpu_spec())
     assert "--metrics-port" in one["command"] and {"name": "metrics", "containerPort": 9100} in one["ports"]
@@ -416,9 +518,11 @@ def test_a_one_pod_learner_is_probed_on_its_metrics_port():
 def test_each_pod_becoming_ready_is_a_start_up_event_reported_once(cluster, launcher):
     handle = launcher.start(JOB, gpu_spec())
     labels = {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "rollout"}
-    cluster.add_pod(f"{JOB}-rollout-7d9-x1", labels, {"phase": "Running", "conditions": [{"type": "Ready",
-                                                                                         "status": "True"}]})
+    cluster.add_pod(
+        f"{JOB}-rollout-7d9-x1", labels, {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    )
     first = launcher.poll(JOB, handle)
-    assert first.messages == [{"message": f"rollout: pod {JOB}-rollout-7d9-x1 ready", "service": "rollout",
-                               "stage": "healthy"}]
+    assert first.messages == [
+        {"message": f"rollout: pod {JOB}-rollout-7d9-x1 ready", "service": "rollout", "stage": "healthy"}
+    ]
     assert launcher.poll(JOB, first.handle).messages == []

@@ -1,4 +1,5 @@
 """The job lifecycle (JobManager) with a scripted launcher and a scripted progress source."""
+
 import json
 import re
 import sqlite3
@@ -7,8 +8,8 @@ import pytest
 
 from services.common.config import JobSpec
 from services.jobs.manager import JobConflict, JobManager, new_job_id
-from services.jobs.store import JobStore
 from services.jobs.models import STATES
+from services.jobs.store import JobStore
 from services.launcher import base
 from services.launcher.base import SpecRejected
 from tests.fake_launcher import FakeLauncher
@@ -24,7 +25,7 @@ class ScriptedProgress:
         if self.fail:
             raise ConnectionError("redis away")
         steps = self.steps.get(config.run, [])
-        new = steps[int(cursor):]
+        new = steps[int(cursor) :]
         return new, str(len(steps)), self.version
 
 
@@ -46,8 +47,10 @@ def test_a_job_goes_from_queued_to_succeeded_with_its_steps_before_its_end(store
     assert job.state == "queued" and job.total_steps == 2 and job.id.startswith("demo-")
     manager.tick()  # starts it
     manager.tick()  # running
-    progress.steps[job.id] = [{"step": 1, "reward_mean": 0.1, "policy_version": 1},
-                              {"step": 2, "reward_mean": float("nan"), "policy_version": 2}]
+    progress.steps[job.id] = [
+        {"step": 1, "reward_mean": 0.1, "policy_version": 1},
+        {"step": 2, "reward_mean": float("nan"), "policy_version": 2},
+    ]
     progress.version = 2
     manager.tick()  # succeeded, and the two steps read in the same pass
     record = manager.get(job.id)

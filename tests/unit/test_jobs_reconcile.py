@@ -1,8 +1,8 @@
 """The supervised reconcile loop: a crash restarts it after a back-off, and its health says when it is down
 or has not finished a pass for too long. A fake clock and events make every step happen on purpose."""
+
 import asyncio
 import threading
-
 
 from services.jobs.reconcile import Reconciler
 
@@ -39,6 +39,7 @@ async def until(condition, timeout_s=10.0):
     async def wait():
         while not condition():
             await asyncio.sleep(0.005)
+
     await asyncio.wait_for(wait(), timeout_s)
 
 

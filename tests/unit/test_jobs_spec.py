@@ -1,4 +1,5 @@
 """The job spec is the run config (TrainConfig) plus resources and schedule: same models, same errors."""
+
 import json
 from pathlib import Path
 from typing import get_args
@@ -30,18 +31,21 @@ def test_the_services_get_a_run_config_without_the_job_sections():
     assert config.learner.nproc == 4
 
 
-@pytest.mark.parametrize("data,loc", [
-    ({"resources": {"learner": {"gpus": -1}}}, ("resources", "learner", "gpus")),
-    ({"resources": {"rollout": {"memory": "lots"}}}, ("resources", "rollout", "memory")),
-    ({"resources": {"envs": {"replicas": 0}}}, ("resources", "envs", "replicas")),
-    ({"schedule": {"max_runtime_s": 5}}, ("schedule", "max_runtime_s")),
-    ({"schedule": {"tolerations": [{"effect": "Sometimes"}]}}, ("schedule", "tolerations", 0, "effect")),
-    ({"schedule": {"priority": 3}}, ("schedule", "priority")),
-    ({"learner": {"steps": -1}}, ("learner", "steps")),
-    ({"learner": {"nproc": 5000}}, ("learner", "nproc")),
-    ({"algorithm": {"kl_coef": 1e300}}, ("algorithm", "kl_coef")),
-    ({"seed": -1}, ("seed",)),
-])
+@pytest.mark.parametrize(
+    "data,loc",
+    [
+        ({"resources": {"learner": {"gpus": -1}}}, ("resources", "learner", "gpus")),
+        ({"resources": {"rollout": {"memory": "lots"}}}, ("resources", "rollout", "memory")),
+        ({"resources": {"envs": {"replicas": 0}}}, ("resources", "envs", "replicas")),
+        ({"schedule": {"max_runtime_s": 5}}, ("schedule", "max_runtime_s")),
+        ({"schedule": {"tolerations": [{"effect": "Sometimes"}]}}, ("schedule", "tolerations", 0, "effect")),
+        ({"schedule": {"priority": 3}}, ("schedule", "priority")),
+        ({"learner": {"steps": -1}}, ("learner", "steps")),
+        ({"learner": {"nproc": 5000}}, ("learner", "nproc")),
+        ({"algorithm": {"kl_coef": 1e300}}, ("algorithm", "kl_coef")),
+        ({"seed": -1}, ("seed",)),
+    ],
+)
 def test_bad_fields_are_named(data, loc):
     with pytest.raises(ValidationError) as info:
         JobSpec.model_validate(data)
@@ -98,14 +102,19 @@ def test_every_numeric_field_has_both_bounds():
     assert unbounded == []
 
 
-@pytest.mark.parametrize("json_body,loc", [
-    ('{"algorithm": {"kl_coef": Infinity}}', ("algorithm", "kl_coef")),
-    ('{"rollout": {"temperature": NaN}}', ("rollout", "temperature")),
-    ('{"reward": {"components": {"goal": {"weight": -Infinity}}}}', ("reward", "components", "goal", "weight")),
-    ('{"env": {"options": {"length": [1, NaN]}}}', ("env", "options")),
-    ('{"reward": {"components": {"goal": {"params": {"x": {"y": Infinity}}}}}}',
-     ("reward", "components", "goal", "params")),
-])
+@pytest.mark.parametrize(
+    "json_body,loc",
+    [
+        ('{"algorithm": {"kl_coef": Infinity}}', ("algorithm", "kl_coef")),
+        ('{"rollout": {"temperature": NaN}}', ("rollout", "temperature")),
+        ('{"reward": {"components": {"goal": {"weight": -Infinity}}}}', ("reward", "components", "goal", "weight")),
+        ('{"env": {"options": {"length": [1, NaN]}}}', ("env", "options")),
+        (
+            '{"reward": {"components": {"goal": {"params": {"x": {"y": Infinity}}}}}}',
+            ("reward", "components", "goal", "params"),
+        ),
+    ],
+)
 def test_non_finite_numbers_are_rejected_anywhere(json_body, loc):
     for data in (json.loads(json_body), json_body):
         with pytest.raises(ValidationError) as info:

@@ -1,4 +1,5 @@
 """JobStore: records and events in SQLite, kept across reopening the file."""
+
 import pytest
 
 from services.common.config import JobSpec
@@ -8,8 +9,16 @@ from services.jobs.store import JobStore
 
 def record(job_id: str, state: str = "queued") -> JobRecord:
     stamp = now()
-    return JobRecord(id=job_id, name=job_id, state=state, launcher="local", created_at=stamp, updated_at=stamp,
-                     total_steps=3, spec=JobSpec.model_validate({"run": job_id, "learner": {"steps": 3}}))
+    return JobRecord(
+        id=job_id,
+        name=job_id,
+        state=state,
+        launcher="local",
+        created_at=stamp,
+        updated_at=stamp,
+        total_steps=3,
+        spec=JobSpec.model_validate({"run": job_id, "learner": {"steps": 3}}),
+    )
 
 
 def test_records_and_events_survive_reopening_the_file(tmp_path):

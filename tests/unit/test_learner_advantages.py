@@ -2,7 +2,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.common.config import AlgorithmConfig
 from services.learner.advantages import ADVANTAGES, build_estimator
@@ -30,7 +31,7 @@ def reference_grpo(token_rewards, mask, groups, norm_by_std, eps=1e-6):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 12), st.integers(1, 9), st.integers(1, 5), st.booleans(), st.integers(0, 2 ** 31))
+@given(st.integers(1, 12), st.integers(1, 9), st.integers(1, 5), st.booleans(), st.integers(0, 2**31))
 def test_grpo_matches_reference(batch, length, n_groups, norm, seed):
     gen = torch.Generator().manual_seed(seed)
     rewards = torch.randn(batch, length, generator=gen, dtype=torch.float64)
@@ -68,6 +69,7 @@ def test_registry_and_config():
 
 # -- RLOO, REINFORCE++, GAE against plain loops --------------------------------------------------------
 
+
 def rand_batch(seed, batch, length, n_groups, p_mask=0.6):
     gen = torch.Generator().manual_seed(seed)
     rewards = torch.randn(batch, length, generator=gen, dtype=torch.float64)
@@ -91,8 +93,10 @@ def ref_whiten(x, mask):
         return [[0.0] * len(row) for row in x]
     mean = sum(vals) / len(vals)
     var = sum((v - mean) ** 2 for v in vals) / max(len(vals) - 1, 1)
-    return [[(v - mean) / math.sqrt(var + 1e-8) if m else 0.0 for v, m in zip(row, mrow)]
-            for row, mrow in zip(x, mask.tolist())]
+    return [
+        [(v - mean) / math.sqrt(var + 1e-8) if m else 0.0 for v, m in zip(row, mrow)]
+        for row, mrow in zip(x, mask.tolist())
+    ]
 
 
 def reference_rloo(rewards, mask, groups):
@@ -133,7 +137,7 @@ def reference_gae(rewards, values, mask, gamma, lam):
     return torch.tensor(adv_out, dtype=torch.float64), torch.tensor(ret_out, dtype=torch.float64)
 
 
-batches = st.tuples(st.integers(0, 2 ** 31), st.integers(1, 10), st.integers(1, 9), st.integers(1, 4))
+batches = st.tuples(st.integers(0, 2**31), st.integers(1, 10), st.integers(1, 9), st.integers(1, 4))
 
 
 @settings(max_examples=80, deadline=None)

@@ -1,6 +1,7 @@
 """The learner's algorithm options through PolicyTrainer on a tiny random Llama: critic (GAE), every
 estimator, KL to the reference (in the reward and as a loss), entropy bonus, truncated importance
 sampling, LR schedule, and checkpoints that carry all of it."""
+
 import json
 
 import pytest
@@ -30,15 +31,21 @@ def model_dir(tmp_path_factory):
 
 
 def make_config(**algorithm):
-    return TrainConfig.model_validate({"seed": 1, "rollout": {"group_size": 4},
-                                       "learner": {"device": "cpu", "steps": 10},
-                                       "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm}})
+    return TrainConfig.model_validate(
+        {
+            "seed": 1,
+            "rollout": {"group_size": 4},
+            "learner": {"device": "cpu", "steps": 10},
+            "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm},
+        }
+    )
 
 
 def episode(group, token, reward, logprob=-1.0):
     b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=PROMPT)
-    b.add_model_turn([token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True,
-                     finish_reason="stop")
+    b.add_model_turn(
+        [token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True, finish_reason="stop"
+    )
     traj = b.finish(env_return=reward, success=reward > 0, stop_reason="done")
     traj.reward = reward
     return traj
@@ -97,8 +104,12 @@ def test_kl_to_reference_starts_at_zero_and_the_loss_term_holds_the_policy_back(
 
 
 def test_kl_in_reward_with_adaptive_coefficient(model_dir):
-    trainer = PolicyTrainer(make_config(use_kl_in_reward=True, kl_penalty="kl", kl_ctrl="adaptive", kl_coef=0.1,
-                                        kl_target=1e-6, kl_horizon=100), model_dir)
+    trainer = PolicyTrainer(
+        make_config(
+            use_kl_in_reward=True, kl_penalty="kl", kl_ctrl="adaptive", kl_coef=0.1, kl_target=1e-6, kl_horizon=100
+        ),
+        model_dir,
+    )
     history = [trainer.train_step(good_bad_batch()) for _ in range(4)]
     assert history[0]["kl_in_reward"] == 0.0 and history[0]["kl_coef"] == 0.1
     # the first step saw KL 0 < target: the coefficient shrank by 20% * 12 / 100; later KL >> target grows it
@@ -144,31 +155,50 @@ def test_truncated_importance_weights(model_dir):
 
 
 def test_lr_schedule_warmup_is_reported_and_applied(model_dir):
-    trainer = PolicyTrainer(make_config(lr=1e-3, lr_warmup_steps=4, lr_schedule="cosine", advantage="gae",
-                                        critic_lr=2e-3), model_dir)
+    trainer = PolicyTrainer(
+        make_config(lr=1e-3, lr_warmup_steps=4, lr_schedule="cosine", advantage="gae", critic_lr=2e-3), model_dir
+    )
     lrs = [(m["lr"], m["critic_lr"]) for m in (trainer.train_step(good_bad_batch()) for _ in range(6))]
     # 4 warm-up steps, then cosine over the remaining 6 of learner.steps = 10
-    assert [a for a, _ in lrs] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3 * 0.5 * (1 + 3 ** 0.5 / 2)],
-                                                rel=1e-6)
+    assert [a for a, _ in lrs] == pytest.approx(
+        [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3 * 0.5 * (1 + 3**0.5 / 2)], rel=1e-6
+    )
     assert [b for _, b in lrs] == pytest.approx([2 * a for a, _ in lrs])
 
 
-CHECKPOINT_FILES = {"full": {"model.pt", "optimizer.pt", "critic_model.pt", "critic_optimizer.pt"},
-                    "sharded": {"shards"}}
+CHECKPOINT_FILES = {
+    "full": {"model.pt", "optimizer.pt", "critic_model.pt", "critic_optimizer.pt"},
+    "sharded": {"shards"},
+}
 
 
 @pytest.mark.parametrize("fmt", sorted(CHECKPOINT_FILES))
 def test_checkpoint_with_critic_reference_schedule_and_controller_resumes_exactly(model_dir, tmp_path, fmt):
-    config = make_config(advantage="gae", use_kl_in_reward=True, kl_ctrl="adaptive", kl_target=0.01,
-                         kl_horizon=50, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, ppo_epochs=2,
-                         lr_warmup_steps=2, lr_schedule="cosine", critic_lr=5e-3)
+    config = make_config(
+        advantage="gae",
+        use_kl_in_reward=True,
+        kl_ctrl="adaptive",
+        kl_target=0.01,
+        kl_horizon=50,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        entropy_coeff=0.01,
+        ppo_epochs=2,
+        lr_warmup_steps=2,
+        lr_schedule="cosine",
+        critic_lr=5e-3,
+    )
     config.learner.checkpoint_format = fmt
     trainer = PolicyTrainer(config, model_dir)
     for seed in range(3):
         trainer.train_step(synthetic_trajectories(6, 3, seed=seed))
     path = trainer.save_checkpoint(tmp_path, {"k": 1})
-    assert {p.name for p in path.iterdir()} == CHECKPOINT_FILES[fmt] | {"trainer_state.pt", "rng.pt", "meta.json",
-                                                                         "COMMITTED"}
+    assert {p.name for p in path.iterdir()} == CHECKPOINT_FILES[fmt] | {
+        "trainer_state.pt",
+        "rng.pt",
+        "meta.json",
+        "COMMITTED",
+    }
     assert json.loads((path / "meta.json").read_text())["format"] == fmt
     fresh = PolicyTrainer(config, model_dir)
     assert fresh.load_checkpoint(path) == {"k": 1}
@@ -199,14 +229,32 @@ def test_micro_batching_equals_full_batch_with_critic_and_kl(model_dir, mode):
     trajs = synthetic_trajectories(7, 4, seed=5)
     runs = []
     for size in (2, 64):
-        config = make_config(advantage="gae", loss_agg_mode=mode, micro_batch_size=size, ppo_epochs=2,
-                             use_kl_loss=True, kl_loss_coef=0.5, use_kl_in_reward=True, entropy_coeff=0.1)
+        config = make_config(
+            advantage="gae",
+            loss_agg_mode=mode,
+            micro_batch_size=size,
+            ppo_epochs=2,
+            use_kl_loss=True,
+            kl_loss_coef=0.5,
+            use_kl_in_reward=True,
+            entropy_coeff=0.1,
+        )
         trainer = PolicyTrainer(config, model_dir)
         trainer.train_step(trajs)
         runs.append((trainer.train_step(trajs), full_params(trainer.critic.model)))
     (m_small, c_small), (m_full, c_full) = runs
-    for key in ("loss", "pg_loss", "vf_loss", "kl_loss", "entropy_loss", "kl_in_reward", "grad_norm",
-                "critic_grad_norm", "vf_explained_var", "tis_weight_mean"):
+    for key in (
+        "loss",
+        "pg_loss",
+        "vf_loss",
+        "kl_loss",
+        "entropy_loss",
+        "kl_in_reward",
+        "grad_norm",
+        "critic_grad_norm",
+        "vf_explained_var",
+        "tis_weight_mean",
+    ):
         assert m_small[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
     for name, value in c_small.items():
         torch.testing.assert_close(value, c_full[name], rtol=1e-4, atol=5e-5)

@@ -1,7 +1,8 @@
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.common.trajectory import TrajectoryBuilder, model_segments
 from services.learner.allocation import ALLOCATIONS, allocate, trajectory_token_rewards
@@ -33,9 +34,9 @@ def ref_last(mask, reward):
 def ref_discounted(mask, segments, reward, gamma):
     out = [0.0] * len(mask)
     for k, (start, end) in enumerate(segments):
-        later = sum(e - s for s, e in segments[k + 1:])
+        later = sum(e - s for s, e in segments[k + 1 :])
         for i in range(start, end):
-            out[i] = reward * gamma ** later / (end - start)
+            out[i] = reward * gamma**later / (end - start)
     return out
 
 
@@ -73,8 +74,9 @@ def test_no_model_tokens_gives_zeros():
 
 def test_from_trajectory_record():
     b = TrajectoryBuilder(env="e", task_index=0, group_id="g", prompt_ids=[5, 6])
-    b.add_model_turn([7, 8], [-0.1, -0.2], policy_version=0, text="", action="", action_valid=True,
-                     finish_reason="stop")
+    b.add_model_turn(
+        [7, 8], [-0.1, -0.2], policy_version=0, text="", action="", action_valid=True, finish_reason="stop"
+    )
     b.add_observation([9], env_reward=0.0)
     b.add_model_turn([10], [-0.3], policy_version=0, text="", action="", action_valid=True, finish_reason="stop")
     traj = b.finish(env_return=1.0, success=True, stop_reason="done")

@@ -2,12 +2,12 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.common.trajectory import RecordError, TrajectoryBuilder, decode_batch, encode_batch
 from services.learner.allocation import allocate
-from services.learner.batch import (TrainBatch, collate, entropy_from_logits, logprobs_from_logits,
-                                    split_micro_batches)
+from services.learner.batch import TrainBatch, collate, entropy_from_logits, logprobs_from_logits, split_micro_batches
 
 VOCAB = 16
 
@@ -41,8 +41,9 @@ def make_trajectories(seed, n, model=None, groups=3):
                 for k, tok in enumerate(ids):
                     prefix = torch.tensor([list(b.record.token_ids) + ids[:k]])
                     lps.append(torch.log_softmax(model(prefix)[0, -1], -1)[tok].item())
-            b.add_model_turn(ids, lps, policy_version=rng.randrange(5), text="", action="", action_valid=True,
-                             finish_reason="stop")
+            b.add_model_turn(
+                ids, lps, policy_version=rng.randrange(5), text="", action="", action_valid=True, finish_reason="stop"
+            )
             b.add_observation([rng.randrange(VOCAB) for _ in range(rng.randint(0, 3))], env_reward=0.0)
         traj = b.finish(env_return=0.0, success=rng.random() < 0.5, stop_reason="done")
         traj.reward = rng.uniform(-2, 2)
@@ -51,7 +52,7 @@ def make_trajectories(seed, n, model=None, groups=3):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10 ** 6), st.integers(1, 6), st.sampled_from(["last_token", "uniform_positive", "discounted"]))
+@given(st.integers(0, 10**6), st.integers(1, 6), st.sampled_from(["last_token", "uniform_positive", "discounted"]))
 def test_collate_matches_records_after_wire_round_trip(seed, n, allocation):
     trajs = list(decode_batch(encode_batch(make_trajectories(seed, n))).trajectories)
     batch = collate(trajs, pad_id=99, allocation=allocation, gamma=0.9)
@@ -66,10 +67,11 @@ def test_collate_matches_records_after_wire_round_trip(seed, n, allocation):
         torch.testing.assert_close(batch.rollout_logprobs[i, :k], torch.tensor(list(t.logprobs)))
         segments = [(u.start, u.start + u.model_tokens) for u in t.turns if u.model_tokens]
         expected = allocate(allocation, list(t.loss_mask), segments, t.reward, 0.9)
-        torch.testing.assert_close(batch.token_rewards[i].double(), torch.tensor(expected + [0.0] * (length - k),
-                                                                                 dtype=torch.float64))
+        torch.testing.assert_close(
+            batch.token_rewards[i].double(), torch.tensor(expected + [0.0] * (length - k), dtype=torch.float64)
+        )
         for u in t.turns:
-            assert batch.policy_versions[i, u.start:u.start + u.model_tokens].eq(u.policy_version).all()
+            assert batch.policy_versions[i, u.start : u.start + u.model_tokens].eq(u.policy_version).all()
         assert batch.group_index[i] == group_ids.setdefault(t.group_id, len(group_ids))
         assert batch.rewards[i].item() == pytest.approx(t.reward, rel=1e-6)
         assert batch.success[i].item() == float(t.success)
@@ -90,7 +92,7 @@ def test_shift_alignment_learner_logprobs_equal_sampler_logprobs():
     # the same check, token by token, without the helper
     for i in range(batch.size):
         for t in range(1, batch.input_ids.shape[1]):
-            expected = torch.log_softmax(model(batch.input_ids[i:i + 1, :t])[0, -1], -1)[batch.input_ids[i, t]]
+            expected = torch.log_softmax(model(batch.input_ids[i : i + 1, :t])[0, -1], -1)[batch.input_ids[i, t]]
             assert learner[i, t].item() == pytest.approx(expected.item(), abs=1e-5)
 
 

@@ -1,4 +1,5 @@
 """How one learner step's summary becomes Prometheus metrics (services/learner/exporter.py)."""
+
 from prometheus_client import REGISTRY
 
 from services.learner.exporter import export_summary, loss_term
@@ -9,12 +10,32 @@ def sample(name: str, **labels) -> float | None:
 
 
 def summary(step: int, **extra) -> dict:
-    return {"step": step, "policy_version": step, "loss": 0.5, "pg_loss": 0.4, "vf_loss": 0.1,
-            "approx_kl": 0.01, "mismatch_kl": 1e-4, "entropy": 2.0, "grad_norm": 3.0, "clip_frac": 0.2,
-            "reward_mean": 0.3, "success_rate": 0.25, "staleness": 0.0, "step_seconds": 4.0, "push_seconds": 0.5,
-            "checkpoint_seconds": 1.5, "trajectories": 64, "num_tokens": 900.0, "skipped_updates": 0.0,
-            "reward/goal": 0.25, "reward/format": 0.1, "weights_checksum": "abc",
-            "pushes": [{"ok": True}, {"ok": False}], **extra}
+    return {
+        "step": step,
+        "policy_version": step,
+        "loss": 0.5,
+        "pg_loss": 0.4,
+        "vf_loss": 0.1,
+        "approx_kl": 0.01,
+        "mismatch_kl": 1e-4,
+        "entropy": 2.0,
+        "grad_norm": 3.0,
+        "clip_frac": 0.2,
+        "reward_mean": 0.3,
+        "success_rate": 0.25,
+        "staleness": 0.0,
+        "step_seconds": 4.0,
+        "push_seconds": 0.5,
+        "checkpoint_seconds": 1.5,
+        "trajectories": 64,
+        "num_tokens": 900.0,
+        "skipped_updates": 0.0,
+        "reward/goal": 0.25,
+        "reward/format": 0.1,
+        "weights_checksum": "abc",
+        "pushes": [{"ok": True}, {"ok": False}],
+        **extra,
+    }
 
 
 def test_summary_keys_become_gauges_and_counters():
@@ -45,7 +66,14 @@ def test_a_step_without_checkpoint_keeps_the_last_checkpoint_time():
 
 def test_loss_terms():
     assert [loss_term(k) for k in ("loss", "pg_loss", "vf_loss", "kl_loss", "entropy_loss", "_loss", "kl")] == [
-        "total", "policy", "value", "kl", "entropy", None, None]
+        "total",
+        "policy",
+        "value",
+        "kl",
+        "entropy",
+        None,
+        None,
+    ]
 
 
 def test_importance_sampling_and_clip_statistics_become_gauges():

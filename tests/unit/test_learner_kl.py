@@ -2,10 +2,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from services.learner.kl import (KL_ESTIMATORS, AdaptiveKLController, KLController, build_kl_controller,
-                                 kl_estimate)
+from services.learner.kl import KL_ESTIMATORS, AdaptiveKLController, KLController, build_kl_controller, kl_estimate
 
 
 def reference_kl(lp, ref, kind):
@@ -26,8 +26,9 @@ def reference_kl(lp, ref, kind):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.floats(-15, 0), st.floats(-15, 0)), min_size=1, max_size=20),
-       st.sampled_from(KL_ESTIMATORS))
+@given(
+    st.lists(st.tuples(st.floats(-15, 0), st.floats(-15, 0)), min_size=1, max_size=20), st.sampled_from(KL_ESTIMATORS)
+)
 def test_estimators_match_reference(pairs, kind):
     lp = torch.tensor([p for p, _ in pairs], dtype=torch.float64)
     ref = torch.tensor([q for _, q in pairs], dtype=torch.float64)

@@ -1,4 +1,5 @@
 """Scale levers of the learner: each must leave the numbers as they are without it."""
+
 import pytest
 import torch
 
@@ -26,9 +27,14 @@ def tiny64(model_dir):
 
 
 def make_config(learner=None, **algorithm):
-    return TrainConfig.model_validate({
-        "seed": 1, "rollout": {"group_size": 4}, "learner": {"device": "cpu", **(learner or {})},
-        "algorithm": {"lr": 3e-3, "micro_batch_size": 3, "entropy_coeff": 0.01, **algorithm}})
+    return TrainConfig.model_validate(
+        {
+            "seed": 1,
+            "rollout": {"group_size": 4},
+            "learner": {"device": "cpu", **(learner or {})},
+            "algorithm": {"lr": 3e-3, "micro_batch_size": 3, "entropy_coeff": 0.01, **algorithm},
+        }
+    )
 
 
 def _inputs(batch=3, length=8):
@@ -134,8 +140,12 @@ def test_packed_values_equal_padded(model_dir):
     torch.nn.init.normal_(critic.score.weight, generator=torch.Generator().manual_seed(1))
     ids, mask = _ragged_inputs()
     with torch.no_grad():
-        torch.testing.assert_close(token_values(critic, ids, mask, pack=True) * mask,
-                                   token_values(critic, ids, mask) * mask, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            token_values(critic, ids, mask, pack=True) * mask,
+            token_values(critic, ids, mask) * mask,
+            rtol=1e-6,
+            atol=1e-6,
+        )
 
 
 def test_token_budget_groups_consecutive_rows():
@@ -150,11 +160,16 @@ def test_train_step_same_with_packing_and_token_budget(model_dir, advantage):
     """Packed micro-batches formed by a token budget: the same step as padded micro-batches of 3 sequences
     (policy, critic and reference, two epochs, two mini-batches)."""
     trajs = synthetic_trajectories(9, 3, seed=8)
-    settings = {"advantage": advantage, "ppo_epochs": 2, "ppo_mini_batch_size": 6, "use_kl_loss": True,
-                "kl_loss_coef": 0.1, **({"lam": 0.9, "critic_lr": 1e-2} if advantage == "gae" else {})}
+    settings = {
+        "advantage": advantage,
+        "ppo_epochs": 2,
+        "ppo_mini_batch_size": 6,
+        "use_kl_loss": True,
+        "kl_loss_coef": 0.1,
+        **({"lam": 0.9, "critic_lr": 1e-2} if advantage == "gae" else {}),
+    }
     padded = PolicyTrainer(make_config({}, **settings), model_dir).train_step(trajs)
-    packed_trainer = PolicyTrainer(make_config({"pack_sequences": True}, micro_batch_tokens=24, **settings),
-                                   model_dir)
+    packed_trainer = PolicyTrainer(make_config({"pack_sequences": True}, micro_batch_tokens=24, **settings), model_dir)
     sizes = [len(m.rows) for mini in packed_trainer._mini_batches(collate(trajs, 0)) for m in mini.micro]
     assert sizes != [3, 3, 3] and max(sizes) > 1  # the budget, not the sequence count, formed them
     packed = packed_trainer.train_step(trajs)
@@ -232,14 +247,23 @@ def test_mini_batches_match_a_hand_written_loop(model_dir):
     with torch.no_grad():
         old = token_logprobs(model, batch.input_ids, batch.attention_mask)
     advantages, _ = build_estimator(algo).advantages_and_returns(
-        batch.token_rewards, batch.response_mask, batch.group_index, values=None, gamma=algo.gamma, lam=algo.lam)
+        batch.token_rewards, batch.response_mask, batch.group_index, values=None, gamma=algo.gamma, lam=algo.lam
+    )
     for _ in range(2):
         for rows in (slice(0, 4), slice(4, 8)):
             mini = batch.select(rows)
             optimizer.zero_grad()
             logprobs = token_logprobs(model, mini.input_ids, mini.attention_mask)
-            loss, _ = policy_loss(logprobs, old[rows], advantages[rows], mini.response_mask, algo.clip_ratio_low,
-                                  algo.clip_ratio_high, algo.loss_agg_mode, clip_ratio_c=algo.clip_ratio_c)
+            loss, _ = policy_loss(
+                logprobs,
+                old[rows],
+                advantages[rows],
+                mini.response_mask,
+                algo.clip_ratio_low,
+                algo.clip_ratio_high,
+                algo.loss_agg_mode,
+                clip_ratio_c=algo.clip_ratio_c,
+            )
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), algo.grad_clip)
             optimizer.step()
@@ -254,8 +278,10 @@ def test_train_step_same_with_compiled_layers(model_dir):
     plain = untimed(PolicyTrainer(make_config({"activation_checkpointing": True}), model_dir).train_step(trajs))
     trainer = PolicyTrainer(make_config({"activation_checkpointing": True, "compile": True}), model_dir)
     compiled = untimed(trainer.train_step(trajs))
-    assert [n for n, _ in trainer.named_weights_for_push()][:3] == ["model.embed_tokens.weight",
-                                                                      "model.layers.0.self_attn.q_proj.weight",
-                                                                      "model.layers.0.self_attn.k_proj.weight"]
+    assert [n for n, _ in trainer.named_weights_for_push()][:3] == [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+    ]
     for key, value in plain.items():
         assert compiled[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key

@@ -2,10 +2,18 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from services.learner.losses import (AGG_MODES, aggregate, masked_mean, mismatch_kl, policy_loss,
-                                     truncated_is_weights, value_loss)
+from services.learner.losses import (
+    AGG_MODES,
+    aggregate,
+    masked_mean,
+    mismatch_kl,
+    policy_loss,
+    truncated_is_weights,
+    value_loss,
+)
 
 
 def reference(lp, old, adv, mask, lo, hi, mode, dual_c=None, weights=None):
@@ -32,9 +40,11 @@ def reference(lp, old, adv, mask, lo, hi, mode, dual_c=None, weights=None):
         tokens += seq
     n = len(tokens)
     nonempty = [s for s in per_seq if s]
-    loss = {"token-mean": sum(tokens) / max(n, 1),
-            "seq-mean-token-sum": sum(sum(s) for s in nonempty) / max(len(nonempty), 1),
-            "seq-mean-token-mean": sum(sum(s) / len(s) for s in nonempty) / max(len(nonempty), 1)}[mode]
+    loss = {
+        "token-mean": sum(tokens) / max(n, 1),
+        "seq-mean-token-sum": sum(sum(s) for s in nonempty) / max(len(nonempty), 1),
+        "seq-mean-token-mean": sum(sum(s) / len(s) for s in nonempty) / max(len(nonempty), 1),
+    }[mode]
     n = max(n, 1)
     return loss, {"clip_frac": clipped / n, "clip_frac_lower": lower / n, "approx_kl": kl / n, "ratio_mean": ratios / n}
 
@@ -49,9 +59,17 @@ def rand_inputs(seed, batch, length, p_mask=0.6, spread=0.3):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 2 ** 31), st.integers(1, 6), st.integers(1, 8), st.sampled_from(AGG_MODES),
-       st.floats(0.0, 0.5), st.floats(0.0, 2.0), st.one_of(st.none(), st.floats(1.01, 4.0)), st.booleans(),
-       st.sampled_from([0.3, 1.5]))
+@given(
+    st.integers(0, 2**31),
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.sampled_from(AGG_MODES),
+    st.floats(0.0, 0.5),
+    st.floats(0.0, 2.0),
+    st.one_of(st.none(), st.floats(1.01, 4.0)),
+    st.booleans(),
+    st.sampled_from([0.3, 1.5]),
+)
 def test_policy_loss_matches_reference(seed, batch, length, mode, lo, hi, dual_c, weighted, spread):
     lp, old, adv, mask = rand_inputs(seed, batch, length, spread=spread)  # spread 1.5: ratios beyond the dual clip
     weights = torch.rand(batch, length, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
@@ -102,14 +120,16 @@ def reference_value_loss(v, old, ret, mask, clip, mode):
         per_seq.append(seq)
     nonempty = [s_ for s_ in per_seq if s_]
     tokens = [x for s_ in per_seq for x in s_]
-    agg = {"token-mean": sum(tokens) / max(len(tokens), 1),
-           "seq-mean-token-sum": sum(sum(s_) for s_ in nonempty) / max(len(nonempty), 1),
-           "seq-mean-token-mean": sum(sum(s_) / len(s_) for s_ in nonempty) / max(len(nonempty), 1)}[mode]
+    agg = {
+        "token-mean": sum(tokens) / max(len(tokens), 1),
+        "seq-mean-token-sum": sum(sum(s_) for s_ in nonempty) / max(len(nonempty), 1),
+        "seq-mean-token-mean": sum(sum(s_) / len(s_) for s_ in nonempty) / max(len(nonempty), 1),
+    }[mode]
     return 0.5 * agg, clipped_count / max(n, 1)
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(0, 2 ** 31), st.integers(1, 6), st.integers(1, 8), st.sampled_from(AGG_MODES), st.floats(0.01, 2.0))
+@given(st.integers(0, 2**31), st.integers(1, 6), st.integers(1, 8), st.sampled_from(AGG_MODES), st.floats(0.01, 2.0))
 def test_value_loss_matches_reference(seed, batch, length, mode, clip):
     gen = torch.Generator().manual_seed(seed)
     v, old, ret = (torch.randn(batch, length, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -139,8 +159,10 @@ def test_global_normalisers_make_chunks_sum_to_full_batch(mode):
     full, _ = policy_loss(lp, old, adv, mask, 0.2, 0.3, mode)
     (g_full,) = torch.autograd.grad(full, lp)
     num_tokens, num_seqs = mask.sum().item(), (mask.sum(-1) > 0).sum().item()
-    parts = [policy_loss(lp[s], old[s], adv[s], mask[s], 0.2, 0.3, mode, num_tokens=num_tokens,
-                         num_seqs=num_seqs)[0] for s in (slice(0, 2), slice(2, 5), slice(5, 7))]
+    parts = [
+        policy_loss(lp[s], old[s], adv[s], mask[s], 0.2, 0.3, mode, num_tokens=num_tokens, num_seqs=num_seqs)[0]
+        for s in (slice(0, 2), slice(2, 5), slice(5, 7))
+    ]
     (g_parts,) = torch.autograd.grad(sum(parts), lp)
     assert sum(parts).item() == pytest.approx(full.item(), rel=1e-12)
     torch.testing.assert_close(g_parts, g_full)

@@ -1,5 +1,6 @@
 """The staleness bound on both sides: the producer starts a step's groups only once the served policy is
 at most `max_staleness` versions behind, and the learner drops (and counts) trajectories older than that."""
+
 import asyncio
 from types import SimpleNamespace
 
@@ -39,8 +40,12 @@ class FakeStream:
 
 
 def learner(step, max_staleness, entries, groups_per_step=2):
-    config = TrainConfig.model_validate({"rollout": {"groups_per_step": groups_per_step, "group_size": 2},
-                                         "algorithm": {"max_staleness": max_staleness}})
+    config = TrainConfig.model_validate(
+        {
+            "rollout": {"groups_per_step": groups_per_step, "group_size": 2},
+            "algorithm": {"max_staleness": max_staleness},
+        }
+    )
     service = LearnerService(config, trainer=None, pusher=None, state=None, stream=FakeStream(entries))
     service.step = service.version = step
     return service
@@ -48,9 +53,11 @@ def learner(step, max_staleness, entries, groups_per_step=2):
 
 def test_learner_drops_and_counts_trajectories_older_than_the_bound():
     # learner at step 5 (policy v5), bound 1: versions >= 4 are fresh enough; the oldest turn decides
-    entries = [entry("1-0", traj("a", [3, 4]), traj("a", [4, 5])),  # one stale member of group a
-               entry("2-0", traj("b", [3]), traj("b", [2])),        # group b entirely stale
-               entry("3-0", traj("c", [5]), traj("c", [4, 5]))]
+    entries = [
+        entry("1-0", traj("a", [3, 4]), traj("a", [4, 5])),  # one stale member of group a
+        entry("2-0", traj("b", [3]), traj("b", [2])),  # group b entirely stale
+        entry("3-0", traj("c", [5]), traj("c", [4, 5])),
+    ]
     service = learner(5, 1, entries)
     out = service._collect()
     assert out.groups == {"a", "c"} and len(out.trajectories) == 3
@@ -59,8 +66,9 @@ def test_learner_drops_and_counts_trajectories_older_than_the_bound():
 
 
 def test_max_staleness_zero_accepts_only_the_current_policy():
-    service = learner(2, 0, [entry("1-0", traj("a", [2]), traj("a", [1])), entry("2-0", traj("b", [2])),
-                             entry("3-0", traj("c", [2]))])
+    service = learner(
+        2, 0, [entry("1-0", traj("a", [2]), traj("a", [1])), entry("2-0", traj("b", [2])), entry("3-0", traj("c", [2]))]
+    )
     out = service._collect()
     assert out.groups == {"a", "b"} and out.dropped_stale == 1 and len(out.trajectories) == 2
 
@@ -77,6 +85,7 @@ def test_backlog_is_replayed_step_by_step():
 
 
 # -- the producer's gate -----------------------------------------------------------------------------
+
 
 class FakeCore:
     policy_version = 0
@@ -133,9 +142,15 @@ def run_state(redis_url, run_name):
     made = []
 
     def make(max_staleness, steps=6, per_step=2):
-        config = TrainConfig.model_validate({
-            "run": run_name, "stream": {"redis_url": redis_url}, "learner": {"steps": steps},
-            "rollout": {"groups_per_step": per_step, "group_size": 2}, "algorithm": {"max_staleness": max_staleness}})
+        config = TrainConfig.model_validate(
+            {
+                "run": run_name,
+                "stream": {"redis_url": redis_url},
+                "learner": {"steps": steps},
+                "rollout": {"groups_per_step": per_step, "group_size": 2},
+                "algorithm": {"max_staleness": max_staleness},
+            }
+        )
         made.append(RunState.connect(config))
         return made[-1]
 
@@ -146,8 +161,9 @@ def run_state(redis_url, run_name):
 
 @pytest.fixture(autouse=True)
 def no_task_files(monkeypatch):
-    monkeypatch.setattr(producer_module.TaskSplit, "load", staticmethod(
-        lambda env, split: SimpleNamespace(draw=lambda key: 0)))
+    monkeypatch.setattr(
+        producer_module.TaskSplit, "load", staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: 0))
+    )
 
 
 @pytest.mark.parametrize("max_staleness", [1, 2])

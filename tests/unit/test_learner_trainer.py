@@ -26,14 +26,21 @@ def model_dir(tmp_path_factory):
 
 
 def make_config(**algorithm):
-    return TrainConfig.model_validate({"seed": 1, "rollout": {"group_size": 4}, "learner": {"device": "cpu"},
-                                       "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm}})
+    return TrainConfig.model_validate(
+        {
+            "seed": 1,
+            "rollout": {"group_size": 4},
+            "learner": {"device": "cpu"},
+            "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm},
+        }
+    )
 
 
 def episode(group, token, reward, logprob=-1.0):
     b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=PROMPT)
-    b.add_model_turn([token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True,
-                     finish_reason="stop")
+    b.add_model_turn(
+        [token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True, finish_reason="stop"
+    )
     traj = b.finish(env_return=reward, success=reward > 0, stop_reason="done")
     traj.reward = reward
     return traj
@@ -52,8 +59,9 @@ def full_params(trainer):
 def optim_state(trainer):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(trainer.model, trainer.optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def test_positive_advantage_tokens_gain_probability(model_dir):
@@ -128,8 +136,10 @@ def test_pushed_weights_are_the_full_hf_state_dict(model_dir):
     hf.load_state_dict(dict(pushed), strict=True)  # names as Hugging Face expects
     ids = torch.tensor([PROMPT + [GOOD]])
     with torch.no_grad():
-        torch.testing.assert_close(token_logprobs(hf.eval(), ids, torch.ones_like(ids)),
-                                   token_logprobs(trainer.model, ids, torch.ones_like(ids)))
+        torch.testing.assert_close(
+            token_logprobs(hf.eval(), ids, torch.ones_like(ids)),
+            token_logprobs(trainer.model, ids, torch.ones_like(ids)),
+        )
 
 
 def test_pushed_weights_in_configured_dtype(model_dir):
@@ -170,8 +180,7 @@ def test_latest_checkpoint_ignores_unfinished_and_keeps_last_k(model_dir, tmp_pa
     (tmp_path / "step_00000004").mkdir()
     (tmp_path / "step_00000004" / "model.pt").write_bytes(b"partial")
     assert latest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 3)
-    assert sorted(p.name for p in tmp_path.iterdir() if (p / COMMITTED).exists()) == ["step_00000002",
-                                                                                        "step_00000003"]
+    assert sorted(p.name for p in tmp_path.iterdir() if (p / COMMITTED).exists()) == ["step_00000002", "step_00000003"]
     assert json.loads((checkpoint_path(tmp_path, 3) / "meta.json").read_text())["extra"] == {"step": 3, "again": True}
     assert not list(tmp_path.glob("*.old"))
     assert latest_checkpoint(tmp_path / "missing") is None

@@ -1,6 +1,7 @@
 """The learner's poison-input policy (services.learner.validation): each trajectory rule rejects with its
 reason, valid records pass, a poisoned group is dead-lettered and counted without touching the other
 groups, and a step that fails is isolated to the groups that fail alone."""
+
 import math
 from types import SimpleNamespace
 
@@ -19,8 +20,15 @@ LIMITS = Limits(vocab_size=64, max_length=32)
 
 def traj(group="g", version=0, model_ids=(5, 6), logprobs=(-0.5, -1.0), reward=1.0):
     b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=[3, 4])
-    b.add_model_turn(list(model_ids), list(logprobs), policy_version=version, text="", action="",
-                     action_valid=True, finish_reason="stop")
+    b.add_model_turn(
+        list(model_ids),
+        list(logprobs),
+        policy_version=version,
+        text="",
+        action="",
+        action_valid=True,
+        finish_reason="stop",
+    )
     b.add_observation([7], env_reward=0.0)
     t = b.finish(env_return=0.0, success=True, stop_reason="done")
     t.reward = reward
@@ -60,7 +68,7 @@ def test_lengths_that_differ_are_rejected(field):
 
 def test_turns_that_do_not_cover_the_record_are_rejected_without_building_them():
     t = traj()
-    t.prompt_length = 2 ** 32 - 1  # a mask of 4G entries would be built if the sizes were not checked first
+    t.prompt_length = 2**32 - 1  # a mask of 4G entries would be built if the sizes were not checked first
     assert reason_of(t) == "turns"
     t = traj()
     t.turns[0].start = 1
@@ -94,8 +102,9 @@ def test_a_policy_version_newer_than_the_learner_is_rejected():
 
 
 def test_limits_come_from_the_learner_model_and_the_run_config():
-    trainer = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=100,
-                                                                           max_position_embeddings=256)))
+    trainer = SimpleNamespace(
+        model=SimpleNamespace(config=SimpleNamespace(vocab_size=100, max_position_embeddings=256))
+    )
     config = TrainConfig.model_validate({"model": {"max_model_len": 512}})
     assert Limits.for_learner(config, trainer) == Limits(vocab_size=100, max_length=256)
     config.model.max_model_len = 128
@@ -105,14 +114,22 @@ def test_limits_come_from_the_learner_model_and_the_run_config():
 
 # -- the guard, with recording stand-ins for the stream and the run state ------------------------------
 
+
 class FakeStream:
     def __init__(self):
         self.letters, self.acked = [], []
         self.on_dead_letter = None
 
     def dead_letter(self, entry_id, reason, error, group_ids=(), extra=None, ack=True):
-        self.letters.append({"entry_id": entry_id, "reason": reason, "error": error, "groups": list(group_ids),
-                             "has_batch": b"batch" in (extra or {})})
+        self.letters.append(
+            {
+                "entry_id": entry_id,
+                "reason": reason,
+                "error": error,
+                "groups": list(group_ids),
+                "has_batch": b"batch" in (extra or {}),
+            }
+        )
         if ack:
             self.acked.append(entry_id)
         self.on_dead_letter(entry_id, reason, list(group_ids))
@@ -150,8 +167,15 @@ def test_one_bad_trajectory_drops_its_group_only_and_is_counted():
     before = DEAD_LETTERS.labels(reason="token_id")._value.get()
     kept = g.admit(entry("1-0", traj("a"), traj("b"), traj("b", model_ids=(99, 5)), traj("c")), 0)
     assert [t.group_id for t in kept] == ["a", "c"]
-    assert stream.letters == [{"entry_id": "1-0", "reason": "token_id", "groups": ["b"], "has_batch": True,
-                               "error": stream.letters[0]["error"]}]
+    assert stream.letters == [
+        {
+            "entry_id": "1-0",
+            "reason": "token_id",
+            "groups": ["b"],
+            "has_batch": True,
+            "error": stream.letters[0]["error"],
+        }
+    ]
     assert "99" in stream.letters[0]["error"]
     assert stream.acked == []  # groups a and c are still to be trained: acked with the step's checkpoint
     assert state.lost == 1 and state.by_reason == {"token_id": 1}
@@ -212,7 +236,9 @@ def test_a_failing_step_dead_letters_the_groups_that_fail_alone_and_trains_the_r
     assert g.train(trainer, step) == {"loss": 0.5}
     assert trainer.trained == [["a", "c"]] and step.groups == {"a", "c"} and len(step.trajectories) == 4
     assert [(d["entry_id"], d["reason"], d["groups"]) for d in stream.letters] == [
-        ("1-0", "train_error", ["b"]), ("3-0", "train_error", ["d"])]
+        ("1-0", "train_error", ["b"]),
+        ("3-0", "train_error", ["d"]),
+    ]
     assert "ValueError: boom on ['b']" in stream.letters[0]["error"]
     assert stream.acked == ["1-0", "3-0"] and state.lost == 2
 

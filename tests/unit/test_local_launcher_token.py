@@ -1,5 +1,6 @@
 """The local launcher gives each run its own weight-push token, in the environment of exactly the two
 processes that use it (learner and rollout server)."""
+
 import types
 
 from services.common.config import TrainConfig

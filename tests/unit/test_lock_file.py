@@ -2,10 +2,11 @@
 scripts/setup.sh installs, at a version pyproject.toml accepts, and agrees with the other pins: the vLLM
 version in setup.sh and the ruff version of the pre-commit hooks. A dependency added or changed without
 running scripts/lock.sh fails here."""
+
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

@@ -1,4 +1,5 @@
 """One logging setup for every entry point: plain or JSON lines (OMRL_LOG_FORMAT), no progress bars."""
+
 import json
 import os
 import subprocess
@@ -25,8 +26,14 @@ def run(fmt: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("OMRL_LOG_FORMAT", "TQDM_DISABLE", "OMRL_LOG_LEVEL")}
     if fmt is not None:
         env["OMRL_LOG_FORMAT"] = fmt
-    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**env, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_json_lines_name_the_service_and_carry_no_progress_bar():
@@ -37,7 +44,11 @@ def test_json_lines_name_the_service_and_carry_no_progress_bar():
     assert len(records) == 1
     record = records[0]
     assert {k: record[k] for k in ("level", "logger", "message", "service")} == {
-        "level": "INFO", "logger": "services.envs", "message": "replica r1 serving", "service": "envs"}
+        "level": "INFO",
+        "logger": "services.envs",
+        "message": "replica r1 serving",
+        "service": "envs",
+    }
     assert record["time"]
     assert "TQDM_DISABLE=1" in lines and not any("it/s" in line or "%|" in line for line in lines)
 
@@ -55,8 +66,17 @@ def test_an_unknown_format_stops_the_service_with_one_line():
     assert out.stderr.strip() == "envs: OMRL_LOG_FORMAT='yaml' is not one of: text, json"
 
 
-@pytest.mark.parametrize("module", ["services.envs", "services.reward", "services.rollout", "services.learner",
-                                    "services.jobs", "services.launcher.supervisor"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "services.envs",
+        "services.reward",
+        "services.rollout",
+        "services.learner",
+        "services.jobs",
+        "services.launcher.supervisor",
+    ],
+)
 def test_every_entry_point_uses_the_shared_setup(module):
     path = ROOT / (module.replace(".", "/") + ("/__main__.py" if module.count(".") == 1 else ".py"))
     text = path.read_text()
@@ -64,9 +84,17 @@ def test_every_entry_point_uses_the_shared_setup(module):
 
 
 def test_uvicorn_s_coloured_copy_of_a_message_is_left_out():
-    script = ("import logging\nfrom services.common.logs import setup_logging\nsetup_logging('jobs-api')\n"
-              "logging.getLogger('uvicorn.error').info('Started %s', 1, extra={'color_message': 'x', 'job': 'j'})\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                         env={**os.environ, "OMRL_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)})
+    script = (
+        "import logging\nfrom services.common.logs import setup_logging\nsetup_logging('jobs-api')\n"
+        "logging.getLogger('uvicorn.error').info('Started %s', 1, extra={'color_message': 'x', 'job': 'j'})\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "OMRL_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)},
+    )
     record = json.loads(out.stderr.strip())
     assert record["message"] == "Started 1" and record["job"] == "j" and "color_message" not in record

@@ -1,5 +1,6 @@
 """redis_client takes the Redis password from $REDIS_PASSWORD, so it never has to be on a command line.
 No connection is made: the client's connection settings are inspected."""
+
 from services.common.run_state import RECONNECT_TRIES, redis_client
 
 

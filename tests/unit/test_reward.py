@@ -21,11 +21,19 @@ from services.reward.service import RewardService
 
 def trajectory(*turns: tuple[int, bool], success: bool = False, trajectory_id: str = "t"):
     """`turns`: (model tokens, action_valid) per turn."""
-    builder = TrajectoryBuilder(env="corridor", task_index=0, group_id="g", prompt_ids=[1, 2, 3],
-                                trajectory_id=trajectory_id)
+    builder = TrajectoryBuilder(
+        env="corridor", task_index=0, group_id="g", prompt_ids=[1, 2, 3], trajectory_id=trajectory_id
+    )
     for n, valid in turns:
-        builder.add_model_turn([5] * n, [-0.5] * n, policy_version=0, text="<action>left</action>",
-                               action="left" if valid else "", action_valid=valid, finish_reason="stop")
+        builder.add_model_turn(
+            [5] * n,
+            [-0.5] * n,
+            policy_version=0,
+            text="<action>left</action>",
+            action="left" if valid else "",
+            action_valid=valid,
+            finish_reason="stop",
+        )
         builder.add_observation([7, 7], env_reward=0.0)
     return builder.finish(env_return=float(success), success=success, stop_reason="done")
 
@@ -40,8 +48,10 @@ def test_format():
     assert FormatReward()(trajectory((2, True), (2, False), (2, True), (2, True))) == 0.75
 
 
-@pytest.mark.parametrize("tokens, expected", [((10,), 0.0), ((20,), 0.0), ((15, 10), -0.25), ((30,), -0.5),
-                                              ((40,), -1.0), ((100, 100), -1.0)])
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [((10,), 0.0), ((20,), 0.0), ((15, 10), -0.25), ((30,), -0.5), ((40,), -1.0), ((100, 100), -1.0)],
+)
 def test_length_penalty(tokens, expected):
     traj = trajectory(*[(n, True) for n in tokens])
     assert LengthPenalty(max_tokens=20)(traj) == pytest.approx(expected)
@@ -59,8 +69,13 @@ def test_functions_without_params_reject_params():
 
 
 def test_composer_sums_weighted_components():
-    composer = RewardComposer({"goal": {"weight": 2.0}, "format": {"weight": 0.5},
-                               "length_penalty": {"weight": 0.1, "params": {"max_tokens": 4}}})
+    composer = RewardComposer(
+        {
+            "goal": {"weight": 2.0},
+            "format": {"weight": 0.5},
+            "length_penalty": {"weight": 0.1, "params": {"max_tokens": 4}},
+        }
+    )
     total, parts = composer.score(trajectory((6, True), (2, False), success=True))
     assert parts == pytest.approx({"goal": 2.0, "format": 0.25, "length_penalty": -0.1})
     assert total == pytest.approx(2.15) and total == pytest.approx(sum(parts.values()))
@@ -74,8 +89,11 @@ def test_composer_from_default_config():
 
 
 def test_unknown_components_fail_at_construction():
-    with pytest.raises(ValueError, match=r"unknown reward component\(s\) bogus, nope; "
-                                         r"known: format, goal, length_penalty"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown reward component\(s\) bogus, nope; "
+        r"known: format, goal, length_penalty",
+    ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):
         RewardComposer({"length_penalty": {"params": {"max_token": 3}}})
@@ -127,9 +145,11 @@ def test_service_scores_a_batch_in_order():
 
 def test_service_errors():
     client, _ = service(timeout_s=0.2)
-    for env, error, message in [("boom", Internal, "component 'flaky' failed on trajectory 't': KeyError"),
-                                ("nan", Internal, "'flaky' gave nan"),
-                                ("slow", DeadlineExceeded, "took over 0.2s")]:
+    for env, error, message in [
+        ("boom", Internal, "component 'flaky' failed on trajectory 't': KeyError"),
+        ("nan", Internal, "'flaky' gave nan"),
+        ("slow", DeadlineExceeded, "took over 0.2s"),
+    ]:
         traj = trajectory((1, True))
         traj.env = env
         with pytest.raises(error, match=message):

@@ -1,6 +1,7 @@
 """The rollout core's push rules and start-up gating on a fake engine, over an in-process gRPC server:
 versions never go back (bar a flagged rollback of the same run), re-pushing the served set is a no-op,
 pushes need the token, and a server that must wait for the run's version serves nothing meanwhile."""
+
 import asyncio
 import contextlib
 
@@ -97,9 +98,18 @@ def test_an_invalid_set_reaches_no_engine():
 @contextlib.asynccontextmanager
 async def serving(core, token):
     stop, bound = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(serve("rollout", 0, [add_to_server(core, PushAuthenticator(token))],
-                                       host="127.0.0.1", grace_s=1.0, stop=stop, ready=bound.set_result,
-                                       serving=lambda: core.serving))
+    task = asyncio.ensure_future(
+        serve(
+            "rollout",
+            0,
+            [add_to_server(core, PushAuthenticator(token))],
+            host="127.0.0.1",
+            grace_s=1.0,
+            stop=stop,
+            ready=bound.set_result,
+            serving=lambda: core.serving,
+        )
+    )
     port = await asyncio.wait_for(asyncio.shield(bound), 10)
     try:
         yield f"127.0.0.1:{port}"

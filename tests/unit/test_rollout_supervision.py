@@ -1,5 +1,6 @@
 """Background tasks of the rollout server: a failure stops the server (to exit non-zero) instead of
 dying quietly; a transient Redis error in the heartbeat is retried."""
+
 import asyncio
 
 import redis
@@ -18,6 +19,7 @@ def test_a_task_that_raises_stops_the_server_and_is_recorded():
 
         async def broken():
             raise KeyError("boom")
+
         tasks.start("producer", broken())
         tasks.start("heartbeat", asyncio.Event().wait())
         await stop.wait()

@@ -1,6 +1,7 @@
 """Start-up stages travel from a local run to the job's event stream as structured events: LocalRun says
 them through its view, the supervisor writes them as `@stage` lines, the local launcher reads them back
 as dict messages, and the manager stores them as message events with `service` and `stage`."""
+
 from pathlib import Path
 
 from services.common.config import JobSpec, load_config
@@ -22,17 +23,20 @@ def test_a_stage_line_round_trips_and_other_lines_are_not_stages():
 def test_the_local_launcher_turns_stage_lines_into_structured_messages(tmp_path):
     run_dir = tmp_path / "job-1"
     (run_dir / "logs").mkdir(parents=True)
-    lines = [encode_stage(stage_record("model", "building", "model: building the tiny model")),
-             "task dataset: data/corridor",
-             "step   1/2 | reward +0.100 | success  50.0% | kl 0.0010 | mismatch 1.0e-03 |   2.0s | policy v1",
-             encode_stage(stage_record("rollout", "healthy", "rollout: healthy after 21s", elapsed_s=21.0))]
+    lines = [
+        encode_stage(stage_record("model", "building", "model: building the tiny model")),
+        "task dataset: data/corridor",
+        "step   1/2 | reward +0.100 | success  50.0% | kl 0.0010 | mismatch 1.0e-03 |   2.0s | policy v1",
+        encode_stage(stage_record("rollout", "healthy", "rollout: healthy after 21s", elapsed_s=21.0)),
+    ]
     (run_dir / "logs" / "supervisor.log").write_text("\n".join(lines) + "\n")
     handle = {"run_dir": str(run_dir), "log_offset": 0}
     messages = LocalLauncher(tmp_path)._new_log_lines(handle)
-    assert messages == [{"message": "model: building the tiny model", "service": "model", "stage": "building"},
-                        "task dataset: data/corridor",
-                        {"message": "rollout: healthy after 21s", "service": "rollout", "stage": "healthy",
-                         "elapsed_s": 21.0}]
+    assert messages == [
+        {"message": "model: building the tiny model", "service": "model", "stage": "building"},
+        "task dataset: data/corridor",
+        {"message": "rollout: healthy after 21s", "service": "rollout", "stage": "healthy", "elapsed_s": 21.0},
+    ]
 
 
 def test_the_manager_stores_structured_messages_as_they_are(tmp_path):
@@ -41,12 +45,16 @@ def test_the_manager_stores_structured_messages_as_they_are(tmp_path):
     manager = JobManager(store, launcher)
     job = manager.submit(JobSpec.model_validate({"run": "demo", "learner": {"steps": 2}}))
     manager.tick()
-    launcher.messages[job.id] = [{"message": "rollout: healthy after 3s", "service": "rollout", "stage": "healthy"},
-                                 "plain line"]
+    launcher.messages[job.id] = [
+        {"message": "rollout: healthy after 3s", "service": "rollout", "stage": "healthy"},
+        "plain line",
+    ]
     manager.tick()
     messages = [e.data for e in store.events(job.id) if e.type == "message"]
-    assert messages == [{"message": "rollout: healthy after 3s", "service": "rollout", "stage": "healthy"},
-                        {"message": "plain line"}]
+    assert messages == [
+        {"message": "rollout: healthy after 3s", "service": "rollout", "stage": "healthy"},
+        {"message": "plain line"},
+    ]
     store.close()
 
 
@@ -76,8 +84,11 @@ def test_waiting_for_a_slow_service_reports_progress_then_healthy(tmp_path, monk
     monkeypatch.setattr(proc, "wait_healthy", wait_healthy)
     run._wait_healthy(proc)
     assert [(s["stage"], s["message"]) for s in view.stages] == [
-        ("loading", "rollout: loading the vLLM engine (5s)"), ("loading", "rollout: loading the vLLM engine (20s)"),
-        ("loading", "rollout: loading the vLLM engine (35s)"), ("healthy", "rollout: healthy after 37s")]
+        ("loading", "rollout: loading the vLLM engine (5s)"),
+        ("loading", "rollout: loading the vLLM engine (20s)"),
+        ("loading", "rollout: loading the vLLM engine (35s)"),
+        ("healthy", "rollout: healthy after 37s"),
+    ]
     assert all(s["service"] == "rollout" for s in view.stages)
 
 
@@ -85,8 +96,18 @@ def test_the_supervisor_view_writes_stages_as_event_lines_and_steps_as_plain_lin
     lines = []
     view = SupervisorView(lines.append)
     view.stage(stage_record("envs", "healthy", "envs: healthy after 1s"))
-    view.step({"step": 1, "reward_mean": 0.5, "success_rate": 0.5, "approx_kl": 0.0, "mismatch_kl": 0.0,
-               "step_seconds": 1.0, "policy_version": 1}, 2)
+    view.step(
+        {
+            "step": 1,
+            "reward_mean": 0.5,
+            "success_rate": 0.5,
+            "approx_kl": 0.0,
+            "mismatch_kl": 0.0,
+            "step_seconds": 1.0,
+            "policy_version": 1,
+        },
+        2,
+    )
     assert decode_stage(lines[0])["message"] == "envs: healthy after 1s"
     assert lines[1].startswith("step   1/2 | reward +0.500")
     assert LocalLauncher._NOISE.search(lines[1])  # steps reach the API from the metrics stream, not the log

@@ -1,4 +1,5 @@
 """The tiny demo model: its tokenizer, chat template, and that building it is deterministic."""
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,15 @@ def tok(model_dir):
     return transformers.AutoTokenizer.from_pretrained(model_dir)
 
 
-@pytest.mark.parametrize("text", [
-    "I go <action>left</action>.",
-    "  leading spaces, trailing\ttab\nnew line  ",
-    "unseen words: zyzzyva, naïve café, 東京, 🙂",
-    "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I go <action>left</action>.",
+        "  leading spaces, trailing\ttab\nnew line  ",
+        "unseen words: zyzzyva, naïve café, 東京, 🙂",
+        "",
+    ],
+)
 def test_round_trip(tok, text):
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
@@ -55,8 +59,13 @@ def test_vocab_and_special_ids(tok, model_dir):
     generation = json.loads((model_dir / "generation_config.json").read_text())
     assert config["eos_token_id"] == generation["eos_token_id"] == tok.eos_token_id
     assert config["vocab_size"] == len(tok)
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["head_dim"], config["intermediate_size"]) == (128, 2, 2, 64, 256)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["head_dim"],
+        config["intermediate_size"],
+    ) == (128, 2, 2, 64, 256)
     assert config["max_position_embeddings"] == 1024 and config["dtype"] == "float32"
 
 
@@ -74,8 +83,9 @@ def test_chat_template(tok):
         {"role": "user", "content": "Again."},
     ]
     rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert rendered == ("<|user|>Which way?<|end|><|assistant|><action>left</action><|end|>"
-                        "<|user|>Again.<|end|><|assistant|>")
+    assert rendered == (
+        "<|user|>Which way?<|end|><|assistant|><action>left</action><|end|><|user|>Again.<|end|><|assistant|>"
+    )
     assert tok.apply_chat_template(messages[:1], tokenize=False) == "<|user|>Which way?<|end|>"
 
 

@@ -1,13 +1,28 @@
 import pytest
 
-from services.common.trajectory import (SCHEMA_VERSION, RecordError, TrajectoryBatch, TrajectoryBuilder,
-                                        decode_batch, encode_batch, model_segments, validate)
+from services.common.trajectory import (
+    SCHEMA_VERSION,
+    RecordError,
+    TrajectoryBatch,
+    TrajectoryBuilder,
+    decode_batch,
+    encode_batch,
+    model_segments,
+    validate,
+)
 
 
 def two_turn_trajectory():
     b = TrajectoryBuilder(env="corridor", task_index=7, group_id="g1", prompt_ids=[1, 2, 3])
-    b.add_model_turn([10, 11], [-0.5, -0.25], policy_version=4, text="<action>left</action>", action="left",
-                     action_valid=True, finish_reason="stop")
+    b.add_model_turn(
+        [10, 11],
+        [-0.5, -0.25],
+        policy_version=4,
+        text="<action>left</action>",
+        action="left",
+        action_valid=True,
+        finish_reason="stop",
+    )
     b.add_observation([20, 21, 22], env_reward=0.0)
     b.add_model_turn([12], [-1.0], policy_version=5, text="x", action="", action_valid=False, finish_reason="length")
     traj = b.finish(env_return=1.0, success=True, stop_reason="done")

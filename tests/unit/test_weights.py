@@ -3,16 +3,27 @@ import re
 import pytest
 import torch
 
-from services.common.weights import (ChecksumMismatch, ModelSignature, PayloadBuffer, TensorSpec, WeightSetRejected,
-                                     check_finite, checksum, pack, unpack)
+from services.common.weights import (
+    ChecksumMismatch,
+    ModelSignature,
+    PayloadBuffer,
+    TensorSpec,
+    WeightSetRejected,
+    check_finite,
+    checksum,
+    pack,
+    unpack,
+)
 
 
 def tensors():
     g = torch.Generator().manual_seed(0)
-    return [("model.embed_tokens.weight", torch.randn(7, 3, generator=g)),
-            ("lm_head.weight", torch.randn(2, 3, generator=g).to(torch.bfloat16)),
-            ("model.norm.weight", torch.ones(3, dtype=torch.float16)),
-            ("empty", torch.zeros(0))]
+    return [
+        ("model.embed_tokens.weight", torch.randn(7, 3, generator=g)),
+        ("lm_head.weight", torch.randn(2, 3, generator=g).to(torch.bfloat16)),
+        ("model.norm.weight", torch.ones(3, dtype=torch.float16)),
+        ("empty", torch.zeros(0)),
+    ]
 
 
 def test_round_trip_through_chunks_restores_every_tensor():
@@ -50,14 +61,17 @@ def test_signature_accepts_the_exact_set_in_any_order():
     assert signature.total_bytes == len(pack(tensors()).payload)
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda ts: [], "empty weight set"),
-    (lambda ts: ts[:-2], "incomplete weight set: 2 of 4 tensors missing, first 'model.norm.weight'"),
-    (lambda ts: ts + [("model.layers.99.weight", torch.zeros(3))], "'model.layers.99.weight' is not a parameter"),
-    (lambda ts: [ts[0], ts[0], *ts[1:]], "'model.embed_tokens.weight' appears twice"),
-    (lambda ts: [("model.embed_tokens.weight", torch.zeros(3, 7)), *ts[1:]], "'model.embed_tokens.weight': shape"),
-    (lambda ts: [ts[0], ("lm_head.weight", ts[1][1].float()), *ts[2:]], "'lm_head.weight': dtype float32"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda ts: [], "empty weight set"),
+        (lambda ts: ts[:-2], "incomplete weight set: 2 of 4 tensors missing, first 'model.norm.weight'"),
+        (lambda ts: ts + [("model.layers.99.weight", torch.zeros(3))], "'model.layers.99.weight' is not a parameter"),
+        (lambda ts: [ts[0], ts[0], *ts[1:]], "'model.embed_tokens.weight' appears twice"),
+        (lambda ts: [("model.embed_tokens.weight", torch.zeros(3, 7)), *ts[1:]], "'model.embed_tokens.weight': shape"),
+        (lambda ts: [ts[0], ("lm_head.weight", ts[1][1].float()), *ts[2:]], "'lm_head.weight': dtype float32"),
+    ],
+)
 def test_signature_rejects_sets_that_do_not_fit_naming_the_first_bad_tensor(edit, match):
     with pytest.raises(WeightSetRejected, match=re.escape(match)):
         ModelSignature.of(tensors()).check(pack(edit(tensors())).specs)

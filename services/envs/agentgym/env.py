@@ -10,13 +10,14 @@ episodes and stays there. Every call has a deadline (`timeout_s`), and every fai
 error: an `{"error": ...}` reply in an HTTP 200 body (ErrorReply, INTERNAL), no reply in time
 (DEADLINE_EXCEEDED), a server that is gone (UNAVAILABLE). The rollout retries such episodes on a
 fresh environment and never scores them."""
+
 from __future__ import annotations
 
 import json
 import logging
 import random
 import threading
-from typing import Any, Optional, Union
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -32,15 +33,15 @@ log = logging.getLogger(__name__)
 class AgentGymOptions(EnvOptions):
     family: str
     """AgentGym family: textcraft, babyai, maze, wordle, webshop, alfworld, sciworld."""
-    base_url: Union[str, list[str]]
+    base_url: str | list[str]
     """The family's server(s), e.g. http://127.0.0.1:8000."""
     timeout_s: float = Field(8.0, gt=0, le=600)
     """Deadline of one HTTP call (keep it below the env service's step timeout)."""
     max_turns: int = Field(30, ge=1, le=10000)
     """Turns after which the episode ends (done, not a success)."""
-    recycle_after: Optional[int] = Field(None, ge=1)
+    recycle_after: int | None = Field(None, ge=1)
     """Environments a server creates before it is recycled; default: the family's (WebShop 7000)."""
-    recycle_command: Optional[str] = None
+    recycle_command: str | None = None
     """Command that restarts one server ({url} and {port} are filled in); needed to recycle."""
     recycle_wait_s: float = Field(120.0, gt=0)
     """How long a recycled server may take to answer GET / again."""
@@ -64,12 +65,19 @@ _POOLS_LOCK = threading.Lock()
 
 
 def pool_for(opts: AgentGymOptions, profile: Profile) -> ServerPool:
-    key = json.dumps([opts.family, opts.urls, opts.timeout_s, opts.recycle_after, opts.recycle_command,
-                      opts.recycle_wait_s])
+    key = json.dumps(
+        [opts.family, opts.urls, opts.timeout_s, opts.recycle_after, opts.recycle_command, opts.recycle_wait_s]
+    )
     with _POOLS_LOCK:
         if key not in _POOLS:
-            _POOLS[key] = ServerPool(opts.urls, opts.timeout_s, opts.recycle_after or profile.recycle_after,
-                                     opts.recycle_command, opts.recycle_wait_s, profile.id_reuse_after)
+            _POOLS[key] = ServerPool(
+                opts.urls,
+                opts.timeout_s,
+                opts.recycle_after or profile.recycle_after,
+                opts.recycle_command,
+                opts.recycle_wait_s,
+                profile.id_reuse_after,
+            )
         return _POOLS[key]
 
 
@@ -80,7 +88,7 @@ class AgentGymEnv(TextEnv):
     Options = AgentGymOptions
     offline_prompts = False
 
-    server: Optional[Server] = None
+    server: Server | None = None
     remote_id: Any = None
 
     def reset(self, task_index: int, options: dict) -> str:
@@ -94,8 +102,12 @@ class AgentGymEnv(TextEnv):
             kwargs = {} if p.create_body is None else {"json": p.create_body}
             created = self.server.call("POST", p.route("create"), "create", **kwargs)
             self.remote_id = created if p.create_returns == "bare" else _field(created, "id", "create")
-            reply = self.server.call("POST", p.route("reset"), f"reset env {self.remote_id}",
-                                     json={p.id_field: self.remote_id, p.task_field: task_index})
+            reply = self.server.call(
+                "POST",
+                p.route("reset"),
+                f"reset env {self.remote_id}",
+                json={p.id_field: self.remote_id, p.task_field: task_index},
+            )
             observation = reply[0] if p.reset_returns == "pair" else _field(reply, "observation", "reset")
         except BaseException:
             self.close()
@@ -105,8 +117,12 @@ class AgentGymEnv(TextEnv):
 
     def step(self, action: str) -> StepResult:
         p = self.profile
-        reply = self.server.call("POST", p.route("step"), f"step env {self.remote_id}",
-                                 json={p.id_field: self.remote_id, "action": p.clean_action(action)})
+        reply = self.server.call(
+            "POST",
+            p.route("step"),
+            f"step env {self.remote_id}",
+            json={p.id_field: self.remote_id, "action": p.clean_action(action)},
+        )
         self.turn += 1
         observation = str(_field(reply, p.observation_key, "step"))
         reward, done = float(reply.get("reward") or 0.0), bool(reply.get("done"))

@@ -1,11 +1,13 @@
 """One small profile per AgentGym family: its routes, field names, reply shapes and success rule
 (see shared/agentgym-protocol.md). To add a family, add one `Profile` to PROFILES."""
+
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 def _textcraft_action(action: str) -> str:
@@ -55,7 +57,7 @@ class Profile:
     id_field: str = "id"
     task_field: str = "data_idx"
     """Reset body field that selects the task."""
-    create_body: Optional[dict[str, Any]] = None
+    create_body: dict[str, Any] | None = None
     """JSON body of /create; None sends none."""
     create_returns: str = "object"
     """"object" ({"id": ...}) or "bare" (the id itself, WebShop)."""
@@ -64,9 +66,9 @@ class Profile:
     observation_key: str = "observation"
     """Key of the observation in /step replies ("state" for WebShop)."""
     has_close: bool = True
-    id_reuse_after: Optional[int] = None
+    id_reuse_after: int | None = None
     """The server hands out ids again after this many environments (WebShop: 8000)."""
-    recycle_after: Optional[int] = None
+    recycle_after: int | None = None
     """Default `recycle_after` option: environments created before the server is recycled."""
     clean_action: Callable[[str], str] = str.strip
     success: Callable[[float, bool, dict], bool] = lambda reward, done, body: done and reward >= 1.0
@@ -76,24 +78,68 @@ class Profile:
         return f"{self.prefix}/{name}"
 
 
-PROFILES: dict[str, Profile] = {p.family: p for p in [
-    Profile("textcraft", "Actions look like: get 1 lapis lazuli, craft 1 blue dye using 1 lapis lazuli, "
-            "inventory.", "inventory", create_body={"commands": None, "goal": None}, clean_action=_textcraft_action),
-    Profile("babyai", "Answer with one of the available actions listed in the observation.", "turn left",
-            success=lambda reward, done, body: done and reward > 0, random_action=_random_babyai),
-    Profile("maze", "Actions: move up, move down, move left, move right.", "move up", prefix="/maze",
-            task_field="game", has_close=False, success=lambda reward, done, body: done and reward >= 0,
-            random_action=_random_maze),
-    Profile("wordle", "Guess a five-letter word; write its letters separated by spaces, like c r a n e.",
-            "c r a n e", prefix="/wordle", task_field="seed", has_close=False, clean_action=_wordle_action,
-            random_action=_random_wordle),
-    Profile("webshop", "Actions: search[keywords] or click[value] (a button or item shown on the page).",
-            "search[red shirt]", id_field="env_idx", task_field="session_id", create_returns="bare",
-            reset_returns="pair", observation_key="state", has_close=False, id_reuse_after=8000, recycle_after=7000,
-            random_action=_random_webshop),
-    Profile("alfworld", "Actions are household commands such as: go to countertop 1, take apple 1 from "
-            "countertop 1, open fridge 1.", "look"),
-    Profile("sciworld", "Actions are science-lab commands such as: look around, open door to kitchen, "
-            "pick up thermometer.", "look around",
-            success=lambda reward, done, body: done and float(body.get("score", reward)) >= 100),
-]}
+PROFILES: dict[str, Profile] = {
+    p.family: p
+    for p in [
+        Profile(
+            "textcraft",
+            "Actions look like: get 1 lapis lazuli, craft 1 blue dye using 1 lapis lazuli, inventory.",
+            "inventory",
+            create_body={"commands": None, "goal": None},
+            clean_action=_textcraft_action,
+        ),
+        Profile(
+            "babyai",
+            "Answer with one of the available actions listed in the observation.",
+            "turn left",
+            success=lambda reward, done, body: done and reward > 0,
+            random_action=_random_babyai,
+        ),
+        Profile(
+            "maze",
+            "Actions: move up, move down, move left, move right.",
+            "move up",
+            prefix="/maze",
+            task_field="game",
+            has_close=False,
+            success=lambda reward, done, body: done and reward >= 0,
+            random_action=_random_maze,
+        ),
+        Profile(
+            "wordle",
+            "Guess a five-letter word; write its letters separated by spaces, like c r a n e.",
+            "c r a n e",
+            prefix="/wordle",
+            task_field="seed",
+            has_close=False,
+            clean_action=_wordle_action,
+            random_action=_random_wordle,
+        ),
+        Profile(
+            "webshop",
+            "Actions: search[keywords] or click[value] (a button or item shown on the page).",
+            "search[red shirt]",
+            id_field="env_idx",
+            task_field="session_id",
+            create_returns="bare",
+            reset_returns="pair",
+            observation_key="state",
+            has_close=False,
+            id_reuse_after=8000,
+            recycle_after=7000,
+            random_action=_random_webshop,
+        ),
+        Profile(
+            "alfworld",
+            "Actions are household commands such as: go to countertop 1, take apple 1 from "
+            "countertop 1, open fridge 1.",
+            "look",
+        ),
+        Profile(
+            "sciworld",
+            "Actions are science-lab commands such as: look around, open door to kitchen, pick up thermometer.",
+            "look around",
+            success=lambda reward, done, body: done and float(body.get("score", reward)) >= 100,
+        ),
+    ]
+}

@@ -1,5 +1,6 @@
 """HTTP to AgentGym servers: calls with a deadline and typed failures, and the pool of servers of one
 family that episodes are pinned to (and that recycles servers which cannot free environments)."""
+
 from __future__ import annotations
 
 import logging
@@ -8,7 +9,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 
@@ -48,11 +49,13 @@ class Server:
             self.down_until = time.monotonic() + DOWN_S
             raise Unavailable(f"{where}: {type(exc).__name__}: {exc} ({what})") from exc
         if reply.status_code in (404, 405, 422):
-            raise InvalidArgument(f"{where}: HTTP {reply.status_code} {reply.text[:200]!r}; is this a server of "
-                                  f"the configured family?")
+            raise InvalidArgument(
+                f"{where}: HTTP {reply.status_code} {reply.text[:200]!r}; is this a server of the configured family?"
+            )
         if reply.status_code >= 500:
             raise (Internal if reply.status_code == 500 else Unavailable)(
-                f"{where}: HTTP {reply.status_code} {reply.text[:200]!r} ({what})")
+                f"{where}: HTTP {reply.status_code} {reply.text[:200]!r} ({what})"
+            )
         if reply.status_code != 200:
             raise Internal(f"{where}: HTTP {reply.status_code} {reply.text[:200]!r} ({what})")
         try:
@@ -70,11 +73,18 @@ class ServerPool:
     rotation after `recycle_after` creations, and once its last episode ends `recycle_command` runs
     (e.g. a restart of its container) and the pool waits for `GET /` before using it again."""
 
-    def __init__(self, urls: list[str], timeout_s: float, recycle_after: Optional[int] = None,
-                 recycle_command: Optional[str] = None, recycle_wait_s: float = 120.0,
-                 id_reuse_after: Optional[int] = None):
-        self.servers = [Server(url.rstrip("/"), httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s))
-                        for url in urls]
+    def __init__(
+        self,
+        urls: list[str],
+        timeout_s: float,
+        recycle_after: int | None = None,
+        recycle_command: str | None = None,
+        recycle_wait_s: float = 120.0,
+        id_reuse_after: int | None = None,
+    ):
+        self.servers = [
+            Server(url.rstrip("/"), httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)) for url in urls
+        ]
         self.recycle_after, self.recycle_command, self.recycle_wait_s = recycle_after, recycle_command, recycle_wait_s
         self.id_reuse_after = id_reuse_after
         self.recycles = 0
@@ -86,17 +96,24 @@ class ServerPool:
             now = time.monotonic()
             usable = [s for s in usable if s.down_until <= now] or usable  # all down: try anyway
             if not usable:
-                raise ResourceExhausted("every AgentGym server is out of rotation (recycling, or out of ids with no "
-                                        "recycle_command): " + ", ".join(s.url for s in self.servers))
+                raise ResourceExhausted(
+                    "every AgentGym server is out of rotation (recycling, or out of ids with no "
+                    "recycle_command): " + ", ".join(s.url for s in self.servers)
+                )
             server = min(usable, key=lambda s: s.open)
             server.open += 1
             server.created += 1
             limit = self.recycle_after if self.recycle_command else self.id_reuse_after
             if limit is not None and server.created >= limit:
                 server.draining = True
-                log.warning("AgentGym server %s created %d environments: out of rotation%s", server.url,
-                            server.created, " until recycled" if self.recycle_command else
-                            " for good (its ids would repeat; set recycle_command)")
+                log.warning(
+                    "AgentGym server %s created %d environments: out of rotation%s",
+                    server.url,
+                    server.created,
+                    " until recycled"
+                    if self.recycle_command
+                    else " for good (its ids would repeat; set recycle_command)",
+                )
             return server
 
     def release(self, server: Server) -> None:

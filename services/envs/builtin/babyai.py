@@ -10,30 +10,42 @@ ball, no distractors) through `GoToLocal`, `PickupLoc`, `Open`, `PutNextLocal` t
 `max_turns` caps the level's own step limit.
 Needs the optional extra: `pip install -e ".[envs]"` (scripts/setup.sh installs it).
 """
+
 from __future__ import annotations
 
 import os
 import random
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import Field
 
 from services.envs.base import EnvOptions, InvalidTask, MissingDependency, StepResult, TextEnv, action_format
 from services.envs.registry import register_env
 
-MISSING = ("the babyai env needs the `minigrid` package: pip install -e \".[envs]\" "
-           "(scripts/setup.sh installs it)")
-ACTIONS = {"turn left": "left", "turn right": "right", "go forward": "forward", "pick up": "pickup",
-           "drop": "drop", "toggle": "toggle"}
-ALIASES = {"left": "turn left", "right": "turn right", "forward": "go forward", "move forward": "go forward",
-           "pickup": "pick up", "open": "toggle"}
+MISSING = 'the babyai env needs the `minigrid` package: pip install -e ".[envs]" (scripts/setup.sh installs it)'
+ACTIONS = {
+    "turn left": "left",
+    "turn right": "right",
+    "go forward": "forward",
+    "pick up": "pickup",
+    "drop": "drop",
+    "toggle": "toggle",
+}
+ALIASES = {
+    "left": "turn left",
+    "right": "turn right",
+    "forward": "go forward",
+    "move forward": "go forward",
+    "pickup": "pick up",
+    "open": "toggle",
+}
 DOOR_STATES = {0: "open", 1: "closed", 2: "locked"}
 
 
 class BabyAIOptions(EnvOptions):
     level: str = "BabyAI-GoToRedBallNoDists-v0"
     """A minigrid BabyAI level id (the `BabyAI-` prefix and `-v0` suffix may be left out)."""
-    max_turns: Optional[int] = Field(None, ge=1, le=10000)
+    max_turns: int | None = Field(None, ge=1, le=10000)
     """Turn limit; default min(the level's step limit, 64)."""
 
 
@@ -94,18 +106,25 @@ class BabyAI(TextEnv):
         self.mission = obs["mission"]
         self.max_turns = min(opts.max_turns or 64, self.env.unwrapped.max_steps)
         self.turn = 0
-        return (f"You are an agent in a grid world. Mission: {self.mission}. Each turn, answer one of: "
-                f"{', '.join(ACTIONS)}. {action_format('go forward')}\n{self._render(obs)}")
+        return (
+            f"You are an agent in a grid world. Mission: {self.mission}. Each turn, answer one of: "
+            f"{', '.join(ACTIONS)}. {action_format('go forward')}\n{self._render(obs)}"
+        )
 
     def _render(self, obs: dict) -> str:
         env = self.env.unwrapped
         seen = describe(env, obs["image"])
         front = env.grid.get(*env.front_pos)
-        front_text = "nothing (open floor)" if front is None else (
-            "a wall" if front.type == "wall" else f"a {front.color} {front.type}")
+        front_text = (
+            "nothing (open floor)"
+            if front is None
+            else ("a wall" if front.type == "wall" else f"a {front.color} {front.type}")
+        )
         carrying = f"a {env.carrying.color} {env.carrying.type}" if env.carrying else "nothing"
-        return (f"You see: {'; '.join(seen) if seen else 'no objects'}. Right in front of you: {front_text}. "
-                f"You carry {carrying}.")
+        return (
+            f"You see: {'; '.join(seen) if seen else 'no objects'}. Right in front of you: {front_text}. "
+            f"You carry {carrying}."
+        )
 
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(list(ACTIONS))

@@ -7,6 +7,7 @@ the wall behind it, so walls never help a wandering agent. With the defaults (le
 4 turns) a uniformly random left/right policy succeeds 1/8 = 12.5% of the time: only the 3 moves
 straight to the exit succeed (after 4 moves the parity is wrong). Tests hold the env to this number.
 """
+
 from __future__ import annotations
 
 import random
@@ -24,7 +25,7 @@ class CorridorOptions(EnvOptions):
     max_turns: int = Field(4, ge=1, le=1000)
 
     @model_validator(mode="after")
-    def _fits(self) -> "CorridorOptions":
+    def _fits(self) -> CorridorOptions:
         if self.distance + 2 > self.length:
             raise ValueError(f"distance {self.distance} needs length >= {self.distance + 2}")
         return self
@@ -45,9 +46,10 @@ class Corridor(TextEnv):
         # one free cell behind the start on the side away from the exit (see the module docstring)
         starts = [(s, s + d) for s in range(1, length - d)] + [(s, s - d) for s in range(d, length - 1)]
         self.position, self.exit = random.Random(task_index).choice(starts)
-        return (f"You are in a corridor of cells 0 to {length - 1} and must reach the exit within "
-                f"{opts.max_turns} moves. Each turn, move left or right. {action_format('left')}\n"
-                + self._where())
+        return (
+            f"You are in a corridor of cells 0 to {length - 1} and must reach the exit within "
+            f"{opts.max_turns} moves. Each turn, move left or right. {action_format('left')}\n" + self._where()
+        )
 
     def _where(self) -> str:
         text = f"You are in cell {self.position}."

@@ -13,6 +13,7 @@ The turn limit is the shortest plan (one `get` per raw material, one `craft` per
 
 Difficulty: `depth`, `fan_in`, `distractors`, `slack`.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,13 +27,64 @@ from pydantic import Field
 from services.envs.base import EnvOptions, StepResult, TextEnv, action_format
 from services.envs.registry import register_env
 
-RAW = ["oak log", "birch log", "cobblestone", "iron ore", "gold ore", "coal", "sand", "clay ball", "string",
-       "feather", "flint", "leather", "wool", "redstone dust", "lapis lazuli", "sugar cane", "wheat", "bone",
-       "slime ball", "glowstone dust", "quartz", "copper ore", "reed", "amber"]
-ADJECTIVES = ["polished", "sturdy", "glowing", "woven", "carved", "gilded", "smooth", "bright", "tiny", "heavy",
-              "hollow", "sharp"]
-NOUNS = ["plank", "rod", "brick", "lantern", "pickaxe", "rope", "panel", "gear", "block", "tile", "dye", "torch",
-         "bowl", "hinge", "lens", "frame"]
+RAW = [
+    "oak log",
+    "birch log",
+    "cobblestone",
+    "iron ore",
+    "gold ore",
+    "coal",
+    "sand",
+    "clay ball",
+    "string",
+    "feather",
+    "flint",
+    "leather",
+    "wool",
+    "redstone dust",
+    "lapis lazuli",
+    "sugar cane",
+    "wheat",
+    "bone",
+    "slime ball",
+    "glowstone dust",
+    "quartz",
+    "copper ore",
+    "reed",
+    "amber",
+]
+ADJECTIVES = [
+    "polished",
+    "sturdy",
+    "glowing",
+    "woven",
+    "carved",
+    "gilded",
+    "smooth",
+    "bright",
+    "tiny",
+    "heavy",
+    "hollow",
+    "sharp",
+]
+NOUNS = [
+    "plank",
+    "rod",
+    "brick",
+    "lantern",
+    "pickaxe",
+    "rope",
+    "panel",
+    "gear",
+    "block",
+    "tile",
+    "dye",
+    "torch",
+    "bowl",
+    "hinge",
+    "lens",
+    "frame",
+]
 CRAFT = re.compile(r"craft\s+(\d+)\s+(.+?)\s+using\s+(.+)")
 GET = re.compile(r"get\s+(\d+)\s+(.+)")
 COUNTED = re.compile(r"(\d+)\s+(.+)")
@@ -119,10 +171,13 @@ class Crafting(TextEnv):
         self.max_turns, self.turn, self.inventory = self.optimal + opts.slack, 0, Counter()
         commands = [recipe.command(item) for item, recipe in self.recipes.items()]
         random.Random(f"crafting-order:{task_index}").shuffle(commands)
-        return ("Crafting commands:\n" + "\n".join(commands) +
-                f"\nGoal: craft 1 {self.goal} within {self.max_turns} actions. Items that no command crafts are raw "
-                f"materials: fetch them with get N <item>. Craft with craft N <item> using <ingredients>, or list "
-                f"what you hold with inventory. {action_format('get 2 ' + RAW[0])}")
+        return (
+            "Crafting commands:\n"
+            + "\n".join(commands)
+            + f"\nGoal: craft 1 {self.goal} within {self.max_turns} actions. Items that no command crafts are raw "
+            f"materials: fetch them with get N <item>. Craft with craft N <item> using <ingredients>, or list "
+            f"what you hold with inventory. {action_format('get 2 ' + RAW[0])}"
+        )
 
     def task_info(self) -> dict:
         return {"goal": self.goal, "shortest_plan": self.optimal}
@@ -157,8 +212,9 @@ class Crafting(TextEnv):
             return f"Got {count} {item}.", True
         if m := CRAFT.fullmatch(action):
             return self._craft(int(m.group(1)), m.group(2), m.group(3)), True
-        return (f"Invalid action {action[:60]!r}: use get N <item>, craft N <item> using <ingredients>, or "
-                f"inventory."), False
+        return (
+            f"Invalid action {action[:60]!r}: use get N <item>, craft N <item> using <ingredients>, or inventory."
+        ), False
 
     def _craft(self, count: int, item: str, using: str) -> str:
         recipe = self.recipes.get(item)
@@ -172,7 +228,9 @@ class Crafting(TextEnv):
             given[m.group(2)] = given.get(m.group(2), 0) + int(m.group(1))
         times, rest = divmod(count, recipe.output)
         if count < 1 or rest or given != {name: n * times for name, n in recipe.ingredients}:
-            return f"Wrong ingredients for {count} {item}; the command is: {recipe.command(item)} (scaled by the count)."
+            return (
+                f"Wrong ingredients for {count} {item}; the command is: {recipe.command(item)} (scaled by the count)."
+            )
         missing = [f"{n - self.inventory[name]} {name}" for name, n in given.items() if self.inventory[name] < n]
         if missing:
             return f"Could not craft {count} {item}: missing {', '.join(missing)}."

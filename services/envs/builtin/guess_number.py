@@ -1,9 +1,9 @@
 """Guess the number: find a secret in [1, max_number] from higher/lower feedback. Binary search needs
 at most ceil(log2 n)+1 guesses, which is the turn limit."""
+
 from __future__ import annotations
 
 import random
-from typing import Optional
 
 from pydantic import Field
 
@@ -13,7 +13,7 @@ from services.envs.registry import register_env
 
 class GuessNumberOptions(EnvOptions):
     max_number: int = Field(16, ge=1, le=10**12)
-    max_turns: Optional[int] = Field(None, ge=1, le=1000)
+    max_turns: int | None = Field(None, ge=1, le=1000)
     """Default: ceil(log2 max_number) + 1."""
 
 
@@ -35,8 +35,10 @@ class GuessNumber(TextEnv):
         self.max_turns = opts.max_turns or turn_limit(self.n)
         self.secret = random.Random(task_index).randint(1, self.n)
         self.turn = 0
-        return (f"I am thinking of a whole number from 1 to {self.n}. Find it within {self.max_turns} guesses; "
-                f"after each guess I say higher, lower or correct. {action_format(str((self.n + 1) // 2))}")
+        return (
+            f"I am thinking of a whole number from 1 to {self.n}. Find it within {self.max_turns} guesses; "
+            f"after each guess I say higher, lower or correct. {action_format(str((self.n + 1) // 2))}"
+        )
 
     def task_info(self) -> dict:
         return {"secret": self.secret}

@@ -10,11 +10,11 @@ Difficulty: `size` and `wall_density` (longer, more winding paths), `slack` (few
 `hint` off; easiest: `guide` names the next move of a shortest path. Reward 1 and success when the
 agent steps onto the goal, else 0.
 """
+
 from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Optional
 
 from pydantic import Field
 
@@ -43,7 +43,7 @@ class MazeOptions(EnvOptions):
     guidance voice), so the task is following changing instructions, turn after turn."""
 
 
-def shortest_path(walls: set[Cell], size: int, start: Cell, goal: Cell) -> Optional[list[str]]:
+def shortest_path(walls: set[Cell], size: int, start: Cell, goal: Cell) -> list[str] | None:
     """The moves of one shortest path (BFS), or None when the goal is unreachable."""
     previous: dict[Cell, tuple[Cell, str]] = {}
     queue, seen = deque([start]), {start}
@@ -85,9 +85,11 @@ class Maze(TextEnv):
         self.opts = opts = self.parse_options(options)
         self.walls, self.position, self.goal, self.optimal = generate(task_index, opts.size, opts.wall_density)
         self.max_turns, self.turn = self.optimal + opts.slack, 0
-        text = (f"You are in a {opts.size}x{opts.size} maze (row 0 is the top, column 0 the left) and must reach "
-                f"the goal at row {self.goal[0]}, column {self.goal[1]} within {self.max_turns} moves. Each turn, "
-                f"move up, down, left or right. {action_format('up')}\n")
+        text = (
+            f"You are in a {opts.size}x{opts.size} maze (row 0 is the top, column 0 the left) and must reach "
+            f"the goal at row {self.goal[0]}, column {self.goal[1]} within {self.max_turns} moves. Each turn, "
+            f"move up, down, left or right. {action_format('up')}\n"
+        )
         if opts.show_map:
             text += self.render() + "\n"
         return text + self._where()
@@ -95,13 +97,18 @@ class Maze(TextEnv):
     def render(self) -> str:
         """# wall, . open, A agent, G goal."""
         marks = {self.position: "A", self.goal: "G"}
-        return "\n".join("".join(marks.get((r, c), "#" if (r, c) in self.walls else ".")
-                                 for c in range(self.opts.size)) for r in range(self.opts.size))
+        return "\n".join(
+            "".join(marks.get((r, c), "#" if (r, c) in self.walls else ".") for c in range(self.opts.size))
+            for r in range(self.opts.size)
+        )
 
     def open_moves(self) -> list[str]:
         size, (r, c) = self.opts.size, self.position
-        return [m for m, (dr, dc) in MOVES.items()
-                if 0 <= r + dr < size and 0 <= c + dc < size and (r + dr, c + dc) not in self.walls]
+        return [
+            m
+            for m, (dr, dc) in MOVES.items()
+            if 0 <= r + dr < size and 0 <= c + dc < size and (r + dr, c + dc) not in self.walls
+        ]
 
     def _where(self) -> str:
         text = f"You are at row {self.position[0]}, column {self.position[1]}."

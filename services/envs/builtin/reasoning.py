@@ -9,18 +9,18 @@ Difficulty: `dataset` and its `config` (e.g. basic_arithmetic with {"max_terms":
 is easy, the defaults are hard); see reasoning-gym's dataset configs.
 Needs the optional extra: `pip install -e ".[envs]"` (scripts/setup.sh installs it).
 """
+
 from __future__ import annotations
 
 import functools
 import json
 import random
-from typing import Any, Optional
+from typing import Any
 
 from services.envs.base import EnvOptions, InvalidTask, MissingDependency, StepResult, TextEnv, action_format
 from services.envs.registry import register_env
 
-MISSING = ("the reasoning env needs the `reasoning-gym` package: pip install -e \".[envs]\" "
-           "(scripts/setup.sh installs it)")
+MISSING = 'the reasoning env needs the `reasoning-gym` package: pip install -e ".[envs]" (scripts/setup.sh installs it)'
 
 CHOICE_PAIRS = [("Yes", "No"), ("yes", "no"), ("True", "False"), ("true", "false")]
 
@@ -28,7 +28,7 @@ CHOICE_PAIRS = [("Yes", "No"), ("yes", "no"), ("True", "False"), ("true", "false
 class ReasoningOptions(EnvOptions):
     dataset: str = "basic_arithmetic"
     """reasoning-gym dataset name."""
-    config: Optional[dict[str, Any]] = None
+    config: dict[str, Any] | None = None
     """That dataset's config (its difficulty); default: the dataset's own, except for basic_arithmetic
     where it is one-digit sums and differences of two terms."""
     seed: int = 0
@@ -52,8 +52,7 @@ EASY_ARITHMETIC = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits"
 
 
 def dataset(opts: ReasoningOptions):
-    config = opts.config if opts.config is not None else (
-        EASY_ARITHMETIC if opts.dataset == "basic_arithmetic" else {})
+    config = opts.config if opts.config is not None else (EASY_ARITHMETIC if opts.dataset == "basic_arithmetic" else {})
     return _dataset(opts.dataset, json.dumps(config, sort_keys=True), opts.seed)
 
 

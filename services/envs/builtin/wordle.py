@@ -10,6 +10,7 @@ Difficulty: `vocabulary` (how many words the secret may be), `max_turns`, and `d
 (`crane`) or spaced as LMRL-Gym's Wordle expects (`c r a n e`). Reward 1 and success when the secret
 is guessed, else 0.
 """
+
 from __future__ import annotations
 
 import functools
@@ -61,12 +62,14 @@ class Wordle(TextEnv):
 
     def reset(self, task_index: int, options: dict) -> str:
         self.opts = opts = self.parse_options(options)
-        self.candidates = word_list()[:opts.vocabulary]
+        self.candidates = word_list()[: opts.vocabulary]
         self.secret = random.Random(f"wordle:{task_index}").choice(self.candidates)
         self.max_turns, self.turn = opts.max_turns, 0
-        return (f"Guess the secret five-letter English word within {self.max_turns} guesses. After each guess "
-                f"every letter is marked G (right place), Y (in the word, elsewhere) or _ (not in the word). "
-                f"{action_format('crane')}")
+        return (
+            f"Guess the secret five-letter English word within {self.max_turns} guesses. After each guess "
+            f"every letter is marked G (right place), Y (in the word, elsewhere) or _ (not in the word). "
+            f"{action_format('crane')}"
+        )
 
     def task_info(self) -> dict:
         return {"secret": self.secret}

@@ -3,11 +3,11 @@
 One endpoint, two forms: a page of events after a cursor (JSON, for polling), or with `follow=true` a
 server-sent event stream (`curl -N`, the CLI) that ends when the job has finished. Each SSE message's
 `id` is the event's seq, so a client resumes with `after` or the Last-Event-ID header."""
+
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Optional
 
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
@@ -19,12 +19,25 @@ router = APIRouter(prefix="/v1/jobs", tags=["events"])
 PAGE = 500
 
 
-@router.get("/{job_id}/events", response_model=EventPage, summary="Follow a job's events (JSON page or SSE)",
-            responses={**NOT_FOUND, 200: {"description": "A page of events, or with follow=true an event stream",
-                                          "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
-async def events(request: Request, job_id: str = JobId, after: int = Query(0, ge=0, le=2**53),
-                 follow: bool = Query(False, description="Stream events (SSE) until the job has finished"),
-                 last_event_id: Optional[str] = Header(None)):
+@router.get(
+    "/{job_id}/events",
+    response_model=EventPage,
+    summary="Follow a job's events (JSON page or SSE)",
+    responses={
+        **NOT_FOUND,
+        200: {
+            "description": "A page of events, or with follow=true an event stream",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+    },
+)
+async def events(
+    request: Request,
+    job_id: str = JobId,
+    after: int = Query(0, ge=0, le=2**53),
+    follow: bool = Query(False, description="Stream events (SSE) until the job has finished"),
+    last_event_id: str | None = Header(None),
+):
     page = await asyncio.to_thread(read_page, request, job_id, after)
     if not follow:
         return page
@@ -38,8 +51,9 @@ def read_page(request: Request, job_id: str, after: int) -> EventPage:
     job = get_job(request, job_id)  # before the events: a finished job has all of its events stored
     events = store.events(job_id, after, PAGE)
     next_after = events[-1].seq if events else after
-    return EventPage(events=events, next_after=next_after, job_state=job.state,
-                     finished=job.finished and len(events) < PAGE)
+    return EventPage(
+        events=events, next_after=next_after, job_state=job.state, finished=job.finished and len(events) < PAGE
+    )
 
 
 async def stream(request: Request, job_id: str, after: int):

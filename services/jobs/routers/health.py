@@ -1,4 +1,5 @@
 """Liveness and readiness: the only routes without the token."""
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -10,8 +11,11 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: the job store answers and the reconcile loop runs",
-            responses={503: {"description": "The job store does not answer, or no reconcile pass finished lately"}})
+@router.get(
+    "/readyz",
+    summary="Readiness: the job store answers and the reconcile loop runs",
+    responses={503: {"description": "The job store does not answer, or no reconcile pass finished lately"}},
+)
 def readyz(request: Request):
     try:
         request.app.state.store.ping()

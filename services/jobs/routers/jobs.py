@@ -1,8 +1,10 @@
 """/v1/jobs: submit, list, inspect and cancel jobs."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable, Optional, TypeVar
+from typing import TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,34 +55,54 @@ def repairing(request: Request, read: Callable[[], T]) -> T:
     return read()
 
 
-@router.post("", status_code=201, response_model=Job, summary="Submit a job",
-             responses={400: {"description": "The body is not JSON"},
-                        422: {"description": "Invalid spec; `detail[].loc` names the field"}})
+@router.post(
+    "",
+    status_code=201,
+    response_model=Job,
+    summary="Submit a job",
+    responses={
+        400: {"description": "The body is not JSON"},
+        422: {"description": "Invalid spec; `detail[].loc` names the field"},
+    },
+)
 def submit(request: Request, spec: JobSpec) -> Job:
     try:
         return manager(request).submit(request.app.state.spec_policy.apply(spec))
     except SpecRejected as exc:
         kind = getattr(exc, "kind", "launcher_rejected")
-        raise RequestValidationError([{"type": kind, "loc": ("body", *exc.loc), "msg": exc.message,
-                                       "input": None}]) from None
+        raise RequestValidationError(
+            [{"type": kind, "loc": ("body", *exc.loc), "msg": exc.message, "input": None}]
+        ) from None
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
-def list_jobs(request: Request, state: Optional[list[JobState]] = Query(None, description="Only jobs in these states"),
-              limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=1_000_000)) -> JobPage:
+def list_jobs(
+    request: Request,
+    state: list[JobState] | None = Query(None, description="Only jobs in these states"),
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=1_000_000),
+) -> JobPage:
     jobs, total = repairing(request, lambda: manager(request).store.list(state, limit, offset))
     return JobPage(jobs=jobs, total=total)
 
 
-@router.get("/{job_id}", response_model=Job, summary="A job: state, step, latest metrics, policy version, error",
-            responses=NOT_FOUND)
+@router.get(
+    "/{job_id}",
+    response_model=Job,
+    summary="A job: state, step, latest metrics, policy version, error",
+    responses=NOT_FOUND,
+)
 def read_job(request: Request, job_id: str = JobId) -> Job:
     return get_job(request, job_id)
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=Job,
-             summary="Cancel a job: a queued one at once, a running one once its processes are gone",
-             responses={**NOT_FOUND, **LAUNCHER_DOWN, 409: {"description": "The job has already finished"}})
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=Job,
+    summary="Cancel a job: a queued one at once, a running one once its processes are gone",
+    responses={**NOT_FOUND, **LAUNCHER_DOWN, 409: {"description": "The job has already finished"}},
+)
 def cancel(request: Request, job_id: str = JobId) -> Job:
     try:
         with launcher_errors():

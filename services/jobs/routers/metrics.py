@@ -1,4 +1,5 @@
 """/metrics: the API's Prometheus metrics (jobs by state, request latency)."""
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -7,8 +8,12 @@ from services.jobs.models import STATES
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", response_class=Response, summary="Prometheus metrics",
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    summary="Prometheus metrics",
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
 def metrics(request: Request) -> Response:
     state = request.app.state
     counts = state.store.count_by_state()

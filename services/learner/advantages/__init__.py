@@ -1,4 +1,5 @@
 """Advantage estimators by name (`AlgorithmConfig.advantage`); one module per estimator."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -9,7 +10,7 @@ if TYPE_CHECKING:
     from services.common.config import AlgorithmConfig
     from services.learner.advantages.base import AdvantageEstimator
 
-ADVANTAGES: "Registry[AdvantageEstimator]" = Registry("advantage estimator")
+ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
 ADVANTAGES.register_lazy("grpo", "services.learner.advantages.grpo")
 ADVANTAGES.register_lazy("rloo", "services.learner.advantages.rloo")
 ADVANTAGES.register_lazy("gae", "services.learner.advantages.gae")
@@ -17,5 +18,5 @@ ADVANTAGES.register_lazy("reinforce_plus_plus", "services.learner.advantages.rei
 ADVANTAGES.register_lazy("reinforce_plus_plus_baseline", "services.learner.advantages.reinforce_pp")
 
 
-def build_estimator(config: "AlgorithmConfig") -> "AdvantageEstimator":
+def build_estimator(config: AlgorithmConfig) -> AdvantageEstimator:
     return ADVANTAGES.get(config.advantage).from_config(config)

@@ -1,9 +1,9 @@
 """Advantage estimators: per-token rewards in, per-token advantages out, plus the masked scans and
 group statistics they share."""
+
 from __future__ import annotations
 
 import abc
-from typing import Optional
 
 import torch
 
@@ -22,17 +22,32 @@ class AdvantageEstimator(abc.ABC):
     needs_values: bool = False
 
     @classmethod
-    def from_config(cls, config: AlgorithmConfig) -> "AdvantageEstimator":
+    def from_config(cls, config: AlgorithmConfig) -> AdvantageEstimator:
         return cls()
 
     @abc.abstractmethod
-    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
-                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+    def compute(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> torch.Tensor:
         """Advantages [B, T], zero where response_mask is 0."""
 
-    def advantages_and_returns(self, token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                               group_index: torch.Tensor, *, values: Optional[torch.Tensor] = None,
-                               gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def advantages_and_returns(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(advantages, value targets); the targets matter only to estimators with a critic."""
         adv = self.compute(token_rewards, response_mask, group_index, values=values, gamma=gamma, lam=lam)
         return adv, adv
@@ -48,7 +63,8 @@ def group_sums(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.T
     _, groups = torch.unique(group_index, return_inverse=True)
     n_groups = int(groups.max()) + 1 if groups.numel() else 0
     counts = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, groups, torch.ones_like(values))
+        0, groups, torch.ones_like(values)
+    )
     sums = torch.zeros_like(counts).index_add_(0, groups, values)
     return groups, counts, sums
 

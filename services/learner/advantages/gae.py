@@ -1,19 +1,18 @@
 """GAE with a learned critic (PPO). Steps are the model's tokens; prompt and observation tokens in between
 belong to the next state, so each token's successor is the row's next model token."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
 from services.common.config import AlgorithmConfig
 from services.learner.advantages import ADVANTAGES
-from services.learner.advantages.base import (AdvantageEstimator, masked_whiten, next_masked,
-                                              reverse_discounted_sum)
+from services.learner.advantages.base import AdvantageEstimator, masked_whiten, next_masked, reverse_discounted_sum
 
 
-def gae(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw (unwhitened) advantages and the returns (advantages + values) that the critic regresses on.
 
     delta_t = r_t + gamma * V_next - V_t, with V_next = 0 after the last model token;
@@ -34,18 +33,34 @@ class GAE(AdvantageEstimator):
         self.whiten = whiten
 
     @classmethod
-    def from_config(cls, config: AlgorithmConfig) -> "GAE":
+    def from_config(cls, config: AlgorithmConfig) -> GAE:
         return cls()
 
-    def advantages_and_returns(self, token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                               group_index: torch.Tensor, *, values: Optional[torch.Tensor] = None,
-                               gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    def advantages_and_returns(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if values is None:
             raise ValueError("GAE needs the critic's values")
         adv, returns = gae(token_rewards, values, response_mask, gamma, lam)
         return (masked_whiten(adv, response_mask) if self.whiten else adv), returns
 
-    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
-                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
-        return self.advantages_and_returns(token_rewards, response_mask, group_index, values=values,
-                                           gamma=gamma, lam=lam)[0]
+    def compute(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> torch.Tensor:
+        return self.advantages_and_returns(
+            token_rewards, response_mask, group_index, values=values, gamma=gamma, lam=lam
+        )[0]

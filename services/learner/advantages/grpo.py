@@ -1,7 +1,6 @@
 """GRPO: each trajectory's score against its group (Dr.GRPO without the std division)."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
@@ -19,11 +18,19 @@ class GRPO(AdvantageEstimator):
         self.eps = eps
 
     @classmethod
-    def from_config(cls, config: AlgorithmConfig) -> "GRPO":
+    def from_config(cls, config: AlgorithmConfig) -> GRPO:
         return cls(norm_adv_by_std=config.norm_adv_by_std)
 
-    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
-                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+    def compute(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> torch.Tensor:
         mask = response_mask.to(token_rewards.dtype)
         scores = sequence_scores(token_rewards, mask)
         groups, counts, sums = group_sums(scores, group_index)

@@ -1,14 +1,18 @@
 """REINFORCE++: discounted token returns whitened over the batch; the `_baseline` variant subtracts the
 group's mean score first (verl's reinforce_plus_plus / reinforce_plus_plus_baseline)."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
 from services.learner.advantages import ADVANTAGES
-from services.learner.advantages.base import (AdvantageEstimator, group_sums, masked_whiten,
-                                              reverse_discounted_sum, sequence_scores)
+from services.learner.advantages.base import (
+    AdvantageEstimator,
+    group_sums,
+    masked_whiten,
+    reverse_discounted_sum,
+    sequence_scores,
+)
 
 
 @ADVANTAGES.register("reinforce_plus_plus")
@@ -17,8 +21,16 @@ class ReinforcePlusPlus(AdvantageEstimator):
 
     name = "reinforce_plus_plus"
 
-    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
-                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+    def compute(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> torch.Tensor:
         mask = response_mask.to(token_rewards.dtype)
         return masked_whiten(reverse_discounted_sum(token_rewards, mask, gamma), mask)
 
@@ -29,8 +41,16 @@ class ReinforcePlusPlusBaseline(AdvantageEstimator):
 
     name = "reinforce_plus_plus_baseline"
 
-    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
-                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+    def compute(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> torch.Tensor:
         mask = response_mask.to(token_rewards.dtype)
         scores = sequence_scores(token_rewards, mask)
         groups, counts, sums = group_sums(scores, group_index)

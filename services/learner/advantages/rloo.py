@@ -1,7 +1,6 @@
 """RLOO: each trajectory's score against the mean of the other members of its group."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
@@ -13,8 +12,16 @@ from services.learner.advantages.base import AdvantageEstimator, group_sums, seq
 class RLOO(AdvantageEstimator):
     name = "rloo"
 
-    def compute(self, token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor, *,
-                values: Optional[torch.Tensor] = None, gamma: float = 1.0, lam: float = 1.0) -> torch.Tensor:
+    def compute(
+        self,
+        token_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_index: torch.Tensor,
+        *,
+        values: torch.Tensor | None = None,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+    ) -> torch.Tensor:
         mask = response_mask.to(token_rewards.dtype)
         scores = sequence_scores(token_rewards, mask)
         groups, counts, sums = group_sums(scores, group_index)

@@ -1,4 +1,5 @@
 """How new weights reach the rollout servers. One module per transport, picked by name."""
+
 from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
 
 PUSHERS.register_lazy("grpc", "services.learner.weight_push.grpc_push")

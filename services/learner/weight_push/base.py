@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from services.common.registry import Registry
 
@@ -28,8 +29,9 @@ class WeightPusher(abc.ABC):
     """Whether the learner waits for a registered rollout server before it starts."""
 
     @abc.abstractmethod
-    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False,
-             run: str = "") -> list[PushResult]:
+    def push(
+        self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
+    ) -> list[PushResult]:
         """`rollback` (with this `run`'s name) lets a server at a later version go back to `version`: the
         first push of a learner resumed from a checkpoint older than what the servers hold."""
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from services.common.weights import PackedWeights
 from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
@@ -19,8 +19,9 @@ class GrpcWeightPusher(WeightPusher):
         self.timeout_s = timeout_s
         self.token = token if token is not None else token_from_env()
 
-    def push(self, version, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False,
-             run: str = "") -> list[PushResult]:
+    def push(
+        self, version, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
+    ) -> list[PushResult]:
         return asyncio.run(self._push_all(version, weights, list(addresses), rollback, run))
 
     async def _push_all(self, version, weights, addresses, rollback, run):

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from services.common.weights import PackedWeights
 from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
@@ -15,6 +15,7 @@ class NoPush(WeightPusher):
     def __init__(self, timeout_s: float = 0.0):
         pass
 
-    def push(self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False,
-             run: str = "") -> list[PushResult]:
+    def push(
+        self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
+    ) -> list[PushResult]:
         return []

@@ -1,9 +1,11 @@
 """The generation backend interface: token ids in, token ids and logprobs out."""
+
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from services.common.registry import Registry
 
@@ -15,7 +17,7 @@ class SamplingSpec:
     top_p: float = 1.0
     top_k: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
-    seed: Optional[int] = None
+    seed: int | None = None
 
 
 @dataclass

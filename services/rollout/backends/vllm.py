@@ -6,10 +6,12 @@ worker extension (`vllm_worker_ext.WeightReloadExtension`) called with `collecti
 vLLM starts its engine core and worker in child processes with `spawn`: any script that builds this
 backend needs an `if __name__ == "__main__":` guard.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import psutil
 import torch
@@ -48,7 +50,8 @@ class EngineStatsLogger(StatLoggerBase):
                 waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
                 kv_cache_usage=scheduler_stats.kv_cache_usage,
                 prefix_queries=scheduler_stats.prefix_cache_stats.queries,
-                prefix_hits=scheduler_stats.prefix_cache_stats.hits)
+                prefix_hits=scheduler_stats.prefix_cache_stats.hits,
+            )
         if iteration_stats is not None:
             engine_metrics.record_preemptions(iteration_stats.num_preempted_reqs)
 
@@ -88,7 +91,7 @@ class VllmBackend(RolloutBackend):
         seed: int = 0,
         gpus: int = 1,
         logprobs_mode: str = "processed_logprobs",
-        engine_args: Optional[dict[str, Any]] = None,
+        engine_args: dict[str, Any] | None = None,
     ):
         self.model = str(model)
         self.dtype = dtype
@@ -96,14 +99,24 @@ class VllmBackend(RolloutBackend):
         self.logprobs_mode = logprobs_mode
         self.gpus = gpus
         self.engine_args = dict(engine_args or {})
-        kwargs = engine_kwargs(model=self.model, dtype=dtype, max_model_len=max_model_len,
-                               gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-                               enforce_eager=enforce_eager, seed=seed, gpus=gpus, on_cpu=current_platform.is_cpu(),
-                               ram_bytes=psutil.virtual_memory().total, worker_extension=WORKER_EXTENSION,
-                               logprobs_mode=logprobs_mode, engine_args=self.engine_args)
+        kwargs = engine_kwargs(
+            model=self.model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            gpus=gpus,
+            on_cpu=current_platform.is_cpu(),
+            ram_bytes=psutil.virtual_memory().total,
+            worker_extension=WORKER_EXTENSION,
+            logprobs_mode=logprobs_mode,
+            engine_args=self.engine_args,
+        )
         # nested configs are converted here; vLLM checks the rest (ranges, combinations) in start()
         self._engine_args = AsyncEngineArgs(**kwargs)
-        self._engine: Optional[AsyncLLM] = None
+        self._engine: AsyncLLM | None = None
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -169,8 +182,7 @@ class VllmBackend(RolloutBackend):
         await self.engine.collective_rpc("reload_named_tensors", args=(packed,))
         # Cached KV blocks were computed by the old weights: drop them so no prompt reuses them.
         if not await self.engine.reset_prefix_cache():
-            raise RuntimeError("could not reset vLLM's prefix cache after loading weights "
-                               "(requests still running?)")
+            raise RuntimeError("could not reset vLLM's prefix cache after loading weights (requests still running?)")
 
     async def check_alive(self) -> None:
         # EngineDeadError once the engine core process is gone or its output loop has failed

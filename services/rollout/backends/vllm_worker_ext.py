@@ -3,9 +3,11 @@
 
 Kept in its own module so the worker process imports only this and vLLM, not the backend.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
