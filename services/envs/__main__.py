@@ -22,6 +22,12 @@ def main() -> None:
         default=1000,
         help="Steps after which the service ends an episode whatever the env says",
     )
+    parser.add_argument(
+        "--idle-ttl-s",
+        type=float,
+        default=900.0,
+        help="Episodes with no call for this long are closed by a periodic reaper",
+    )
     parser.add_argument("--workers", type=int, default=32, help="Threads running env calls")
     parser.add_argument(
         "--import",
@@ -63,6 +69,7 @@ def main() -> None:
 
     for module in args.imports:
         importlib.import_module(module)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per AgentGym call; ours are at DEBUG
     config = load_config(args.config)
     service = EnvService(
         step_timeout_s=args.step_timeout_s or config.env.step_timeout_s,
@@ -71,6 +78,7 @@ def main() -> None:
         max_episode_steps=args.max_episode_steps,
         workers=args.workers,
         replica_id=args.replica_id,
+        idle_ttl_s=args.idle_ttl_s,
     )
     asyncio.run(run(args, config, service))
 
@@ -90,7 +98,7 @@ async def run(args, config, service) -> None:
     elif args.peer:
         directory = StaticDirectory(dict(peer.split("=", 1) for peer in args.peer))
     routed = RoutedEnvService(service, directory, timeout_s=service.step_timeout_s + 5.0)
-    tasks = []
+    tasks = [asyncio.create_task(service.reap_forever())]
     if directory is not None:
         await directory.register(service.replica_id, advertise)
         tasks.append(asyncio.create_task(heartbeat(directory, service.replica_id, advertise)))

@@ -4,7 +4,11 @@ receives the inner text, and says so (with the exact action format) in its first
 from __future__ import annotations
 
 import abc
+import contextlib
 import random
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -17,6 +21,16 @@ class InvalidTask(ValueError):
 
 class MissingDependency(InvalidTask):
     """The env needs a package that is not installed (the message says how to install it)."""
+
+
+class TaskRejected(InvalidTask):
+    """This task cannot be played here (its index is outside what the server serves, or its reset
+    never answers): retrying it cannot help, so the episode's group is dropped and the task replaced.
+    `reason` labels the abandoned-task counter: "invalid" or "hung"."""
+
+    def __init__(self, message: str, reason: str = "invalid"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class EnvOptions(BaseModel):
@@ -48,6 +62,11 @@ class TextEnv(abc.ABC):
     """False where `reset` needs a remote server, so datasets are written without prompts."""
 
     @classmethod
+    def task_range(cls, options: dict[str, Any] | None) -> range | None:
+        """The task indices this env can serve with these options; None: any index >= 0."""
+        return None
+
+    @classmethod
     def parse_options(cls, options: dict[str, Any] | None) -> EnvOptions:
         try:
             return cls.Options.model_validate(options or {})
@@ -71,8 +90,31 @@ class TextEnv(abc.ABC):
         """What defines the current task's answer (dataset `reward_model.ground_truth`), e.g. {"answer": "7"}."""
         return {}
 
+    def episode_info(self) -> dict[str, Any]:
+        """What the service returns as `info` from Create and Reset (where the episode runs, say)."""
+        return {}
+
     def close(self) -> None:
         """Releases what the episode holds."""
+
+
+_CALL = threading.local()
+
+
+@contextlib.contextmanager
+def call_deadline_at(deadline: float | None) -> Iterator[None]:
+    """Runs an env call knowing when its caller gives up (time.monotonic()); set by the env service."""
+    previous, _CALL.deadline = getattr(_CALL, "deadline", None), deadline
+    try:
+        yield
+    finally:
+        _CALL.deadline = previous
+
+
+def call_time_left() -> float | None:
+    """Seconds until the current env call's caller gives up; None outside the service (no deadline)."""
+    deadline = getattr(_CALL, "deadline", None)
+    return None if deadline is None else deadline - time.monotonic()
 
 
 def action_format(example: str) -> str:

@@ -5,6 +5,10 @@ tasks from the train split and runs the validation split at the configured inter
 `env.dataset` names a folder of the user's own files (only `task_index` is required: an AgentGym
 `data_idx`, say); otherwise the folder is `<data_dir>/<env>` (`<env>-<hash of options>` when options
 are set) and is generated on first use: train tasks 0..train_tasks-1, validation tasks right after.
+An env whose server serves a fixed set of tasks (`TextEnv.task_range`, e.g. AgentGym maze's games
+0..24) gets splits inside it: when the set is smaller than both splits, the last fifth of it (at most
+`validation_tasks`) is the validation split and the rest the train split. A dataset with a task
+outside the set is rejected before anything uses it.
 
     python -m services.envs.datasets --env maze --set env.train_tasks=2000   # writes data/maze/
 """
@@ -56,13 +60,38 @@ def dataset_dir(env: EnvConfig) -> Path:
 
 def _meta(env: EnvConfig, split: str) -> dict[str, Any]:
     rows = env.train_tasks if split == "train" else env.validation_tasks
-    return {"format": FORMAT, "env": env.name, "options": env.options, "rows": rows}
+    tasks = task_range(env)
+    return {
+        "format": FORMAT,
+        "env": env.name,
+        "options": env.options,
+        "rows": rows,
+        **({"tasks": [tasks.start, tasks.stop]} if tasks is not None else {}),
+    }
+
+
+def task_range(env: EnvConfig) -> range | None:
+    """The task indices the env can serve with these options (None: any)."""
+    from services.envs.registry import ENVS
+
+    try:
+        cls = ENVS.get(env.name)
+    except Exception:  # noqa: BLE001 - the env's package may live only in the env service's image
+        return None
+    return cls.task_range(dict(env.options))
 
 
 def split_range(env: EnvConfig, split: str) -> range:
-    return (
-        range(env.train_tasks) if split == "train" else range(env.train_tasks, env.train_tasks + env.validation_tasks)
-    )
+    tasks = task_range(env)
+    train, validation = env.train_tasks, env.validation_tasks
+    if tasks is None:
+        return range(train) if split == "train" else range(train, train + validation)
+    if train + validation <= len(tasks):
+        return tasks[:train] if split == "train" else tasks[train : train + validation]
+    if len(tasks) < 2:
+        return tasks
+    held_out = min(validation, max(1, len(tasks) // 5))
+    return tasks[: min(train, len(tasks) - held_out)] if split == "train" else tasks[len(tasks) - held_out :]
 
 
 def generate_rows(env: EnvConfig, split: str) -> list[dict[str, Any]]:
@@ -126,7 +155,23 @@ def ensure(env: EnvConfig) -> Path:
         if _stored_meta(path) != _meta(env, split):
             log.info("generating %s", path)
             write_split(env, split, folder)
+    _check_range(env, folder)
     return folder
+
+
+def _check_range(env: EnvConfig, folder: Path) -> None:
+    tasks = task_range(env)
+    if tasks is None:
+        return
+    for split in SPLITS:
+        path = folder / f"{split}.parquet"
+        indices = pq.read_table(path, columns=["task_index"]).column("task_index").to_pylist()
+        outside = sorted({i for i in indices if i not in tasks})
+        if outside:
+            raise ValueError(
+                f"{path}: task indices {outside[:5]}{' ...' if len(outside) > 5 else ''} are outside "
+                f"the tasks {env.name} serves with these options ({tasks.start}..{tasks.stop - 1})"
+            )
 
 
 def _stored_meta(path: Path) -> dict[str, Any] | None:

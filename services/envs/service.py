@@ -27,7 +27,7 @@ from services.common.errors import (
     ServiceError,
 )
 from services.common.registry import Registry
-from services.envs.base import InvalidTask, StepResult, TextEnv
+from services.envs.base import InvalidTask, StepResult, TaskRejected, TextEnv, call_deadline_at
 from services.envs.messages import EnvInfo, EpisodeState
 from services.envs.registry import ENVS
 
@@ -103,6 +103,19 @@ class EnvService:
         self._m_finished = metrics.counter(
             "envs", "episodes_finished_total", "Episodes that reached done", ["env", "success"], registry=reg
         )
+        self._m_abandoned = metrics.counter(
+            "envs",
+            "tasks_abandoned_total",
+            "Tasks an env cannot play (outside its "
+            "server's range, or a reset that never answers): skipped, not retried",
+            ["env", "reason"],
+            registry=reg,
+        )
+        self._m_reaped = metrics.counter(
+            "envs", "episodes_reaped_total", "Idle episodes closed by the reaper", ["env"], registry=reg
+        )
+        self.abandoned_tasks = 0
+        self.reaped_episodes = 0
 
     @property
     def active(self) -> int:
@@ -133,21 +146,22 @@ class EnvService:
                 raise ResourceExhausted(f"{len(self._episodes)} episodes open (max {self.max_episodes}); close some")
             options = dict(options or {})
 
-            def build() -> tuple[TextEnv, str]:
+            def build() -> tuple[TextEnv, str, dict[str, Any]]:
                 instance = cls()
                 try:
-                    return instance, instance.reset(task_index, options)
+                    observation = instance.reset(task_index, options)
+                    return instance, observation, instance.episode_info()
                 except BaseException:
                     _close_quietly(instance)
                     raise
 
             start = time.perf_counter()
-            instance, observation = await self._run(env, build)
+            instance, observation, info = await self._run(env, build)
             self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
             episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
             self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
             self._m_active.set(len(self._episodes))
-            return self._state(episode_id, StepResult(observation))
+            return self._state(episode_id, StepResult(observation, info=dict(info)))
 
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
         ep = self._get(episode_id)
@@ -156,10 +170,12 @@ class EnvService:
             async with ep.lock:
                 self._usable(ep)
                 start = time.perf_counter()
-                observation = await self._run(ep.env_name, lambda: ep.env.reset(task_index, ep.options), ep)
+                observation, info = await self._run(
+                    ep.env_name, lambda: (ep.env.reset(task_index, ep.options), ep.env.episode_info()), ep
+                )
                 self._m_latency.labels(ep.env_name, "reset").observe(time.perf_counter() - start)
                 ep.done, ep.last_used, ep.steps = False, time.monotonic(), 0
-                return self._state(episode_id, StepResult(observation))
+                return self._state(episode_id, StepResult(observation, info=dict(info)))
 
     async def step(self, episode_id: str, action: str) -> EpisodeState:
         ep = self._get(episode_id)
@@ -211,7 +227,13 @@ class EnvService:
             raise FailedPrecondition(f"episode {ep.id} is unusable ({ep.broken}); close it and create another")
 
     async def _run(self, env_name: str, fn: Callable[[], Any], ep: _Episode | None = None) -> Any:
-        cf = self._pool.submit(fn)
+        deadline = time.monotonic() + self.step_timeout_s
+
+        def call() -> Any:
+            with call_deadline_at(deadline):  # an env that waits (a queue, a remote call) ends before we give up
+                return fn()
+
+        cf = self._pool.submit(call)
         if ep is not None:
             ep.running = cf
         fut = asyncio.wrap_future(cf)
@@ -225,6 +247,11 @@ class EnvService:
             raise DeadlineExceeded(f"{env_name}: env call timed out after {self.step_timeout_s:g}s")
         try:
             return fut.result()
+        except TaskRejected as exc:
+            self.abandoned_tasks += 1
+            self._m_abandoned.labels(env_name, exc.reason).inc()
+            log.warning("task abandoned (%s): %s", exc.reason, exc)
+            raise InvalidArgument(f"task abandoned ({exc.reason}): {exc}") from None
         except InvalidTask as exc:
             raise InvalidArgument(str(exc)) from None
         except ServiceError:
@@ -258,13 +285,34 @@ class EnvService:
         now = time.monotonic()
         if now - self._last_sweep < 1.0:
             return
-        self._last_sweep = now
+        self.reap_idle(now)
+
+    def reap_idle(self, now: float | None = None) -> int:
+        """Closes every episode idle for longer than `idle_ttl_s` (its caller is gone: a crashed rollout,
+        a script that never closed); returns how many."""
+        now = time.monotonic() if now is None else now
+        self._last_sweep, reaped = now, 0
         for ep in list(self._episodes.values()):
             if now - ep.last_used > self.idle_ttl_s and not ep.lock.locked():
-                log.info("closing episode %s idle for %.0fs", ep.id, now - ep.last_used)
+                log.info("closing episode %s (%s) idle for %.0fs", ep.id, ep.env_name, now - ep.last_used)
                 self._episodes.pop(ep.id, None)
                 self._close_later(ep)
+                self._m_reaped.labels(ep.env_name).inc()
+                reaped += 1
+        self.reaped_episodes += reaped
         self._m_active.set(len(self._episodes))
+        return reaped
+
+    async def reap_forever(self, period_s: float | None = None) -> None:
+        """The idle-episode reaper: runs until cancelled, every `period_s` (default a tenth of the TTL,
+        1 s to 60 s), so idle episodes are closed even when no Create arrives."""
+        period_s = period_s or min(max(self.idle_ttl_s / 10, 1.0), 60.0)
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                self.reap_idle()
+            except Exception:  # noqa: BLE001 - the reaper must outlive one bad close
+                log.exception("idle-episode reaper failed; it runs again in %.0fs", period_s)
 
     def _state(self, episode_id: str, result: StepResult) -> EpisodeState:
         try:

@@ -133,13 +133,13 @@ class LocalRun:
         return procs
 
     def start(self) -> None:
+        from services.envs.datasets import ensure
+
+        self.say(f"task dataset: {ensure(self.config.env)}")  # first: a dataset the env cannot serve fails here
         self.prepare_model()
         ports = self._assign_addresses()
         self.metrics_ports = {name: ports[f"{name}_m"] for name in ("envs", "reward", "rollout", "learner")}
         self.metrics_ports.update({name: ports[f"{name}_m"] for name in self._env_names()})
-        from services.envs.datasets import ensure
-
-        self.say(f"task dataset: {ensure(self.config.env)}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(dump_config(self.config))

@@ -3,28 +3,22 @@ warm-started on the task format. Real users pass `model.path` instead."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from pathlib import Path
 
 from services.common.config import TrainConfig
 
 
-def env_corpus(config: TrainConfig, episodes: int = 200) -> list[str]:
-    """Text the tokenizer is trained on: what the env says and what a valid agent answers."""
-    from services.envs.registry import ENVS
+def env_corpus(config: TrainConfig, episodes: int = 200, say: Callable[[str], None] | None = None) -> list[str]:
+    """Text the tokenizer is trained on: what the env says and what a valid agent answers (random-policy
+    episodes; every env is closed, and a task the env cannot play is skipped)."""
+    from services.envs.demos import random_episodes
 
-    rng, texts = random.Random(config.seed), []
-    for i in range(episodes):
-        env = ENVS.create(config.env.name)
-        texts.append(env.reset(i, dict(config.env.options)))
-        for _ in range(config.env.max_turns):
-            action = env.random_action(rng)
-            texts.append(f"<action>{action}</action>")
-            result = env.step(action)
-            texts.append(result.observation)
-            if result.done:
-                break
+    texts = []
+    for demo in random_episodes(config.env, episodes, seed=config.seed, say=say):
+        texts.append(demo.observation)
+        for action, result in demo.steps:
+            texts += [f"<action>{action}</action>", result.observation]
     return texts
 
 
@@ -32,7 +26,7 @@ def prepare_tiny_model(config: TrainConfig, root: Path, say: Callable[[str], Non
     from services.common.tiny_model import build_tiny_model
     from services.learner.warmstart import warmstart
 
-    base = build_tiny_model(root / "base", env_corpus(config), seed=config.seed)
+    base = build_tiny_model(root / "base", env_corpus(config, say=say), seed=config.seed)
     if not config.model.warmstart_steps:
         return base
     say(f"warm-starting the tiny model on the {config.env.name} action format ({config.model.warmstart_steps} steps)")

@@ -13,23 +13,22 @@ import torch
 from services.common.config import EnvConfig
 
 
-def demo_episodes(env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+def demo_episodes(
+    env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: int, say: Callable[[str], None] | None = None
+) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of `count` random-policy episodes, built exactly as the agent loop builds them."""
-    from services.envs.registry import ENVS
+    from services.envs.demos import random_episodes
 
-    rng, out = random.Random(seed), []
+    out = []
     eos = formatter.stop_token_ids[0] if tokenizer.eos_token_id is None else tokenizer.eos_token_id
-    for i in range(count):
-        env = ENVS.create(env_cfg.name)
-        # task indices far above the training range, so warm-start never sees an RL task
-        obs = env.reset(10**9 + seed * 100_000 + i, dict(env_cfg.options))
-        ids = formatter.initial(obs)
+    # task indices far above the training range (where the env has no fixed task set), so warm-start never
+    # sees an RL task
+    for demo in random_episodes(env_cfg, count, seed, first_task=10**9 + seed * 100_000, say=say):
+        ids = formatter.initial(demo.observation)
         mask = [0] * len(ids)
-        for _ in range(env_cfg.max_turns):
-            action = env.random_action(rng)
+        for action, result in demo.steps:
             reply = tokenizer(f"<action>{action}</action>", add_special_tokens=False)["input_ids"] + [eos]
             ids, mask = ids + reply, mask + [1] * len(reply)
-            result = env.step(action)
             if result.done:
                 break
             obs_ids = formatter.observation(result.observation)
@@ -72,7 +71,9 @@ def warmstart(
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    episodes = demo_episodes(env_cfg, ChatFormatter(tokenizer), tokenizer, count=max(256, batch_size * 8), seed=seed)
+    episodes = demo_episodes(
+        env_cfg, ChatFormatter(tokenizer), tokenizer, count=max(256, batch_size * 8), seed=seed, say=say
+    )
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.train()
     optim = torch.optim.AdamW(model.parameters(), lr=lr)

@@ -8,10 +8,18 @@ Every game is the same small one so a scripted policy can win it: each observati
 Test hooks, as actions: `explode` (HTTP 200 with {"error": ...}), `sleep` (answers after 30 s),
 `crash` (an exception outside the try blocks: HTTP 500). WebShop adds POST /__restart (forgets every
 environment, as a restarted process would) and hands out ids again past FAKE_MAX_ENVS creations;
-TextCraft and BabyAI add GET /__live (environments not closed)."""
+TextCraft, BabyAI and LMRL-Gym add GET /__live (environments not closed; LMRL-Gym has no /close, so
+every one it created) and GET /__stats (most requests in flight at once, step calls received).
+
+Behaviour of the real servers (shared/agentgym-protocol.md, "Behaviour seen"), always on: maze serves
+games 0..24 only (25: an empty error text, 26 and above: "The game N is not valid.") and ignores any
+action but its four moves without a word. Switched on by environment variables: FAKE_HANG_TASKS
+(comma-separated BabyAI data_idx whose reset never answers, as 1000000234 did) and FAKE_SLOW_S (every
+request takes FAKE_SLOW_S x (requests in flight)^2 seconds: a server that slows down with concurrency)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import sys
@@ -19,7 +27,12 @@ import time
 from typing import Any
 
 import uvicorn
-from fastapi import Body, FastAPI, Query
+from fastapi import Body, FastAPI, Query, Request
+
+MAZE_GAMES = 25
+MAZE_MOVES = ("move up", "move down", "move left", "move right")
+HANG_TASKS = {int(t) for t in os.environ.get("FAKE_HANG_TASKS", "").split(",") if t.strip()}
+SLOW_S = float(os.environ.get("FAKE_SLOW_S", "0"))
 
 ACTIONS = {
     "textcraft": "get 1 plank",
@@ -40,6 +53,8 @@ class Game:
 
     def step(self, action: str) -> tuple[str, float, bool]:
         self.actions.append(action)
+        if self.family == "maze" and action not in MAZE_MOVES:  # ignored without a word, as the real one does
+            return self.observation(), -1.0, False
         if action == "crash":
             raise RuntimeError("crash requested")
         if action == "sleep":
@@ -60,8 +75,35 @@ class Game:
         return 1.0 if won else 0.0
 
 
+def instrument(app: FastAPI) -> FastAPI:
+    """Counts requests in flight (and the most at once); with FAKE_SLOW_S each one takes longer the more
+    run at once, as a one-worker AgentGym server does."""
+    app.state.in_flight, app.state.peak, app.state.steps, app.state.closes = 0, 0, 0, 0
+
+    @app.middleware("http")
+    async def load(request: Request, call_next):
+        if request.url.path.startswith("/__"):
+            return await call_next(request)
+        app.state.in_flight += 1
+        app.state.peak = max(app.state.peak, app.state.in_flight)
+        app.state.steps += request.url.path.endswith("/step")
+        app.state.closes += request.url.path.endswith("/close")
+        try:
+            if SLOW_S:
+                await asyncio.sleep(SLOW_S * app.state.in_flight**2)
+            return await call_next(request)
+        finally:
+            app.state.in_flight -= 1
+
+    @app.get("/__stats")
+    def stats() -> dict:
+        return {"peak_in_flight": app.state.peak, "steps": app.state.steps, "closes": app.state.closes}
+
+    return app
+
+
 def textcraft_style(family: str) -> FastAPI:
-    app, envs, ids = FastAPI(), {}, itertools.count()
+    app, envs, ids = instrument(FastAPI()), {}, itertools.count()
     app.state.envs = envs
 
     @app.get("/")
@@ -79,6 +121,8 @@ def textcraft_style(family: str) -> FastAPI:
 
     @app.post("/reset")
     def reset(body: dict = Body(...)) -> Any:
+        if family == "babyai" and body.get("data_idx") in HANG_TASKS:
+            time.sleep(3600)  # the real server spins on such a level until restarted
         try:
             envs[body["id"]] = game = Game(family, body["data_idx"] if family == "babyai" else body.get("data_idx", 0))
         except KeyError as exc:
@@ -109,9 +153,11 @@ def textcraft_style(family: str) -> FastAPI:
     def observation(id: int = Query(...)) -> Any:
         return envs[id].observation() if envs.get(id) else {"error": "no such env"}
 
-    @app.post("/close")
-    def close(body: dict = Body(...)) -> bool:
-        return envs.pop(body.get("id"), "missing") != "missing"
+    if not os.environ.get("FAKE_NO_CLOSE"):  # an older server of the family, without /close
+
+        @app.post("/close")
+        def close(body: dict = Body(...)) -> bool:
+            return envs.pop(body.get("id"), "missing") != "missing"
 
     @app.get("/__live")
     def live() -> int:
@@ -121,8 +167,12 @@ def textcraft_style(family: str) -> FastAPI:
 
 
 def lmrl_style() -> FastAPI:
-    app, envs = FastAPI(), {"maze": {}, "wordle": {}}
+    app, envs = instrument(FastAPI()), {"maze": {}, "wordle": {}}
     app.state.envs = envs
+
+    @app.get("/__live")
+    def live() -> int:
+        return sum(len(table) for table in envs.values())
 
     @app.get("/")
     def hello() -> str:
@@ -140,7 +190,12 @@ def lmrl_style() -> FastAPI:
 
             @app.post(f"/{game_name}/reset")
             def reset(body: dict = Body(...)) -> Any:
-                table[body["id"]] = game = Game(game_name, body[task_field])
+                task = body[task_field]
+                if game_name == "maze" and task == MAZE_GAMES:  # an assertion with no message fails inside
+                    return {"error": ""}
+                if game_name == "maze" and not 0 <= task < MAZE_GAMES:
+                    return {"error": f"The game {task} is not valid."}
+                table[body["id"]] = game = Game(game_name, task)
                 reply = {"observation": game.observation()}
                 return {"id": body["id"], **reply} if game_name == "wordle" else reply
 

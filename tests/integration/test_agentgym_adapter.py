@@ -1,38 +1,53 @@
 """The rollout agent loop against AgentGym-protocol servers (fakes written from the spec, one per family
 shape, each a real uvicorn process): every family's routes and fields, errors inside HTTP 200
-replies, replies slower than the deadline, a server killed mid-episode, and WebShop recycling."""
+replies, replies slower than the deadline, a server killed mid-episode, and WebShop recycling; and the
+real servers' behaviour: maze's task range and error texts, actions it ignores, a BabyAI reset that
+never answers, a server that slows down with concurrency, families without /close, idle episodes,
+and a lone server restarted under the real producer."""
 
 import asyncio
 import os
+import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from prometheus_client import CollectorRegistry
 
 from services.common.config import EnvConfig, RolloutConfig, load_config
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
 from services.common.grpc_server import free_port
+from services.common.run_state import AsyncRunState, RunState
+from services.common.stream import TrajectoryStream
 from services.envs.agentgym.env import _POOLS
+from services.envs.agentgym.profiles import PROFILES
 from services.envs.client import InProcessEnvClient
 from services.envs.datasets import TaskSplit
+from services.envs.demos import DemoStats, random_episodes
+from services.envs.messages import EpisodeState
 from services.envs.service import EnvService
 from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
+from services.rollout.producer import Producer
 from services.rollout.prompting import ChatFormatter
+from tests.integration.test_leases_producer import FlakyRewards, LearnerPace, play
 from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer  # noqa: F401 - fixture
 
 FAKE = Path(__file__).with_name("agentgym_fake.py")
 
 
 class FakeServer:
-    def __init__(self, shape: str, tmp: Path, **env: str):
-        self.port = free_port()
+    def __init__(self, shape: str, tmp: Path, port: int | None = None, **env: str):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"{shape}-{self.port}.log"
+        self.log = tmp / f"{shape}-{self.port}-{time.monotonic_ns()}.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, str(FAKE), shape, str(self.port)],
@@ -85,8 +100,8 @@ def follow_next(observation: str) -> str:
     return f"<action>{SPELLING.get(wanted, wanted)}</action>"
 
 
-def make_loop(tokenizer, options, reply=follow_next, timeout_s=5.0, attempts=2, group_size=3):
-    service = EnvService(step_timeout_s=timeout_s + 5)
+def make_loop(tokenizer, options, reply=follow_next, timeout_s=5.0, attempts=2, group_size=3, service=None):
+    service = service or EnvService(step_timeout_s=timeout_s + 5)
     loop = AgentLoop(
         ScriptedPolicy(tokenizer, reply),
         InProcessEnvClient(service),
@@ -279,3 +294,295 @@ def test_one_config_entry_trains_against_a_server(servers, tokenizer, tmp_path):
     )
     traj = asyncio.run(loop.run_episode(split.draw("0:0"), group_id="g"))
     assert traj.success and traj.env == "agentgym"
+
+
+# --- the real servers' behaviour (shared/agentgym-protocol.md, "Behaviour seen on the real servers") ---
+
+
+def stats(server):
+    return httpx.get(server.url + "/__stats").json()
+
+
+def sample(registry, name, **labels):
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_maze_task_range_real_error_texts_and_datasets_inside_it(servers, tokenizer, tmp_path):
+    url = servers["lmrl"].url
+    registry = CollectorRegistry()
+    service = EnvService(metrics_registry=registry)
+    client = InProcessEnvClient(service)
+
+    async def main():
+        wide = {"family": "maze", "base_url": url, "task_range": [0, 100]}  # let 25 and 26 reach the server
+        with pytest.raises(InvalidArgument, match=r"abandoned \(invalid\).*rejects task 25: \(an empty error"):
+            await client.create("agentgym", 25, wide)
+        with pytest.raises(InvalidArgument, match=r"rejects task 26: The game 26 is not valid\."):
+            await client.create("agentgym", 26, wide)
+        before = stats(servers["lmrl"])["steps"], httpx.get(url + "/__live").json()
+        with pytest.raises(InvalidArgument, match=r"task 30 is outside the tasks its server serves \(0\.\.24\)"):
+            await client.create("agentgym", 30, {"family": "maze", "base_url": url})
+        assert (stats(servers["lmrl"])["steps"], httpx.get(url + "/__live").json()) == before  # never sent
+        state = await client.create("agentgym", 24, {"family": "maze", "base_url": url})
+        await client.close(state.episode_id)
+
+    asyncio.run(main())
+    assert service.abandoned_tasks == 3
+    assert sample(registry, "omrl_envs_tasks_abandoned_total", env="agentgym", reason="invalid") == 3
+
+    # the documented one-entry config: generated splits stay inside games 0..24
+    config = load_config(
+        None, ["env.name=agentgym", f"env.data_dir={tmp_path}", f"env.options={{family: maze, base_url: '{url}'}}"]
+    )
+    assert TaskSplit.load(config.env, "train").task_indices == list(range(20))
+    assert TaskSplit.load(config.env, "validation").task_indices == list(range(20, 25))
+    own = tmp_path / "own"
+    own.mkdir()
+    for split in ("train", "validation"):
+        pq.write_table(pa.table({"task_index": [3, 576]}), own / f"{split}.parquet")
+    with pytest.raises(ValueError, match=r"task indices \[576\] are outside the tasks agentgym serves"):
+        TaskSplit.load(config.env.model_copy(update={"dataset": str(own)}), "train")
+
+    # an invalid task is not retried on a fresh environment: the group fails at once, not retryable
+    loop, _ = make_loop(tokenizer, {"family": "maze", "base_url": url, "task_range": [0, 100]}, attempts=3)
+    with pytest.raises(EpisodeFailed, match="The game 40 is not valid") as err:
+        asyncio.run(loop.run_group(task_index=40, group_id="g"))
+    assert not err.value.retryable and loop.stats["episode_retries"] == 0
+
+
+def test_maze_actions_the_server_would_ignore_are_answered_here(servers):
+    server = servers["lmrl"]
+
+    async def main():
+        client = InProcessEnvClient(EnvService())
+        state = await client.create("agentgym", 2, {"family": "maze", "base_url": server.url, "max_turns": 3})
+        steps = stats(server)["steps"]
+        ignored = await client.step(state.episode_id, "up")
+        assert "Action not understood: 'up'" in ignored.observation and "move up" in ignored.observation
+        assert ignored.info["action_valid"] is False and not ignored.done
+        assert stats(server)["steps"] == steps  # not sent: the server would have said nothing
+        moved = await client.step(state.episode_id, "Move  Up")  # case and spacing are ours to fix
+        assert moved.info["action_valid"] is True and "1 to go" in moved.observation
+        last = await client.step(state.episode_id, "north")
+        assert last.done and not last.success and "Out of turns" in last.observation
+        await client.close(state.episode_id)
+
+    asyncio.run(main())
+
+
+def test_a_reset_that_never_answers_abandons_the_task_and_the_run_goes_on(tokenizer, tmp_path):
+    server = FakeServer("babyai", tmp_path, FAKE_HANG_TASKS="7")
+    registry = CollectorRegistry()
+    service = EnvService(step_timeout_s=5, metrics_registry=registry)
+    options = {"family": "babyai", "base_url": server.url, "timeout_s": 1.0}
+    try:
+
+        async def main():
+            client = InProcessEnvClient(service)
+            start = time.monotonic()
+            with pytest.raises(InvalidArgument, match=r"abandoned \(hung\).*reset of task 7 never answered"):
+                await client.create("agentgym", 7, options)
+            assert time.monotonic() - start < 4.0  # the adapter's deadline, not the service's
+            state = await client.create("agentgym", 8, options)
+            assert not (await client.step(state.episode_id, "move forward")).done
+            await client.close(state.episode_id)
+
+        asyncio.run(main())
+        assert service.abandoned_tasks == 1
+        assert sample(registry, "omrl_envs_tasks_abandoned_total", env="agentgym", reason="hung") == 1
+
+        loop, _ = make_loop(tokenizer, options, attempts=3, group_size=2, service=service)
+        with pytest.raises(EpisodeFailed, match="never answered") as err:
+            asyncio.run(loop.run_group(task_index=7, group_id="g"))
+        assert not err.value.retryable and loop.stats["episode_retries"] == 0
+
+        # the tiny model's corpus and warm-start meet it too: skipped, the others played and closed
+        demo_stats = DemoStats()
+        env_cfg = EnvConfig(name="agentgym", options=options, max_turns=2)
+        demos = list(random_episodes(env_cfg, 4, seed=0, first_task=5, stats=demo_stats))
+        assert [d.task_index for d in demos] == [5, 6, 8, 9] and demo_stats.skipped == {"hung": 1}
+        assert httpx.get(server.url + "/__live", timeout=5).json() == 0
+    finally:
+        server.kill()
+
+
+def test_a_server_slowed_by_concurrency_gets_at_most_max_concurrent_calls(tokenizer, tmp_path):
+    """Each request takes 0.01 s x (requests in flight)^2: 4 at once answer in 0.16 s, 8 or more
+    miss a 0.5 s deadline."""
+    fast_enough = FakeServer("babyai", tmp_path, FAKE_SLOW_S="0.01")
+    overloaded = FakeServer("babyai", tmp_path, FAKE_SLOW_S="0.01")
+    try:
+        loop, service = make_loop(
+            tokenizer,
+            {"family": "babyai", "base_url": fast_enough.url, "timeout_s": 0.5, "max_concurrent": 4},
+            attempts=1,
+            group_size=32,
+        )
+        group = asyncio.run(loop.run_group(task_index=1, group_id="g"))
+        assert len(group) == 32 and all(t.success for t in group)
+        assert loop.stats["episodes_failed"] == 0 and service.active == 0
+        assert stats(fast_enough)["peak_in_flight"] <= 4
+
+        loop, _ = make_loop(
+            tokenizer,
+            {"family": "babyai", "base_url": overloaded.url, "timeout_s": 0.5, "max_concurrent": 64},
+            attempts=1,
+            group_size=32,
+        )
+        with pytest.raises(EpisodeFailed, match="DeadlineExceeded"):
+            asyncio.run(loop.run_group(task_index=1, group_id="g"))
+        assert stats(overloaded)["peak_in_flight"] >= 8
+    finally:
+        fast_enough.kill()
+        overloaded.kill()
+
+
+def test_idle_episodes_are_reaped_on_a_timer(servers):
+    registry = CollectorRegistry()
+    service = EnvService(idle_ttl_s=0.3, metrics_registry=registry)
+    server = servers["textcraft"]
+
+    before = httpx.get(server.url + "/__live").json()  # what earlier tests left on the shared server
+
+    async def main():
+        client = InProcessEnvClient(service)
+        for task in range(3):
+            await client.create("agentgym", task, {"family": "textcraft", "base_url": server.url})
+        assert httpx.get(server.url + "/__live").json() == before + 3
+        reaper = asyncio.create_task(service.reap_forever(period_s=0.1))
+        deadline = time.monotonic() + 10
+        while (service.active or httpx.get(server.url + "/__live").json() > before) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # no Create arrives meanwhile
+        reaper.cancel()
+
+    asyncio.run(main())
+    assert service.active == 0 and service.reaped_episodes == 3
+    assert sample(registry, "omrl_envs_episodes_reaped_total", env="agentgym") == 3
+    assert httpx.get(server.url + "/__live").json() == before, "reaped episodes are closed on the server too"
+
+
+def eventually(read, want, timeout_s=10.0):
+    """Closes run in the service's worker threads after the episode ends: wait for them."""
+    deadline = time.monotonic() + timeout_s
+    while read() != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return read()
+
+
+def test_open_environments_are_counted_and_a_missing_close_is_called_once(servers, tokenizer, tmp_path):
+    from services.envs.agentgym.servers import REMOTE_OPEN
+
+    def open_envs(family, url):
+        return REMOTE_OPEN.labels(family, url)._value.get()
+
+    lmrl = FakeServer("lmrl", tmp_path)
+    textcraft = FakeServer("textcraft", tmp_path)
+    no_close = FakeServer("textcraft", tmp_path, FAKE_NO_CLOSE="1")
+    try:
+        loop, _ = make_loop(tokenizer, {"family": "maze", "base_url": lmrl.url}, group_size=2)
+        asyncio.run(loop.run_group(task_index=2, group_id="g"))
+        assert httpx.get(lmrl.url + "/__live").json() == 2 == open_envs("maze", lmrl.url)  # no /close: they stay
+        assert stats(lmrl)["closes"] == 0
+
+        loop, _ = make_loop(tokenizer, {"family": "textcraft", "base_url": textcraft.url}, group_size=2)
+        asyncio.run(loop.run_group(task_index=2, group_id="g"))
+        assert eventually(lambda: open_envs("textcraft", textcraft.url), 0) == 0
+        assert httpx.get(textcraft.url + "/__live").json() == 0
+
+        loop, _ = make_loop(tokenizer, {"family": "textcraft", "base_url": no_close.url}, group_size=3)
+        for task in (2, 3):
+            assert all(t.success for t in asyncio.run(loop.run_group(task_index=task, group_id=f"g{task}")))
+        assert eventually(lambda: open_envs("textcraft", no_close.url), 6) == 6
+        assert httpx.get(no_close.url + "/__live").json() == 6
+        assert stats(no_close)["closes"] == 1, "a 404 on /close is learnt, not repeated"
+    finally:
+        for server in (lmrl, textcraft, no_close):
+            server.kill()
+
+
+def test_create_info_names_the_remote_environment(servers):
+    async def main():
+        client = InProcessEnvClient(EnvService())
+        state = await client.create("agentgym", 3, {"family": "textcraft", "base_url": servers["textcraft"].url})
+        await client.close(state.episode_id)
+        return state
+
+    state = asyncio.run(main())
+    for info in (state.info, EpisodeState.from_proto(state.to_proto()).info):  # in process and on the wire
+        assert info["family"] == "textcraft" and info["server"] == servers["textcraft"].url
+        assert info["task_index"] == 3 and type(info["remote_id"]) is int
+
+
+def test_textcraft_random_policy_plays_every_action_form():
+    observation = (
+        "Crafting commands:\ncraft 1 blue dye using 1 lapis lazuli\n"
+        "craft 4 oak planks using 1 oak log\ncraft 1 stick bundle using 2 oak planks, 1 string\n"
+        "Goal: craft blue dye."
+    )
+    rng = random.Random(0)
+    actions = [PROFILES["textcraft"].random_action(observation, rng) for _ in range(300)]
+    kinds = {a.split()[0] for a in actions}
+    assert kinds == {"get", "craft", "inventory"}
+    fetched = {" ".join(a.split()[2:]) for a in actions if a.startswith("get ")}
+    assert fetched == {"lapis lazuli", "oak log", "string"}  # raw materials only, never a crafted item
+
+
+def test_a_restart_of_the_only_server_does_not_end_the_run(tokenizer, tmp_path, redis_url, run_name):
+    """The real producer (group leases in Redis) over the agent loop: the lone BabyAI server is killed
+    mid-run and started again on its port; the groups it broke are replayed and every slot publishes."""
+    server = FakeServer("babyai", tmp_path)
+    calls, restarted = [], []
+
+    def restart():
+        time.sleep(1.0)
+        restarted.append(FakeServer("babyai", tmp_path, port=server.port))
+
+    def reply(observation):
+        calls.append(observation)
+        if len(calls) == 6:
+            server.kill()
+            threading.Thread(target=restart, daemon=True).start()
+        return follow_next(observation)
+
+    config = load_config(
+        None,
+        [
+            f"run={run_name}",
+            f"stream.redis_url={redis_url}",
+            "learner.steps=2",
+            "rollout.groups_per_step=2",
+            "rollout.group_size=2",
+            "rollout.group_retry_backoff_s=0.5",
+            "env.name=agentgym",
+            "env.max_turns=8",
+            f"env.data_dir={tmp_path}",
+            "env.train_tasks=20",
+            f"env.options={{family: babyai, base_url: '{server.url}', timeout_s: 2}}",
+        ],
+    )
+    state = RunState.connect(config)
+    try:
+        stream = TrajectoryStream(state.client, state.trajectories_key)
+        loop = AgentLoop(
+            ScriptedPolicy(tokenizer, reply),
+            InProcessEnvClient(EnvService()),
+            ChatFormatter(tokenizer),
+            PARSERS.create("xml_action"),
+            config.rollout,
+            config.env,
+            max_model_len=4096,
+        )
+        producer = Producer(
+            config, loop, FlakyRewards(), AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.05, holder="a"
+        )
+        asyncio.run(asyncio.wait_for(play(producer), 90))
+        counters = state.rollout_counters()
+        assert restarted, "the server was restarted"
+        assert counters["groups_published"] == 4 and counters["groups_dropped"] >= 1
+        assert counters.get("groups_dead_lettered", 0) == 0 and state.leases.held() == {}
+        assert stream.length() == 4
+    finally:
+        state.reset()
+        server.kill()
+        for again in restarted:
+            again.kill()

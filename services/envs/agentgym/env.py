@@ -6,10 +6,13 @@ family, pinned to that server from create to close. Train against running server
       options: {family: textcraft, base_url: "http://127.0.0.1:8000"}
 
 `base_url` may list several servers of the family; each episode goes to the one with the fewest open
-episodes and stays there. Every call has a deadline (`timeout_s`), and every failure is a typed
-error: an `{"error": ...}` reply in an HTTP 200 body (ErrorReply, INTERNAL), no reply in time
+episodes and stays there. At most `max_concurrent` calls are in flight per server; the others queue
+here, within the caller's deadline. Every call has a deadline (`timeout_s`), and every failure is a
+typed error: an `{"error": ...}` reply in an HTTP 200 body (ErrorReply, INTERNAL), no reply in time
 (DEADLINE_EXCEEDED), a server that is gone (UNAVAILABLE). The rollout retries such episodes on a
-fresh environment and never scores them."""
+fresh environment and never scores them. A task the server cannot play (outside its task range, an
+error that says so, a reset that never answers) is rejected instead (TaskRejected, INVALID_ARGUMENT):
+retrying it cannot help, so the group is dropped at once and its slot replayed on a fresh task."""
 
 from __future__ import annotations
 
@@ -21,10 +24,10 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from services.common.errors import Internal, ServiceError
+from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ServiceError
 from services.envs.agentgym.profiles import PROFILES, Profile
-from services.envs.agentgym.servers import Server, ServerPool
-from services.envs.base import EnvOptions, StepResult, TextEnv, action_format
+from services.envs.agentgym.servers import ErrorReply, Server, ServerPool
+from services.envs.base import EnvOptions, StepResult, TaskRejected, TextEnv, action_format
 from services.envs.registry import register_env
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,10 @@ class AgentGymOptions(EnvOptions):
     """The family's server(s), e.g. http://127.0.0.1:8000."""
     timeout_s: float = Field(8.0, gt=0, le=600)
     """Deadline of one HTTP call (keep it below the env service's step timeout)."""
+    max_concurrent: int = Field(8, ge=1, le=1024)
+    """Calls in flight at once per server; more queue here (an AgentGym server slows down under load)."""
+    task_range: tuple[int, int] | None = None
+    """[start, stop) of the task indices the servers serve; default: the family's (maze 0..24), else any."""
     max_turns: int = Field(30, ge=1, le=10000)
     """Turns after which the episode ends (done, not a success)."""
     recycle_after: int | None = Field(None, ge=1)
@@ -53,9 +60,20 @@ class AgentGymOptions(EnvOptions):
             raise ValueError(f"unknown AgentGym family {family!r}; known: {', '.join(sorted(PROFILES))}")
         return family
 
+    @field_validator("task_range")
+    @classmethod
+    def _ordered(cls, bounds: tuple[int, int] | None) -> tuple[int, int] | None:
+        if bounds is not None and not 0 <= bounds[0] < bounds[1]:
+            raise ValueError(f"task_range must be [start, stop) with 0 <= start < stop, got {list(bounds)}")
+        return bounds
+
     @property
     def urls(self) -> list[str]:
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
+    def tasks(self) -> range | None:
+        bounds = self.task_range or PROFILES[self.family].task_range
+        return None if bounds is None else range(*bounds)
 
 
 # Shared by every episode of this process: the servers' HTTP connections and their open-episode and
@@ -66,7 +84,15 @@ _POOLS_LOCK = threading.Lock()
 
 def pool_for(opts: AgentGymOptions, profile: Profile) -> ServerPool:
     key = json.dumps(
-        [opts.family, opts.urls, opts.timeout_s, opts.recycle_after, opts.recycle_command, opts.recycle_wait_s]
+        [
+            opts.family,
+            opts.urls,
+            opts.timeout_s,
+            opts.recycle_after,
+            opts.recycle_command,
+            opts.recycle_wait_s,
+            opts.max_concurrent,
+        ]
     )
     with _POOLS_LOCK:
         if key not in _POOLS:
@@ -77,6 +103,8 @@ def pool_for(opts: AgentGymOptions, profile: Profile) -> ServerPool:
                 opts.recycle_command,
                 opts.recycle_wait_s,
                 profile.id_reuse_after,
+                family=opts.family,
+                max_concurrent=opts.max_concurrent,
             )
         return _POOLS[key]
 
@@ -90,24 +118,33 @@ class AgentGymEnv(TextEnv):
 
     server: Server | None = None
     remote_id: Any = None
+    task_index: int | None = None
+
+    @classmethod
+    def task_range(cls, options: dict | None) -> range | None:
+        try:
+            return cls.parse_options(options).tasks()
+        except Exception:  # noqa: BLE001 - bad options fail at reset, with their message
+            return None
 
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)
         self.close()  # a second reset of this episode starts on a fresh remote environment
         self.profile, self.max_turns, self.turn = PROFILES[opts.family], opts.max_turns, 0
-        self.pool = pool_for(opts, self.profile)
-        self.server = self.pool.acquire()
-        p = self.profile
+        p, tasks = self.profile, opts.tasks()
+        if tasks is not None and task_index not in tasks:
+            raise TaskRejected(
+                f"AgentGym {p.family}: task {task_index} is outside the tasks its server serves "
+                f"({tasks.start}..{tasks.stop - 1})"
+            )
+        self.pool = pool_for(opts, p)
+        self.server, self.task_index = self.pool.acquire(), task_index
         try:
             kwargs = {} if p.create_body is None else {"json": p.create_body}
             created = self.server.call("POST", p.route("create"), "create", **kwargs)
-            self.remote_id = created if p.create_returns == "bare" else _field(created, "id", "create")
-            reply = self.server.call(
-                "POST",
-                p.route("reset"),
-                f"reset env {self.remote_id}",
-                json={p.id_field: self.remote_id, p.task_field: task_index},
-            )
+            self.remote_id = _remote_id(created if p.create_returns == "bare" else _field(created, "id", "create"))
+            self.server.count_live(+1)
+            reply = self._reset_call(task_index)
             observation = reply[0] if p.reset_returns == "pair" else _field(reply, "observation", "reset")
         except BaseException:
             self.close()
@@ -115,23 +152,84 @@ class AgentGymEnv(TextEnv):
         self.last_observation = str(observation)
         return f"{observation}\n{p.action_help} {action_format(p.action_example)}"
 
+    def _reset_call(self, task_index: int) -> Any:
+        p, server = self.profile, self.server
+        try:
+            return server.call(
+                "POST",
+                p.route("reset"),
+                f"reset env {self.remote_id}, task {task_index}",
+                json={p.id_field: self.remote_id, p.task_field: task_index},
+            )
+        except ErrorReply as exc:
+            if p.rejects_task(exc.text):
+                raise TaskRejected(
+                    f"AgentGym {p.family} server {server.url} rejects task {task_index}: "
+                    f"{exc.text.strip() or '(an empty error: a failed assertion)'}"
+                ) from exc
+            raise
+        except DeadlineExceeded as exc:
+            if not getattr(exc, "full_wait", False):  # queued too long: the server may be fine, the episode is retried
+                raise
+            log.warning(
+                "AgentGym %s server %s: reset of task %d did not answer within %gs; task abandoned (the "
+                "server may stay busy on it until restarted)",
+                p.family,
+                server.url,
+                task_index,
+                server.client.timeout.read,
+            )
+            raise TaskRejected(
+                f"AgentGym {p.family} server {server.url}: reset of task {task_index} never answered ({exc})", "hung"
+            ) from exc
+
+    def episode_info(self) -> dict:
+        if self.server is None:
+            return {}
+        return {
+            "family": self.profile.family,
+            "server": self.server.url,
+            "remote_id": self.remote_id,
+            "task_index": self.task_index,
+        }
+
     def step(self, action: str) -> StepResult:
         p = self.profile
+        cleaned = p.clean_action(action)
+        if p.valid_actions is not None and cleaned not in p.valid_actions:
+            return self._not_understood(action)
         reply = self.server.call(
-            "POST",
-            p.route("step"),
-            f"step env {self.remote_id}",
-            json={p.id_field: self.remote_id, "action": p.clean_action(action)},
+            "POST", p.route("step"), f"step env {self.remote_id}", json={p.id_field: self.remote_id, "action": cleaned}
         )
         self.turn += 1
         observation = str(_field(reply, p.observation_key, "step"))
         reward, done = float(reply.get("reward") or 0.0), bool(reply.get("done"))
         success = bool(p.success(reward, done, reply))
-        info = {"turn": self.turn, "server": self.server.url, "remote_id": self.remote_id}
+        info = {"turn": self.turn, "server": self.server.url, "remote_id": self.remote_id, "action_valid": True}
+        if isinstance(reply, dict) and isinstance(reply.get("score"), (int, float)):
+            info["score"] = reply["score"]
         if not done and self.turn >= self.max_turns:
             done, observation = True, f"{observation}\nOut of turns."
         self.last_observation = observation
         return StepResult(observation, reward, done, success, info)
+
+    def _not_understood(self, action: str) -> StepResult:
+        """The server would ignore it without a word: say so here, and count the turn."""
+        self.turn += 1
+        observation = (
+            f"Action not understood: {action.strip()[:60]!r}. Answer exactly one of: "
+            f"{', '.join(self.profile.valid_actions)}."
+        )
+        done = self.turn >= self.max_turns
+        if done:
+            observation += "\nOut of turns."
+        return StepResult(
+            observation,
+            0.0,
+            done,
+            False,
+            {"turn": self.turn, "server": self.server.url, "remote_id": self.remote_id, "action_valid": False},
+        )
 
     def random_action(self, rng: random.Random) -> str:
         return self.profile.random_action(self.last_observation, rng)
@@ -143,11 +241,40 @@ class AgentGymEnv(TextEnv):
             return
         try:
             if remote_id is not None and self.profile.has_close:
-                server.call("POST", self.profile.route("close"), f"close env {remote_id}", json={"id": remote_id})
-        except ServiceError as exc:
-            log.info("closing AgentGym env %s on %s failed: %s", remote_id, server.url, exc)
+                if server.close_checked:
+                    self._close_remote(server, remote_id)
+                else:  # the first closes go one at a time, so a missing /close is called once, not by all
+                    with server.close_probe:
+                        self._close_remote(server, remote_id)
         finally:
             self.pool.release(server)
+
+    def _close_remote(self, server: Server, remote_id: Any) -> None:
+        if server.close_missing:
+            return
+        p = self.profile
+        try:
+            server.call("POST", p.route("close"), f"close env {remote_id}", json={"id": remote_id})
+            server.count_live(-1)
+        except InvalidArgument as exc:  # 404/405: this server has no /close after all; never call it again
+            server.close_missing = True
+            log.warning(
+                "AgentGym %s server %s has no /close (%s); its environments stay open until it restarts",
+                p.family,
+                server.url,
+                exc,
+            )
+        except ServiceError as exc:
+            log.info("closing AgentGym env %s on %s failed: %s", remote_id, server.url, exc)
+            return
+        server.close_checked = True
+
+
+def _remote_id(value: Any) -> Any:
+    """Ids are ints in every family; a JSON float like 3.0 is still id 3."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _field(reply: Any, key: str, what: str) -> Any:

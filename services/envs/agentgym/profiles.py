@@ -1,5 +1,7 @@
-"""One small profile per AgentGym family: its routes, field names, reply shapes and success rule
-(see shared/agentgym-protocol.md). To add a family, add one `Profile` to PROFILES."""
+"""One small profile per AgentGym family: its routes, field names, reply shapes, success rule, the task
+indices its server serves, how it says a task is not valid, the actions it understands, and a random
+policy that produces every action form it accepts (the tiny model's warm-start). See
+shared/agentgym-protocol.md; to add a family, add one `Profile` to PROFILES."""
 
 from __future__ import annotations
 
@@ -20,12 +22,34 @@ def _wordle_action(action: str) -> str:
     return " ".join("".join(action.split()).lower())
 
 
+def _words_action(action: str) -> str:
+    """Case and spacing do not matter to us; the maze server ignores anything but its exact phrases."""
+    return " ".join(action.lower().split())
+
+
 def _lines_starting(observation: str, prefix: str) -> list[str]:
     return [line.strip() for line in observation.splitlines() if line.strip().startswith(prefix)]
 
 
+CRAFT_LINE = re.compile(r"craft\s+\d+\s+(.+?)\s+using\s+(.+)")
+COUNTED = re.compile(r"(\d+)\s+(.+)")
+
+
 def _random_textcraft(observation: str, rng: random.Random) -> str:
-    return rng.choice(["inventory", *_lines_starting(observation, "craft ")])
+    """Every action form TextCraft takes: `inventory`, a listed craft line, and `get N <item>` for an
+    ingredient no listed line crafts (a raw material), so a random policy can reach the goal."""
+    lines = _lines_starting(observation, "craft ")
+    crafted, ingredients = set(), []
+    for line in lines:
+        if m := CRAFT_LINE.fullmatch(line):
+            crafted.add(m.group(1))
+            ingredients += [c for part in m.group(2).split(",") if (c := COUNTED.fullmatch(part.strip()))]
+    raw = [(int(c.group(1)), c.group(2)) for c in ingredients if c.group(2) not in crafted]
+    choices = ["inventory"] + ([rng.choice(lines)] if lines else [])
+    if raw:
+        count, item = rng.choice(raw)
+        choices.append(f"get {rng.choice([count, count, rng.randint(1, 4)])} {item}")
+    return rng.choice(choices)
 
 
 def _random_babyai(observation: str, rng: random.Random) -> str:
@@ -33,8 +57,22 @@ def _random_babyai(observation: str, rng: random.Random) -> str:
     return rng.choice(listed or ["turn left", "turn right", "move forward"])
 
 
+MAZE_MOVES = ("move up", "move down", "move left", "move right")
+
+
 def _random_maze(observation: str, rng: random.Random) -> str:
-    return rng.choice(["move up", "move down", "move left", "move right"])
+    return rng.choice(MAZE_MOVES)
+
+
+def _range_error(text: str) -> bool:
+    """A reset that failed on the index itself (a list indexed past its end), in any family."""
+    return "index out of range" in text
+
+
+def _maze_rejects(text: str) -> bool:
+    """LMRL-Gym maze serves games 0..24: 25 fails on an assertion with no message (an empty error),
+    26 and above answer "The game N is not valid."."""
+    return not text.strip() or bool(re.search(r"The game -?\d+ is not valid", text)) or _range_error(text)
 
 
 def _random_wordle(observation: str, rng: random.Random) -> str:
@@ -73,6 +111,13 @@ class Profile:
     clean_action: Callable[[str], str] = str.strip
     success: Callable[[float, bool, dict], bool] = lambda reward, done, body: done and reward >= 1.0
     random_action: Callable[[str, random.Random], str] = field(default=_random_textcraft)
+    task_range: tuple[int, int] | None = None
+    """[start, stop) of the task indices the server serves; None: not known (any index >= 0)."""
+    rejects_task: Callable[[str], bool] = _range_error
+    """True for the error text of a reset that failed because the task index is not valid there."""
+    valid_actions: tuple[str, ...] | None = None
+    """The exact actions the server understands, where it ignores others silently: anything else is
+    answered here with what was wrong (the turn counts) instead of being sent."""
 
     def route(self, name: str) -> str:
         return f"{self.prefix}/{name}"
@@ -104,6 +149,10 @@ PROFILES: dict[str, Profile] = {
             has_close=False,
             success=lambda reward, done, body: done and reward >= 0,
             random_action=_random_maze,
+            task_range=(0, 25),
+            rejects_task=_maze_rejects,
+            valid_actions=MAZE_MOVES,
+            clean_action=_words_action,
         ),
         Profile(
             "wordle",

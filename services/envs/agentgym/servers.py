@@ -1,5 +1,7 @@
-"""HTTP to AgentGym servers: calls with a deadline and typed failures, and the pool of servers of one
-family that episodes are pinned to (and that recycles servers which cannot free environments)."""
+"""HTTP to AgentGym servers: calls with a deadline and typed failures, at most `max_concurrent` at once per
+server (the rest queue here, not in the server, which slows down under concurrency), and the pool of
+servers of one family that episodes are pinned to (and that recycles servers which cannot free
+environments)."""
 
 from __future__ import annotations
 
@@ -13,21 +15,53 @@ from typing import Any
 
 import httpx
 
+from services.common import metrics
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
+from services.envs.base import call_time_left
 
 log = logging.getLogger(__name__)
 DOWN_S = 10.0
 """How long a server that failed to answer is passed over by new episodes."""
+MARGIN_S = 0.5
+"""A call ends this long before its caller's deadline, so the caller gets our typed error, not its own."""
+MIN_CALL_S = 0.2
+"""Less time than this left after queueing: fail at once rather than send a call that cannot finish."""
+
+REMOTE_OPEN = metrics.gauge(
+    "envs",
+    "agentgym_open_envs",
+    "Environments this service created on an AgentGym server "
+    "and has not closed (families without /close: all since the server's last restart)",
+    ["family", "server"],
+)
+QUEUED = metrics.gauge(
+    "envs", "agentgym_queued_calls", "Calls waiting for a free slot on an AgentGym server", ["family", "server"]
+)
 
 
 class ErrorReply(Internal):
     """The server answered HTTP 200 with {"error": ...}: the call failed inside the server."""
+
+    def __init__(self, message: str, text: str = ""):
+        super().__init__(message)
+        self.text = text
+        """The server's own error text (may be empty: maze's failed assertion)."""
+
+
+def no_reply(message: str, full_wait: bool) -> DeadlineExceeded:
+    """No reply in time. `full_wait`: the server had the whole `timeout_s` (not a budget cut short by
+    queueing), so it really did not answer."""
+    exc = DeadlineExceeded(message)
+    exc.full_wait = full_wait
+    return exc
 
 
 @dataclass(eq=False)
 class Server:
     url: str
     client: httpx.Client
+    family: str = ""
+    max_concurrent: int = 8
     open: int = 0
     """Episodes pinned here and not yet released."""
     created: int = 0
@@ -36,18 +70,69 @@ class Server:
     """Out of rotation until recycled."""
     down_until: float = 0.0
     """Skipped by new episodes until then: it just failed to answer (killed, restarting)."""
+    live: int = 0
+    """Environments created here and not closed (without /close: every one since the last restart)."""
+    close_missing: bool = False
+    """/close answered 404/405 once: the server has none, so it is not called again."""
+    close_checked: bool = False
+    """/close has answered once (either way); until then closes go one at a time (see `close_probe`)."""
+    close_probe: threading.Lock = field(default_factory=threading.Lock)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    slots: threading.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slots = threading.Semaphore(self.max_concurrent)
+        self._open_gauge = REMOTE_OPEN.labels(self.family, self.url)
+        self._queued_gauge = QUEUED.labels(self.family, self.url)
+
+    def count_live(self, change: int) -> None:
+        with self.lock:
+            self.live = max(0, self.live + change)
+            self._open_gauge.set(self.live)
 
     def call(self, method: str, route: str, what: str, **kwargs: Any) -> Any:
-        """One HTTP call; every failure is a typed error naming the server and the route."""
+        """One HTTP call, once one of the server's `max_concurrent` slots is free and within the
+        caller's deadline; every failure is a typed error naming the server and the route."""
         where = f"AgentGym {self.url}{route}"
+        left = call_time_left()
+        self._queued_gauge.inc()
         try:
-            reply = self.client.request(method, route, **kwargs)
+            got = self.slots.acquire(timeout=max(0.0, left - MARGIN_S - MIN_CALL_S) if left is not None else None)
+        finally:
+            self._queued_gauge.dec()
+        if not got:
+            raise no_reply(
+                f"{where}: no free slot within {left:.1f}s ({self.max_concurrent} calls in flight; {what})",
+                full_wait=False,
+            )
+        try:
+            return self._send(method, route, what, where, **kwargs)
+        finally:
+            self.slots.release()
+
+    def _send(self, method: str, route: str, what: str, where: str, **kwargs: Any) -> Any:
+        full = self.client.timeout.read
+        left = call_time_left()
+        budget = full if left is None else min(full, left - MARGIN_S)
+        if budget < MIN_CALL_S:
+            raise no_reply(f"{where}: the caller's deadline passed while the call queued ({what})", full_wait=False)
+        start = time.perf_counter()
+        try:
+            reply = self.client.request(method, route, timeout=budget, **kwargs)
         except httpx.TimeoutException as exc:
-            raise DeadlineExceeded(f"{where}: no reply within {self.client.timeout.read}s ({what})") from exc
+            raise no_reply(f"{where}: no reply within {budget:.3g}s ({what})", full_wait=budget >= full) from exc
         except httpx.TransportError as exc:  # refused, reset, closed mid-reply: the server is gone
             self.down_until = time.monotonic() + DOWN_S
             raise Unavailable(f"{where}: {type(exc).__name__}: {exc} ({what})") from exc
+        log.debug(
+            "%s %s%s (%s): HTTP %d in %.3fs",
+            method,
+            self.url,
+            route,
+            what,
+            reply.status_code,
+            time.perf_counter() - start,
+        )
         if reply.status_code in (404, 405, 422):
             raise InvalidArgument(
                 f"{where}: HTTP {reply.status_code} {reply.text[:200]!r}; is this a server of the configured family?"
@@ -63,7 +148,7 @@ class Server:
         except ValueError:
             raise Internal(f"{where}: reply is not JSON: {reply.text[:200]!r}") from None
         if isinstance(body, dict) and body.get("error") is not None:
-            raise ErrorReply(f"{where}: error reply: {str(body['error'])[:500]} ({what})")
+            raise ErrorReply(f"{where}: error reply: {str(body['error'])[:500]} ({what})", str(body["error"]))
         return body
 
 
@@ -81,9 +166,19 @@ class ServerPool:
         recycle_command: str | None = None,
         recycle_wait_s: float = 120.0,
         id_reuse_after: int | None = None,
+        family: str = "",
+        max_concurrent: int = 8,
     ):
+        # the connection pool holds every slot's connection, so no call waits inside httpx
+        limits = httpx.Limits(max_connections=max_concurrent + 2, max_keepalive_connections=max_concurrent + 2)
         self.servers = [
-            Server(url.rstrip("/"), httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)) for url in urls
+            Server(
+                url.rstrip("/"),
+                httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, limits=limits),
+                family,
+                max_concurrent,
+            )
+            for url in urls
         ]
         self.recycle_after, self.recycle_command, self.recycle_wait_s = recycle_after, recycle_command, recycle_wait_s
         self.id_reuse_after = id_reuse_after
@@ -125,7 +220,7 @@ class ServerPool:
 
     def recycle(self, server: Server) -> bool:
         command = self.recycle_command.format(url=server.url, port=server.url.rsplit(":", 1)[-1])
-        log.info("recycling AgentGym server %s: %s", server.url, command)
+        log.warning("recycling AgentGym server %s: %s", server.url, command)
         try:
             subprocess.run(shlex.split(command), check=True, timeout=self.recycle_wait_s, capture_output=True)
         except (subprocess.SubprocessError, OSError) as exc:
@@ -138,6 +233,7 @@ class ServerPool:
                     with self._lock:
                         server.created, server.draining = 0, False
                         self.recycles += 1
+                    server.count_live(-server.live)  # a restarted server holds no environment
                     log.info("AgentGym server %s is back after recycling", server.url)
                     return True
             except httpx.HTTPError:

@@ -11,7 +11,8 @@ command in a shuffled order, as TextCraft does. Actions:
 The turn limit is the shortest plan (one `get` per raw material, one `craft` per crafted item) plus
 `slack`. Reward 1 and success once the goal item is in the inventory, else 0.
 
-Difficulty: `depth`, `fan_in`, `distractors`, `slack`.
+Difficulty: `depth`, `fan_in`, `distractors`, `slack`, and `vocabulary` (how many raw materials and item
+names tasks draw from; a few are easier for a small model, which must write them out exactly).
 """
 
 from __future__ import annotations
@@ -109,17 +110,26 @@ class CraftingOptions(EnvOptions):
     """Recipes listed that the goal does not need."""
     slack: int = Field(3, ge=0, le=100)
     """Actions allowed beyond the shortest plan."""
+    vocabulary: int | None = Field(None, ge=2, le=len(RAW))
+    """Raw materials, and crafted-item names, that tasks draw from (the same few in every task); default all."""
 
 
 def generate(seed: int, opts: CraftingOptions) -> tuple[str, dict[str, Recipe]]:
     rng = random.Random(f"crafting:{seed}")
     names = [f"{a} {n}" for a in ADJECTIVES for n in NOUNS]
-    rng.shuffle(names)
+    raw = RAW
+    if opts.vocabulary:  # the same few names first in every task; more only for trees that need them
+        random.Random("crafting-vocabulary").shuffle(names)
+        vocab, rest, raw = names[: opts.vocabulary], names[opts.vocabulary :], RAW[: opts.vocabulary]
+        rng.shuffle(vocab)
+        names = rest + vocab  # make() pops from the end
+    else:
+        rng.shuffle(names)
     recipes: dict[str, Recipe] = {}
 
     def make(level: int) -> str:
         if level == 0:
-            return rng.choice(RAW)
+            return rng.choice(raw)
         item = names.pop()
         ingredients: dict[str, int] = {}
         for i in range(rng.randint(1, opts.fan_in)):
