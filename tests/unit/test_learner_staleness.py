@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from services.common.config import TrainConfig
-from services.common.run_state import RunState
+from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder, decode_batch
 from services.learner.service import LearnerService
@@ -114,7 +114,7 @@ async def drive(state, drop_every=0):
     steps, per_step = config.learner.steps, config.rollout.groups_per_step
     stream = TrajectoryStream(state.client, state.trajectories_key)
     loop = FakeLoop(core, state)
-    producer = Producer(config, loop, FakeRewards(), state, stream, core, poll_s=0.005)
+    producer = Producer(config, loop, FakeRewards(), AsyncRunState.connect(config), core, poll_s=0.005)
     producer._count = lambda **kw: asyncio.sleep(0)
     task = asyncio.create_task(producer.run())
     taken, seen = 0, 0
@@ -132,7 +132,10 @@ async def drive(state, drop_every=0):
                 taken = 0
                 core.policy_version += 1
     state.mark_done()
-    await asyncio.wait_for(task, timeout=5)
+    try:
+        await asyncio.wait_for(task, timeout=5)
+    finally:
+        await producer.state.aclose()
     published = [decode_batch(fields[b"batch"]).batch_id for _, fields in state.client.xrange(stream.key)]
     return loop.started, published
 
