@@ -265,10 +265,11 @@ class LearnerConfig(Section):
     checkpoint_every: int = Field(1, ge=1, le=100_000_000)
     """Checkpoint (and acknowledge consumed batches) every this many steps."""
     keep_checkpoints: int = Field(2, ge=1, le=10_000)
-    checkpoint_format: Literal["sharded", "full"] = "sharded"
+    checkpoint_format: Literal["auto", "sharded", "full"] = "auto"
     """`sharded`: torch.distributed.checkpoint, every learner process writes its own shards (the folder must be
-    shared by all of them) and a resume may use another number of processes; `full`: rank 0 writes whole state
-    dicts. A resume reads either."""
+    shared by all of them); `full`: rank 0 writes whole state dicts; `auto`: sharded with several learner processes
+    or `checkpoint_async`, full with one (the same state, less overhead). Either resumes on any number of
+    processes; a resume reads either."""
     checkpoint_async: bool = False
     """Write sharded checkpoints in the background while the next steps train; consumed batches are acknowledged
     once their checkpoint is committed (at the next checkpoint, or at the end)."""

@@ -442,16 +442,24 @@ class PolicyTrainer:
         state: dict[str, Any] = {"scheduler": self.scheduler.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
         if self.critic is not None:
             state["critic_scheduler"] = self.critic.scheduler.state_dict()
-        learner = self.config.learner
+        fmt = self.checkpoint_format
         return checkpoint.save(
             path,
             self._parts(),
             meta,
-            keep=learner.keep_checkpoints,
+            keep=self.config.learner.keep_checkpoints,
             state=state,
-            fmt=learner.checkpoint_format,
-            background=background and learner.checkpoint_format == "sharded",
+            fmt=fmt,
+            background=background and fmt == "sharded",
         )
+
+    @property
+    def checkpoint_format(self) -> str:
+        """`learner.checkpoint_format` with `auto` resolved: one process gains nothing from shards."""
+        learner = self.config.learner
+        if learner.checkpoint_format != "auto":
+            return learner.checkpoint_format
+        return "sharded" if self.world_size > 1 or learner.checkpoint_async else "full"
 
     def export_hf(self, out_dir: str | Path, tokenizer_from: str | Path | None = None) -> Path | None:
         """Collective. Writes the policy as a Hugging Face model directory (config, safetensors weights in

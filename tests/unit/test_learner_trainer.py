@@ -231,3 +231,16 @@ def test_export_is_a_hugging_face_model_with_the_trained_weights(tmp_path, tie):
     offline = AutoModelForCausalLM.from_pretrained(tmp_path / "offline")
     a, b = exported.state_dict(), offline.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_checkpoint_format_shards_only_where_it_helps(model_dir, tmp_path):
+    """One process: whole state dicts (shards only add overhead); asynchronous saves need shards. Several
+    processes take shards (tests/integration/test_fsdp_two_procs.py)."""
+    config = make_config()
+    assert config.learner.checkpoint_format == "auto"
+    trainer = PolicyTrainer(config, model_dir)
+    assert trainer.checkpoint_format == "full"
+    path = trainer.save_checkpoint(tmp_path)
+    assert json.loads((path / "meta.json").read_text())["format"] == "full"
+    config.learner.checkpoint_async = True
+    assert trainer.checkpoint_format == "sharded"
