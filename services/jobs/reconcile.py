@@ -68,11 +68,15 @@ class Reconciler:
                 pass
 
     def health(self) -> tuple[bool, str]:
-        """(ready, why not): not ready while the loop is down or its last good pass is too old."""
+        """(ready, why not): not ready before the first good pass (job recovery), while the loop is down, or when
+        its last good pass is too old."""
         if not self.running or self.crashed:
             return False, self.last_error or "reconcile loop not running"
-        since = self.last_pass if self.last_pass is not None else self._started
-        age = self.clock() - since
+        if self.last_pass is None:  # until then, records of jobs that ran across a restart are stale
+            return False, f"recovering jobs: first reconcile pass not finished after {self.clock() - self._started:.0f}s" + (
+                f" ({self.last_error})" if self.last_error else ""
+            )
+        age = self.clock() - self.last_pass
         if age > self.max_pass_age_s:
             return False, f"no reconcile pass finished for {age:.0f}s" + (
                 f" ({self.last_error})" if self.last_error else ""

@@ -47,7 +47,8 @@ class ApiProcess:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                # ready = its first reconcile pass is done, so jobs that ran across a restart are taken up again
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass

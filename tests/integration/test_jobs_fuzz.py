@@ -6,7 +6,7 @@ is scripted, so no job really runs."""
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
@@ -54,6 +54,12 @@ def test_every_operation_is_fuzzed():
     }
 
 
+def sends_what_was_generated(case) -> bool:
+    """A query parameter whose value is an empty list vanishes from the URL: a negative case that breaks the
+    schema only with one (an unknown name, say) sends a valid request, rightly answered 200."""
+    return not any(value == [] for value in (case.query or {}).values())
+
+
 @pytest.mark.parametrize("operation,mode", CASES, ids=[f"{op.label} {mode.value}" for op, mode in CASES])
 def test_no_server_errors_and_answers_as_documented(live, operation, mode):
     # A job spec has rules across fields that JSON Schema cannot state (learner gpus == nproc, group size
@@ -63,6 +69,7 @@ def test_no_server_errors_and_answers_as_documented(live, operation, mode):
     @given(case=operation.as_strategy(mode))
     @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def check(case):
+        assume(mode is GenerationMode.POSITIVE or sends_what_was_generated(case))
         case.call_and_validate(
             base_url=live.url, headers={"Authorization": f"Bearer {TOKEN}"}, excluded_checks=excluded
         )

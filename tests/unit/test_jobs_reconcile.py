@@ -83,3 +83,23 @@ def test_readiness_goes_when_no_pass_finishes_for_too_long_and_comes_back():
         await task
 
     asyncio.run(scenario())
+
+
+def test_not_ready_until_the_first_pass_recovered_the_jobs():
+    async def scenario():
+        manager, clock = ScriptedManager(), Clock()
+        release = threading.Event()
+        manager.recover = lambda: release.wait(10)
+        reconciler = Reconciler(manager, interval_s=0.01, max_pass_age_s=5, clock=clock)
+        stop = asyncio.Event()
+        task = asyncio.create_task(reconciler.supervise(stop))
+        await until(lambda: reconciler.running)
+        ready, why = reconciler.health()
+        assert not ready and why.startswith("recovering jobs: first reconcile pass not finished")
+        release.set()
+        await until(lambda: reconciler.last_pass is not None)
+        assert reconciler.health() == (True, "ok")
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
