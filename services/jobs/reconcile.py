@@ -73,8 +73,10 @@ class Reconciler:
         if not self.running or self.crashed:
             return False, self.last_error or "reconcile loop not running"
         if self.last_pass is None:  # until then, records of jobs that ran across a restart are stale
-            return False, f"recovering jobs: first reconcile pass not finished after {self.clock() - self._started:.0f}s" + (
-                f" ({self.last_error})" if self.last_error else ""
+            return (
+                False,
+                f"recovering jobs: first reconcile pass not finished after {self.clock() - self._started:.0f}s"
+                + (f" ({self.last_error})" if self.last_error else ""),
             )
         age = self.clock() - self.last_pass
         if age > self.max_pass_age_s:
