@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import redis
 
+from services.common.config import StreamConfig
 from services.common.grpc_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -132,6 +134,7 @@ def timeline(tmp_path_factory):
             },
         ).json()
         third = http.post("/v1/jobs", json={"run": "never-started"}).json()
+        out["second_id"] = second["id"]
         out["queued_states"] = (second["state"], third["state"])
         out["third"] = http.post(f"/v1/jobs/{third['id']}/cancel").json()
         followed = cli(api, "follow", job_id)
@@ -166,6 +169,19 @@ def timeline(tmp_path_factory):
             http.close()
             for running_api in apis:
                 running_api.stop()
+            forget_runs([out.get("job_id"), out.get("second_id")])
+
+
+def forget_runs(job_ids) -> None:
+    """Jobs' run state lives in Redis under omrl:<job id>:*; a test leaves none behind."""
+    client = redis.Redis.from_url(StreamConfig().redis_url)
+    try:
+        for job_id in filter(None, job_ids):
+            keys = list(client.scan_iter(f"omrl:{job_id}:*"))
+            if keys:
+                client.delete(*keys)
+    finally:
+        client.close()
 
 
 def states(events):
