@@ -147,6 +147,46 @@ def bare_loop(trainer, batches: list, warmup: int, sync) -> float:
     return statistics.median(times)
 
 
+def profile_step(step, sync, rows: int = 25) -> dict:
+    """One profiled call of `step`: wall time, GPU-busy time, kernel launches, and the top operators by
+    GPU time and by CPU time (printed on rank 0), to see where a step is launch-bound."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from services.learner import fsdp
+
+    sync()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    averages = prof.key_averages()
+    if fsdp.is_rank0():
+        print(averages.table(sort_by="self_cuda_time_total", row_limit=rows), flush=True)
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=rows), flush=True)
+
+    def top(key: str) -> list[dict]:
+        ranked = sorted(averages, key=lambda a: getattr(a, key), reverse=True)[:rows]
+        return [
+            {
+                "name": a.key[:80],
+                "count": a.count,
+                "self_cpu_ms": a.self_cpu_time_total / 1e3,
+                "self_gpu_ms": a.self_device_time_total / 1e3,
+            }
+            for a in ranked
+        ]
+
+    return {
+        "wall_s": wall,
+        "gpu_busy_s": sum(e.time_range.elapsed_us() for e in kernels) / 1e6,  # streams overlapping: counted twice
+        "kernels": len(kernels),
+        "top_gpu": top("self_device_time_total"),
+        "top_cpu": top("self_cpu_time_total"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: a random Qwen2.5-0.5B-shaped model)")
@@ -297,13 +337,9 @@ def main() -> None:
             learner_over_bare=step_s / bare_s,
         )
     if args.profile and cuda:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            trainer.train_step(batches[-1])
-            sync()
-        if fsdp.is_rank0():
-            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
+        result["profile"] = {"learner": profile_step(lambda: trainer.train_step(batches[-1]), sync)}
+        if args.bare:
+            result["profile"]["bare"] = profile_step(lambda: bare_loop(trainer, batches[-1:], 0, sync), sync)
     if fsdp.is_rank0():
         text = json.dumps(result, indent=1)
         print(text, flush=True)

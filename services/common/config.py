@@ -297,9 +297,17 @@ class LearnerConfig(Section):
     pack_sequences: bool = False
     """Each micro-batch's real tokens as one row, positions restarting per sequence and attention kept within
     each (no compute on padding); the same losses and gradients as padded rows. Pair with `micro_batch_tokens`."""
-    attention: Literal["sdpa", "eager", "flex_attention", "flash_attention_2"] = "sdpa"
+    attention: Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "varlen"] = "sdpa"
     """Attention kernel of the policy, critic and reference (transformers' attn_implementation). Packed rows
-    use a block-diagonal mask with sdpa/eager, a document mask with flex_attention, varlen flash_attention_2."""
+    use a block-diagonal mask with sdpa/eager (every score of the row computed), a document mask with
+    flex_attention, varlen kernels with flash_attention_2 and `varlen` (torch's varlen flash kernel on GPU, one
+    causal SDPA call per sequence on CPU: no work across sequences; needs `pack_sequences`)."""
+
+    @model_validator(mode="after")
+    def _check_attention(self) -> LearnerConfig:
+        if self.attention == "varlen" and not self.pack_sequences:
+            raise ValueError("learner.attention 'varlen' attends over packed rows: set learner.pack_sequences")
+        return self
 
 
 class TrainConfig(Section):

@@ -26,14 +26,32 @@ def load_model(path: str, dtype: str = "float32", attention: str = "sdpa") -> to
     """Loads on CPU with dropout off (eval mode), so PPO's first-epoch ratio is exactly 1."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_name(attention))
     model.config.use_cache = False
     setattr(model, TOKEN_STATS_METHOD, functools.partial(_chunked_token_stats, model))
     return model.eval()
 
 
-def _logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask, position_ids=None) -> torch.Tensor:
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+def attn_name(attention: str) -> str:
+    """The transformers attn_implementation of a `learner.attention` choice."""
+    if attention == "varlen":
+        from services.learner import varlen_attention
+
+        return varlen_attention.register()
+    return attention
+
+
+def _logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask, position_ids=None, **kw) -> torch.Tensor:
+    return model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
+    ).logits
+
+
+def _packed_kwargs(model: torch.nn.Module, rows) -> dict:
+    """Document bounds for kernels that read them; other kernels get the block mask from position ids alone."""
+    from services.learner.varlen_attention import NAME
+
+    return rows.attention_kwargs() if getattr(model.config, "_attn_implementation", None) == NAME else {}
 
 
 def token_logprobs(
@@ -47,7 +65,8 @@ def token_logprobs(
     over the real tokens only (`packing`), the same values."""
     if pack:
         rows = pack_rows(input_ids, attention_mask)
-        return rows.unpack(_token_logprobs(model, rows.input_ids, None, chunk_tokens, rows.position_ids))
+        kw = _packed_kwargs(model, rows)
+        return rows.unpack(_token_logprobs(model, rows.input_ids, None, chunk_tokens, rows.position_ids, **kw))
     return _token_logprobs(model, input_ids, attention_mask, chunk_tokens)
 
 
@@ -60,21 +79,22 @@ def token_logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if pack:
         rows = pack_rows(input_ids, attention_mask)
-        lp, ent = _token_logprobs_and_entropy(model, rows.input_ids, None, chunk_tokens, rows.position_ids)
+        kw = _packed_kwargs(model, rows)
+        lp, ent = _token_logprobs_and_entropy(model, rows.input_ids, None, chunk_tokens, rows.position_ids, **kw)
         return rows.unpack(lp), rows.unpack(ent)
     return _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens)
 
 
-def _token_logprobs(model, input_ids, attention_mask, chunk_tokens, position_ids=None) -> torch.Tensor:
+def _token_logprobs(model, input_ids, attention_mask, chunk_tokens, position_ids=None, **kw) -> torch.Tensor:
     if _chunkable(model, chunk_tokens):
-        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, False, position_ids)[0]
-    return logprobs_from_logits(_logits(model, input_ids, attention_mask, position_ids), input_ids)
+        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, False, position_ids, **kw)[0]
+    return logprobs_from_logits(_logits(model, input_ids, attention_mask, position_ids, **kw), input_ids)
 
 
-def _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens, position_ids=None):
+def _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens, position_ids=None, **kw):
     if _chunkable(model, chunk_tokens):
-        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, True, position_ids)
-    logits = _logits(model, input_ids, attention_mask, position_ids)
+        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, True, position_ids, **kw)
+    logits = _logits(model, input_ids, attention_mask, position_ids, **kw)
     return logprobs_from_logits(logits, input_ids), entropy_from_logits(logits)
 
 
@@ -96,10 +116,11 @@ def _chunked_token_stats(
     chunk_tokens: int,
     with_entropy: bool,
     position_ids=None,
+    **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
     hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
     ).last_hidden_state
     head = model.get_output_embeddings()
     b, t = input_ids.shape
@@ -141,7 +162,7 @@ def load_value_model(path: str, dtype: str = "float32", attention: str = "sdpa")
     from transformers import AutoModelForTokenClassification
 
     model = AutoModelForTokenClassification.from_pretrained(
-        path, num_labels=1, dtype=DTYPES[dtype], attn_implementation=attention
+        path, num_labels=1, dtype=DTYPES[dtype], attn_implementation=attn_name(attention)
     )
     with torch.no_grad():
         model.score.weight.zero_()
@@ -158,13 +179,13 @@ def token_values(
     from the head at position t - 1, the same shift as the logprobs); position 0 = 0."""
     if pack:
         rows = pack_rows(input_ids, attention_mask)
-        return rows.unpack(_token_values(model, rows.input_ids, None, rows.position_ids))
+        return rows.unpack(_token_values(model, rows.input_ids, None, rows.position_ids, **_packed_kwargs(model, rows)))
     return _token_values(model, input_ids, attention_mask)
 
 
-def _token_values(model, input_ids, attention_mask, position_ids=None) -> torch.Tensor:
+def _token_values(model, input_ids, attention_mask, position_ids=None, **kw) -> torch.Tensor:
     out = (
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw)
         .logits[..., 0]
         .float()
     )

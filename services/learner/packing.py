@@ -19,6 +19,13 @@ class PackedRows:
     position_ids: torch.Tensor  # [1, N] 0..len-1 within each row
     index: torch.Tensor  # [N] where each packed token sits in the flattened [B, T]
     shape: tuple[int, int]
+    cu_seqlens: torch.Tensor  # [B + 1] int32 where each row's tokens start in the packed row, then N
+    max_len: int
+
+    def attention_kwargs(self) -> dict:
+        """The document bounds in the forward kwargs varlen kernels read (`varlen_attention`, flash attention)."""
+        cu, n = self.cu_seqlens, self.max_len
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": n, "max_length_k": n}
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """[1, N] per-token values, aligned as the unpacked ones (position t = about token t, read from the
@@ -35,8 +42,14 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRo
     real = attention_mask.bool()
     index = real.reshape(-1).nonzero().squeeze(-1)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    lengths = real.sum(1)
     return PackedRows(
-        input_ids=input_ids.reshape(-1)[index][None], position_ids=positions[real][None], index=index, shape=(b, t)
+        input_ids=input_ids.reshape(-1)[index][None],
+        position_ids=positions[real][None],
+        index=index,
+        shape=(b, t),
+        cu_seqlens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        max_len=int(lengths.max()) if b else 0,
     )
 
 

@@ -133,15 +133,59 @@ def test_packed_rows_give_the_padded_logprobs_entropy_and_gradients(tiny64, chun
         torch.testing.assert_close(grads_p[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_packed_values_equal_padded(model_dir):
+@pytest.fixture(scope="module")
+def tiny64_varlen(model_dir):
+    from services.learner.model import load_model
+
+    return load_model(model_dir, "float32", "varlen").double()
+
+
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_varlen_attention_gives_the_padded_logprobs_entropy_and_gradients(tiny64, tiny64_varlen, chunk, monkeypatch):
+    from services.learner import varlen_attention
+    from services.learner.packing import pack_rows
+
+    ids, mask = _ragged_inputs()
+    rows = pack_rows(ids, mask)
+    assert rows.cu_seqlens.tolist() == [0, 9, 11, 17, 18] and rows.max_len == 9
+    seen = []
+    per_document = varlen_attention._per_document
+    monkeypatch.setattr(
+        varlen_attention, "_per_document", lambda q, k, v, b, s: seen.append(b) or per_document(q, k, v, b, s)
+    )
+    lp, ent, grads = _packed_stats_and_grads(tiny64, False, chunk)
+    lp_v, ent_v, grads_v = _packed_stats_and_grads(tiny64_varlen, True, chunk)
+    assert seen and all(bounds == [0, 9, 11, 17, 18] for bounds in seen)  # each document alone, no mask
+    torch.testing.assert_close(lp_v, lp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent_v, ent, rtol=1e-6, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads_v[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_varlen_attention_refuses_rows_that_are_not_packed(tiny64_varlen):
+    ids, mask = _ragged_inputs()
+    with pytest.raises(ValueError, match="learner.pack_sequences"):
+        token_logprobs(tiny64_varlen, ids, mask)
+
+
+def test_varlen_attention_needs_packing_in_the_config():
+    with pytest.raises(ValueError, match="set learner.pack_sequences"):
+        make_config({"attention": "varlen"})
+    assert make_config({"attention": "varlen", "pack_sequences": True}).learner.attention == "varlen"
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_packed_values_equal_padded(model_dir, attention):
     from services.learner.model import load_value_model, token_values
 
     critic = load_value_model(model_dir).double()
-    torch.nn.init.normal_(critic.score.weight, generator=torch.Generator().manual_seed(1))
+    packed_critic = load_value_model(model_dir, attention=attention).double()
+    for c in (critic, packed_critic):
+        torch.nn.init.normal_(c.score.weight, generator=torch.Generator().manual_seed(1))
     ids, mask = _ragged_inputs()
     with torch.no_grad():
         torch.testing.assert_close(
-            token_values(critic, ids, mask, pack=True) * mask,
+            token_values(packed_critic, ids, mask, pack=True) * mask,
             token_values(critic, ids, mask) * mask,
             rtol=1e-6,
             atol=1e-6,
@@ -155,8 +199,9 @@ def test_token_budget_groups_consecutive_rows():
     assert token_budget_chunks([5], 1) == [[0]]
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 @pytest.mark.parametrize("advantage", ["grpo", "gae"])
-def test_train_step_same_with_packing_and_token_budget(model_dir, advantage):
+def test_train_step_same_with_packing_and_token_budget(model_dir, advantage, attention):
     """Packed micro-batches formed by a token budget: the same step as padded micro-batches of 3 sequences
     (policy, critic and reference, two epochs, two mini-batches)."""
     trajs = synthetic_trajectories(9, 3, seed=8)
@@ -169,7 +214,8 @@ def test_train_step_same_with_packing_and_token_budget(model_dir, advantage):
         **({"lam": 0.9, "critic_lr": 1e-2} if advantage == "gae" else {}),
     }
     padded = PolicyTrainer(make_config({}, **settings), model_dir).train_step(trajs)
-    packed_trainer = PolicyTrainer(make_config({"pack_sequences": True}, micro_batch_tokens=24, **settings), model_dir)
+    packed_config = make_config({"pack_sequences": True, "attention": attention}, micro_batch_tokens=24, **settings)
+    packed_trainer = PolicyTrainer(packed_config, model_dir)
     sizes = [len(m.rows) for mini in packed_trainer._mini_batches(collate(trajs, 0)) for m in mini.micro]
     assert sizes != [3, 3, 3] and max(sizes) > 1  # the budget, not the sequence count, formed them
     packed = packed_trainer.train_step(trajs)
