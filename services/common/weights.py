@@ -30,7 +30,9 @@ class TensorSpec:
     nbytes: int
 
 
-class _Hasher:
+class SetHasher:
+    """The set checksum, fed tensor by tensor (so also bucket by bucket)."""
+
     def __init__(self) -> None:
         self._h = hashlib.sha256()
 
@@ -47,7 +49,7 @@ def spec_of(name: str, t: torch.Tensor) -> TensorSpec:
 
 
 def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-    hasher = _Hasher()
+    hasher = SetHasher()
     for name, t in named_tensors:
         hasher.add(spec_of(name, t), _raw(t))
     return hasher.hexdigest()
@@ -64,9 +66,20 @@ class PackedWeights:
         for start in range(0, len(view), size):
             yield bytes(view[start : start + size])
 
+    def buckets(self, bucket_bytes: int):
+        """The payload cut at tensor boundaries (tests send hand-made sets through the bucketed wire)."""
+        from services.common.weight_buckets import Bucket, plan_buckets, sha256_of
+
+        view, offset = memoryview(self.payload), 0
+        for planned in plan_buckets(self.specs, bucket_bytes):
+            size = sum(s.nbytes for s in planned)
+            data = view[offset : offset + size]
+            offset += size
+            yield Bucket(planned, data, sha256_of(data))
+
 
 def pack(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> PackedWeights:
-    hasher, specs, parts = _Hasher(), [], []
+    hasher, specs, parts = SetHasher(), [], []
     for name, t in named_tensors:
         spec, data = spec_of(name, t), _raw(t)
         hasher.add(spec, data)
@@ -84,7 +97,7 @@ def unpack(specs: Sequence[TensorSpec], payload: bytes, expected_checksum: str) 
     total = sum(s.nbytes for s in specs)
     if total != len(payload):
         raise ChecksumMismatch(f"expected {total} bytes of tensors, received {len(payload)}")
-    hasher, out, offset = _Hasher(), [], 0
+    hasher, out, offset = SetHasher(), [], 0
     buffer = bytearray(payload)
     for spec in specs:
         data = memoryview(buffer)[offset : offset + spec.nbytes]

@@ -24,7 +24,6 @@ import redis
 from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
-from services.common.weights import pack
 from services.learner import fsdp
 from services.learner.exporter import DROPPED, export_summary
 from services.learner.validation import PoisonGuard
@@ -248,13 +247,17 @@ class LearnerService:
             if fsdp.is_rank0():
                 self.state.publish_version(self.version)
             return 0.0, "", []
-        weights = self.trainer.named_weights_for_push()
+        weights = self.trainer.weight_set_for_push()
         if not fsdp.is_rank0():
+            fsdp.walk_for_push(weights)
             return 0.0, "", []
-        start, packed = time.perf_counter(), pack(weights)
+        start = time.perf_counter()
         addresses = sorted(self.state.rollout_servers())
-        results = self.pusher.push(self.version, packed, addresses, rollback=rollback, run=self.config.run)
-        self._pushed = packed
+        results = self.pusher.push(self.version, weights, addresses, rollback=rollback, run=self.config.run)
+        # Catch-up pushes re-read the model, which holds this version until the next step trains it; with
+        # several ranks that read is collective, which rank 0 alone cannot do: those wait for the next push.
+        self._pushed = weights if fsdp.world_size() == 1 else None
+        packed = weights
         for result in results:
             if not result.ok:
                 log.error("weight push v%d to %s failed: %s", self.version, result.address, result.error)

@@ -76,3 +76,12 @@ class WeightReloadExtension:
         self.reload_weights(weights_iterator=pairs)  # type: ignore[attr-defined]
         heads = refresh_output_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
         return {"refreshed_heads": heads}
+
+
+def _register_weight_transfer_engine() -> None:
+    from services.rollout.backends import vllm_spool_engine
+
+    vllm_spool_engine.register()
+
+
+_register_weight_transfer_engine()  # in the worker, before it builds its weight-transfer engine
