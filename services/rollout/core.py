@@ -114,6 +114,8 @@ class RolloutCore:
             await asyncio.sleep(poll_s)
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration:
+        if self.engine_dead:
+            raise Unavailable("the engine is dead or holds a half-applied weight set; this server must restart")
         if self.waiting_for_version:
             raise Unavailable(
                 f"waiting for weights v{self.required_version}: this rollout server (re)started "
@@ -218,7 +220,14 @@ class RolloutCore:
             if self.admit(header):  # another push of the same set landed while this one waited
                 return UpdateResult(self.policy_version, self.weights_checksum, spool.nbytes, 0.0)
             rollback = self._behind(header)
-            await self.backend.load_weight_spool(spool, header.version)
+            try:
+                await self.backend.load_weight_spool(spool, header.version)
+            except Exception:
+                # Part of the set may be in the engine: serve nothing more (health NOT_SERVING) rather
+                # than a mix of two versions; a restarted server waits for the run's version.
+                self.engine_dead = True
+                log.exception("applying weights v%d failed midway: this server stops serving", header.version)
+                raise
             if rollback:
                 log.warning(
                     "ROLLBACK of run %s: v%d replaces the served v%d", self.run, header.version, self.policy_version
