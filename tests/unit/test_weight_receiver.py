@@ -230,3 +230,20 @@ def test_a_commit_with_another_checksum_applies_nothing(tmp_path):
 
     run(scenario())
     assert engine.loads == [] and core.policy_version == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_an_apply_that_fails_midway_stops_serving_rather_than_mix_versions(tmp_path):
+    from services.common.errors import Unavailable
+    from services.rollout.backends.base import SamplingSpec
+
+    core, engine = make_core(tmp_path)
+
+    async def broken(named_tensors):
+        raise RuntimeError("worker failed while loading")
+
+    engine.load_weights = broken
+    with pytest.raises(RuntimeError, match="worker failed"):
+        run(InProcessRolloutClient(core).update_weights(1, TensorWeights.of(named(1.0)), bucket_bytes=64))
+    assert not core.serving and core.policy_version == 0 and list(tmp_path.iterdir()) == []
+    with pytest.raises(Unavailable, match="half-applied"):
+        run(core.generate("r", [1], SamplingSpec(max_tokens=2)))
