@@ -124,3 +124,45 @@ class SpoolWriter:
     def __exit__(self, exc_type, *_) -> None:
         if exc_type is not None:
             self.discard()
+
+
+class SpooledWeights:
+    """A weight set read back from a spool: what a learner whose model is sharded over several ranks
+    re-sends to a server that fell behind (re-reading the model would be a collective)."""
+
+    def __init__(self, specs, checksum: str, spool: WeightSpool):
+        self.specs, self.checksum, self.spool = list(specs), checksum, spool
+
+    def buckets(self, bucket_bytes: int):
+        """The spooled buckets as they were sent (their size was set by the first push)."""
+        import hashlib
+
+        from services.common.weight_buckets import Bucket
+
+        for bucket in self.spool.buckets:
+            with open(self.spool.path, "rb") as f:
+                f.seek(bucket.offset)
+                data = f.read(bucket.nbytes)
+            yield Bucket(bucket.specs, memoryview(data), hashlib.sha256(data).hexdigest())
+
+
+class TeeToSpool:
+    """Passes a weight set's buckets through while writing them to a spool; `spooled()` after the pass."""
+
+    def __init__(self, weights, directory: str | None = None):
+        self.weights, self.directory, self.spool = weights, directory, None
+        self.specs = weights.specs
+
+    @property
+    def checksum(self) -> str:
+        return self.weights.checksum
+
+    def buckets(self, bucket_bytes: int):
+        with SpoolWriter(self.directory) as writer:
+            for bucket in self.weights.buckets(bucket_bytes):
+                writer.add(bucket.specs, bucket.data)
+                yield bucket
+        self.spool = writer.finish()
+
+    def spooled(self) -> SpooledWeights | None:
+        return SpooledWeights(self.specs, self.checksum, self.spool) if self.spool is not None else None

@@ -253,10 +253,17 @@ class LearnerService:
             return 0.0, "", []
         start = time.perf_counter()
         addresses = sorted(self.state.rollout_servers())
+        # Catch-up pushes re-read the model, which holds this version until the next step trains it. With
+        # several ranks that read is a collective rank 0 cannot run alone: it keeps a spool of the push.
+        sharded = fsdp.world_size() > 1
+        if sharded:
+            from services.common.weight_spool import TeeToSpool
+
+            weights = TeeToSpool(weights)
         results = self.pusher.push(self.version, weights, addresses, rollback=rollback, run=self.config.run)
-        # Catch-up pushes re-read the model, which holds this version until the next step trains it; with
-        # several ranks that read is collective, which rank 0 alone cannot do: those wait for the next push.
-        self._pushed = weights if fsdp.world_size() == 1 else None
+        previous, self._pushed = self._pushed, weights.spooled() if sharded else weights
+        if previous is not None and hasattr(previous, "spool"):
+            previous.spool.delete()
         packed = weights
         for result in results:
             if not result.ok:

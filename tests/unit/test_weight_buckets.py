@@ -77,3 +77,15 @@ def test_a_writer_left_by_an_error_deletes_its_file(tmp_path):
         writer.add([TensorSpec("a", "float32", (1,), 4)], b"\0" * 4)
         raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_set_teed_to_a_spool_is_sent_again_bucket_for_bucket(tmp_path):
+    from services.common.weight_spool import TeeToSpool
+
+    tee = TeeToSpool(TensorWeights.of(tensors()), str(tmp_path))
+    first = [(b.specs, bytes(b.data), b.sha256) for b in tee.buckets(64)]
+    again = tee.spooled()
+    assert again.checksum == checksum(tensors())
+    assert [(b.specs, bytes(b.data), b.sha256) for b in again.buckets(64)] == first
+    again.spool.delete()
+    assert list(tmp_path.iterdir()) == []
