@@ -98,6 +98,8 @@ def learner(args) -> None:
     from services.common.weight_buckets import TensorWeights
     from services.learner.weight_push.grpc_push import GrpcWeightPusher
 
+    import services.rollout.client  # noqa: F401 - imported by the push; loaded before the baseline
+
     named = perturbed_weights(args.model_dir, args.seed)
     weights = TensorWeights.of(named)
     pusher = GrpcWeightPusher(timeout_s=600, token="bench", bucket_mb=args.bucket_mb)

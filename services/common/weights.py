@@ -188,9 +188,13 @@ def _nbytes(dtype: str, shape: Sequence[int]) -> int:
 
 
 def check_finite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Raises WeightSetRejected naming the first tensor holding a NaN or an infinity."""
+    """Raises WeightSetRejected naming the first tensor holding a NaN or an infinity.
+
+    One float64 sum per tensor: a NaN or an infinity makes it non-finite, and finite float32/16 values
+    cannot overflow float64 (|x| <= 3.4e38, so more than 1e270 elements would be needed). Several times
+    faster than `isfinite(t).all()`, which writes a bool per element."""
     for name, t in named_tensors:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and not bool(torch.isfinite(t.sum(dtype=torch.float64))):
             raise WeightSetRejected(f"tensor {name!r} holds NaN or Inf values")
 
 

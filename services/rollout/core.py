@@ -189,10 +189,13 @@ class RolloutCore:
             self._refuse(header, exc)
 
     async def receive(self, header: PushHeader, receiver: BucketReceiver, step, *args) -> None:
-        """Runs one receiver step (`receiver.start_bucket`, `.add_data`) off the event loop (closing a
-        bucket hashes and scans it); a refusal aborts the push."""
+        """Runs one receiver step (`receiver.start_bucket`, `.add_data`); a refusal aborts the push.
+        Starting a bucket closes the previous one (hash, scan, spool write): that runs off the event loop."""
         try:
-            await asyncio.to_thread(step, *args)
+            if step == receiver.add_data:
+                step(*args)
+            else:
+                await asyncio.to_thread(step, *args)
         except WeightSetRejected as exc:
             receiver.abort()
             self._refuse(header, exc)

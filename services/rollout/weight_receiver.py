@@ -33,8 +33,9 @@ class BucketReceiver:
         self.received = 0
         self._next = 0  # index of the first tensor not yet declared by a bucket
         self._hasher = SetHasher()
-        self._buffer: bytearray | None = None
+        self._buffer: memoryview | None = None
         self._bucket: tuple[tuple[TensorSpec, ...], str] | None = None
+        self._reusable = bytearray()
         self._filled = 0
         self._spool = SpoolWriter(spool_dir)
 
@@ -55,7 +56,9 @@ class BucketReceiver:
         if not _SHA256.fullmatch(sha256):
             raise WeightSetRejected("bucket sha256 is not 64 lowercase hex digits")
         self._next += len(specs)
-        self._bucket, self._buffer, self._filled = (tuple(expected), sha256), bytearray(nbytes), 0
+        if len(self._reusable) < nbytes:  # one buffer for every bucket: no page faults per bucket
+            self._reusable = bytearray(nbytes)
+        self._bucket, self._buffer, self._filled = (tuple(expected), sha256), memoryview(self._reusable)[:nbytes], 0
 
     def add_data(self, data: bytes) -> None:
         if self._buffer is None:
@@ -96,11 +99,11 @@ class BucketReceiver:
         return self._spool.finish()
 
     def abort(self) -> None:
-        self._buffer = None
+        self._buffer, self._reusable = None, bytearray()
         self._spool.discard()
 
 
-def _views(specs: Sequence[TensorSpec], buffer: bytearray):
+def _views(specs: Sequence[TensorSpec], buffer: memoryview):
     flat = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
     offset = 0
     for spec in specs:
