@@ -9,6 +9,7 @@ filling, the receiver the bucket it is checking."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,19 @@ class Bucket:
 
 def sha256_of(data) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_while(data, work: Callable[[], None]) -> str:
+    """sha256 of `data` computed in a second thread while `work()` runs here: hashlib (and torch)
+    release the GIL, so the two passes over a bucket share two cores."""
+    digest: list[str] = []
+    thread = threading.Thread(target=lambda: digest.append(sha256_of(data)), daemon=True)
+    thread.start()
+    try:
+        work()
+    finally:
+        thread.join()
+    return digest[0]
 
 
 class WeightSet(Protocol):
@@ -70,10 +84,14 @@ def _copy_into(buffer: bytearray, offset: int, t: torch.Tensor) -> None:
 
 
 def bucket_tensors(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], specs: Sequence[TensorSpec], bucket_bytes: int
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    specs: Sequence[TensorSpec],
+    bucket_bytes: int,
+    hasher: SetHasher | None = None,
 ) -> Iterator[Bucket]:
     """Buckets of `named_tensors`, which must yield exactly `specs` in order. Each bucket's bytes are
-    copied once, straight from the tensors into the bucket's own buffer."""
+    copied once, straight from the tensors into the bucket's own buffer; `hasher` (the set checksum) is
+    fed each bucket while its sha256 is computed."""
     it = iter(named_tensors)
     for planned in plan_buckets(specs, bucket_bytes):
         buffer = bytearray(sum(s.nbytes for s in planned))
@@ -84,7 +102,9 @@ def bucket_tensors(
                 raise ValueError(f"weight source yielded {name!r}, expected {spec}")
             _copy_into(buffer, offset, t)
             offset += spec.nbytes
-        yield Bucket(planned, memoryview(buffer), sha256_of(buffer))
+        view = memoryview(buffer)
+        sha = sha256_while(view, lambda: hasher and hash_specs(hasher, planned, view))
+        yield Bucket(planned, view, sha)
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
 
@@ -107,14 +127,13 @@ class TensorWeights:
 
     def buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         hasher = SetHasher()
-        for bucket in bucket_tensors(self._source(), self.specs, bucket_bytes):
-            hash_bucket(hasher, bucket)
-            yield bucket
+        yield from bucket_tensors(self._source(), self.specs, bucket_bytes, hasher)
         self.checksum = hasher.hexdigest()
 
 
-def hash_bucket(hasher: SetHasher, bucket: Bucket) -> None:
+def hash_specs(hasher: SetHasher, specs: Sequence[TensorSpec], data) -> None:
+    """Feeds one bucket's tensors (their bytes laid end to end in `data`) to the set checksum."""
     offset = 0
-    for spec in bucket.specs:
-        hasher.add(spec, bucket.data[offset : offset + spec.nbytes])
+    for spec in specs:
+        hasher.add(spec, data[offset : offset + spec.nbytes])
         offset += spec.nbytes

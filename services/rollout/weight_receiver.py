@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from services.common.weight_buckets import hash_specs, sha256_while
 from services.common.weight_spool import SpoolWriter, WeightSpool
 from services.common.weights import SetHasher, TensorSpec, WeightSetRejected, check_finite
 
@@ -75,15 +76,11 @@ class BucketReceiver:
         (specs, sha256), buffer = self._bucket, self._buffer
         if self._filled != len(buffer):
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: {self._filled} of {len(buffer)} bytes received")
-        import hashlib
-
-        if hashlib.sha256(buffer).hexdigest() != sha256:
+        # The set checksum is fed before the digest is compared: a mismatch ends the push anyway.
+        digest = sha256_while(buffer, lambda: hash_specs(self._hasher, specs, buffer))
+        if digest != sha256:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: sha256 does not match its bytes")
         check_finite(_views(specs, buffer))
-        offset = 0
-        for spec in specs:
-            self._hasher.add(spec, memoryview(buffer)[offset : offset + spec.nbytes])
-            offset += spec.nbytes
         self._spool.add(specs, buffer)
         self.received += len(buffer)
         self._bucket, self._buffer = None, None
