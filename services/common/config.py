@@ -283,6 +283,9 @@ class LearnerConfig(Section):
     """Deadline of one weight push to a rollout server."""
     weight_push: _plugin("weight_push") = "grpc"
     """Registered weight transport; `none` trains on the stream without rollout servers (recorded batches)."""
+    weight_bucket_mb: int = Field(256, ge=1, le=4096)
+    """A weight push travels in buckets of at most this many MiB (a larger tensor alone): the learner holds the
+    bucket it sends and the one it gathers, a rollout server the one it checks."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
     logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)

@@ -31,5 +31,9 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
         if metrics_port:
             register_stream_collector(stream)
             start_http_server(metrics_port, addr=bind_host(host))
-    pusher = PUSHERS.create(config.learner.weight_push, timeout_s=config.learner.push_timeout_s)
+    pusher = PUSHERS.create(
+        config.learner.weight_push,
+        timeout_s=config.learner.push_timeout_s,
+        bucket_mb=config.learner.weight_bucket_mb,
+    )
     return LearnerService(config, trainer, pusher, state, stream)

@@ -113,3 +113,34 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def streamed_weights(model: nn.Module, dtype: torch.dtype):
+    """The model's full weights as a `weight_buckets.TensorWeights`: names and global shapes from the
+    sharded state dict (no communication), each tensor gathered (`full_tensor`, a collective) when
+    its bucket is built. Every rank must walk each pass in the same order: rank 0 sends it, the
+    others walk it with `walk_for_push`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from services.common.weight_buckets import TensorWeights
+    from services.common.weights import TensorSpec
+
+    sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    size = torch.empty(0, dtype=dtype).element_size()
+    specs = [
+        TensorSpec(name, str(dtype).removeprefix("torch."), tuple(t.shape), t.numel() * size)
+        for name, t in sharded.items()
+    ]
+
+    def gathered():
+        for name, t in sharded.items():
+            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            yield name, full.detach().to("cpu", dtype)
+
+    return TensorWeights(specs, gathered)
+
+
+def walk_for_push(weights) -> None:
+    """A non-sending rank's part of a push: the same gathers as rank 0, in the same order."""
+    for _ in weights.named_tensors():
+        pass

@@ -24,7 +24,6 @@ import redis
 from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
-from services.common.weights import pack
 from services.learner import fsdp
 from services.learner.exporter import DROPPED, export_summary
 from services.learner.validation import PoisonGuard
@@ -248,13 +247,24 @@ class LearnerService:
             if fsdp.is_rank0():
                 self.state.publish_version(self.version)
             return 0.0, "", []
-        weights = self.trainer.named_weights_for_push()
+        weights = self.trainer.weight_set_for_push()
         if not fsdp.is_rank0():
+            fsdp.walk_for_push(weights)
             return 0.0, "", []
-        start, packed = time.perf_counter(), pack(weights)
+        start = time.perf_counter()
         addresses = sorted(self.state.rollout_servers())
-        results = self.pusher.push(self.version, packed, addresses, rollback=rollback, run=self.config.run)
-        self._pushed = packed
+        # Catch-up pushes re-read the model, which holds this version until the next step trains it. With
+        # several ranks that read is a collective rank 0 cannot run alone: it keeps a spool of the push.
+        sharded = fsdp.world_size() > 1
+        if sharded:
+            from services.common.weight_spool import TeeToSpool
+
+            weights = TeeToSpool(weights)
+        results = self.pusher.push(self.version, weights, addresses, rollback=rollback, run=self.config.run)
+        previous, self._pushed = self._pushed, weights.spooled() if sharded else weights
+        if previous is not None and hasattr(previous, "spool"):
+            previous.spool.delete()
+        packed = weights
         for result in results:
             if not result.ok:
                 log.error("weight push v%d to %s failed: %s", self.version, result.address, result.error)

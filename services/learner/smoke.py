@@ -95,6 +95,22 @@ def param_checksum(trainer) -> float:
     return float(sum(t.double().abs().sum() for _, t in trainer.named_weights_for_push()))
 
 
+def streamed_push_agrees(trainer) -> bool:
+    """Whether the bucketed push set (gathered tensor by tensor, small buckets) has the checksum of the
+    full state dict. Collective; True on the ranks that only walk it."""
+    from services.common.weights import checksum
+    from services.learner import fsdp
+
+    full = trainer.named_weights_for_push()
+    weights = trainer.weight_set_for_push()
+    if not fsdp.is_rank0():
+        fsdp.walk_for_push(weights)
+        return True
+    for _ in weights.buckets(bucket_bytes=1 << 16):
+        pass
+    return weights.checksum == checksum(full)
+
+
 def case_config(
     mode: str,
     *,
@@ -153,7 +169,11 @@ def run(
         )
         trainer = PolicyTrainer(config, model_path)
         metrics = [trainer.train_step(synthetic_trajectories(num, group_size, seed=s)) for s in range(steps)]
-        results[mode] = {"metrics": metrics, "checksum": param_checksum(trainer)}
+        results[mode] = {
+            "metrics": metrics,
+            "checksum": param_checksum(trainer),
+            "streamed_push_agrees": streamed_push_agrees(trainer),
+        }
         if checkpoint_dir:
             trainer.policy_version = steps
             path = trainer.save_checkpoint(Path(checkpoint_dir) / mode, {"mode": mode})

@@ -409,6 +409,13 @@ class PolicyTrainer:
         return out
 
     # -- weights and checkpoints --------------------------------------------------------------
+    def weight_set_for_push(self):
+        """The full weights by Hugging Face name, in the configured model dtype, as a set read bucket by
+        bucket: each tensor is gathered (FSDP) and copied to CPU only when its bucket is built, so no
+        rank holds more than a bucket beyond its shards. Collective on every pass: every rank walks it
+        in the same order (`fsdp.walk_for_push` on the ranks that do not send)."""
+        return fsdp.streamed_weights(self.model, DTYPES[self.config.model.dtype])
+
     def named_weights_for_push(self) -> list[tuple[str, torch.Tensor]]:
         """Full weights by Hugging Face name, on CPU, in the configured model dtype. Collective; rank 0 gets
         the list, the other ranks an empty one."""

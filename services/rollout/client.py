@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
 from services.common.errors import rpc_errors
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weights import PackedWeights
+from services.common.weight_buckets import Bucket, MiB, WeightSet
+from services.common.weights import CHUNK_BYTES, TensorSpec
 from services.rollout.backends.base import Generation, SamplingSpec
 from services.rollout.core import PushHeader, RolloutCore, UpdateResult, VersionedGeneration
 from services.rollout.push_auth import auth_metadata
+
+DEFAULT_BUCKET_BYTES = 256 * MiB
 
 
 class RolloutClient(abc.ABC):
@@ -23,8 +26,16 @@ class RolloutClient(abc.ABC):
 
     @abc.abstractmethod
     async def update_weights(
-        self, version: int, weights: PackedWeights, *, rollback: bool = False, run: str = ""
-    ) -> UpdateResult: ...
+        self,
+        version: int,
+        weights: WeightSet,
+        *,
+        rollback: bool = False,
+        run: str = "",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> UpdateResult:
+        """Streams `weights` bucket by bucket; the set checksum goes in the header when `weights`
+        already knows it, in the commit always."""
 
     @abc.abstractmethod
     async def status(self) -> dict: ...
@@ -40,9 +51,20 @@ class InProcessRolloutClient(RolloutClient):
     async def generate(self, request_id, prompt_ids, sampling):
         return await self.core.generate(request_id, prompt_ids, sampling)
 
-    async def update_weights(self, version, weights, *, rollback=False, run=""):
-        header = PushHeader(version, weights.specs, weights.checksum, rollback=rollback, run=run)
-        return await self.core.update_weights(header, weights.payload)
+    async def update_weights(self, version, weights, *, rollback=False, run="", bucket_bytes=DEFAULT_BUCKET_BYTES):
+        header = PushHeader(version, weights.specs, weights.checksum, rollback, run, bucket_bytes)
+        receiver = self.core.begin_push(header)
+        if receiver is None:
+            return UpdateResult(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
+        try:
+            for bucket in weights.buckets(bucket_bytes):
+                await self.core.receive(
+                    header, receiver, receiver.start_bucket, bucket.specs, bucket.nbytes, bucket.sha256
+                )
+                await self.core.receive(header, receiver, receiver.add_data, bucket.data)
+            return await self.core.commit_push(header, receiver, weights.checksum)
+        finally:
+            receiver.abort()
 
     async def status(self):
         return self.core.status()
@@ -85,26 +107,61 @@ class GrpcRolloutClient(RolloutClient):
             Generation(list(reply.token_ids), list(reply.logprobs), reply.finish_reason), reply.policy_version
         )
 
-    async def update_weights(self, version, weights, *, rollback=False, run=""):
-        packed = weights
-        header = rollout_pb2.WeightUpdateHeader(
-            version=version,
-            checksum=packed.checksum,
+    async def update_weights(self, version, weights, *, rollback=False, run="", bucket_bytes=DEFAULT_BUCKET_BYTES):
+        async def buckets():
+            for bucket in weights.buckets(bucket_bytes):
+                yield bucket
+
+        return await self.push_buckets(
+            version,
+            weights.specs,
+            buckets(),
+            lambda: weights.checksum,
+            header_checksum=weights.checksum,
             rollback=rollback,
             run=run,
-            tensors=[
-                rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in packed.specs
-            ],
+            bucket_bytes=bucket_bytes,
         )
 
-        async def chunks():
+    async def push_buckets(
+        self,
+        version: int,
+        specs: Sequence[TensorSpec],
+        buckets: AsyncIterator[Bucket],
+        checksum: Callable[[], str],
+        *,
+        header_checksum: str = "",
+        rollback: bool = False,
+        run: str = "",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> UpdateResult:
+        """One push whose buckets come from `buckets` (shared with other servers' pushes by a fan-out);
+        `checksum()` is read once they are exhausted."""
+        header = rollout_pb2.WeightUpdateHeader(
+            version=version,
+            checksum=header_checksum,
+            rollback=rollback,
+            run=run,
+            total_bytes=sum(s.nbytes for s in specs),
+            bucket_bytes=bucket_bytes,
+            tensors=_specs_to_proto(specs),
+        )
+
+        async def messages():
             yield rollout_pb2.WeightChunk(header=header)
-            for data in packed.chunks():
-                yield rollout_pb2.WeightChunk(data=data)
+            async for bucket in buckets:
+                yield rollout_pb2.WeightChunk(
+                    bucket=rollout_pb2.WeightBucket(
+                        tensors=_specs_to_proto(bucket.specs), nbytes=bucket.nbytes, sha256=bucket.sha256
+                    )
+                )
+                for start in range(0, bucket.nbytes, CHUNK_BYTES):
+                    yield rollout_pb2.WeightChunk(data=bytes(bucket.data[start : start + CHUNK_BYTES]))
+            yield rollout_pb2.WeightChunk(commit=rollout_pb2.WeightCommit(checksum=checksum()))
 
         with rpc_errors():
             reply = await self.stub.UpdateWeights(
-                chunks(), timeout=self.push_timeout_s, metadata=auth_metadata(self.weight_token)
+                messages(), timeout=self.push_timeout_s, metadata=auth_metadata(self.weight_token)
             )
         return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
 
@@ -116,3 +173,7 @@ class GrpcRolloutClient(RolloutClient):
     async def close(self):
         if self._channel is not None:
             await self._channel.close()
+
+
+def _specs_to_proto(specs: Sequence[TensorSpec]) -> list:
+    return [rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in specs]

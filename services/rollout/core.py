@@ -3,8 +3,12 @@ version, and atomic weight updates.
 
 Invariants of a weight push (nothing reaches the engine unless all hold; on any refusal the engine
 keeps serving the version it had):
-- the set is exactly the served model's (names, shapes, dtypes: `ModelSignature`), values finite,
-  and its bytes match the header's checksum;
+- the set is exactly the served model's (names, shapes, dtypes: `ModelSignature`, checked on the header
+  before any data is read), each bucket matches its sha256 and holds finite values, and the whole set
+  matches the checksum of its commit (`weight_receiver`);
+- atomic without a second copy in memory: verified buckets wait in a spool file; only a set that
+  checked out whole is applied, bucket by bucket from that file, under the write lock (no request in
+  flight, none admitted until it is done); a refused or interrupted push deletes the spool;
 - versions never go backwards: a version below the served one, or the same version with other weights,
   is refused unless the push is a rollback of this same run; the same version with the same checksum is
   a no-op success (a resumed learner re-pushes what the server already holds).
@@ -15,6 +19,7 @@ A server that starts while its run already published policy vN (`required_versio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -22,16 +27,11 @@ from dataclasses import dataclass, field
 
 from services.common import metrics
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from services.common.weights import (
-    ChecksumMismatch,
-    ModelSignature,
-    TensorSpec,
-    WeightSetRejected,
-    check_finite,
-    unpack,
-)
+from services.common.weight_spool import WeightSpool
+from services.common.weights import ModelSignature, TensorSpec, WeightSetRejected
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.rwlock import ReadWriteLock
+from services.rollout.weight_receiver import BucketReceiver
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,12 @@ class PushHeader:
     version: int
     specs: Sequence[TensorSpec]
     checksum: str
+    """The set checksum; "" when the sender learns it only by streaming the set (it comes with the commit)."""
     rollback: bool = False
     run: str = ""
+    bucket_bytes: int = 0
+    total_bytes: int = -1
+    """-1: the tensors' own sum (in-process callers); from the wire it must equal that sum."""
 
     @property
     def declared_bytes(self) -> int:
@@ -93,6 +97,8 @@ class RolloutCore:
     generated_tokens: int = 0
     active_episodes: int = 0
     engine_dead: bool = False
+    spool_dir: str | None = None
+    """Where verified buckets wait until their set is whole (None: the system temporary folder)."""
     _lock: ReadWriteLock = field(default_factory=ReadWriteLock)
 
     @property
@@ -108,6 +114,8 @@ class RolloutCore:
             await asyncio.sleep(poll_s)
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration:
+        if self.engine_dead:
+            raise Unavailable("the engine is dead or holds a half-applied weight set; this server must restart")
         if self.waiting_for_version:
             raise Unavailable(
                 f"waiting for weights v{self.required_version}: this rollout server (re)started "
@@ -131,7 +139,8 @@ class RolloutCore:
         this set (nothing to do). Raises FailedPrecondition (version) or InvalidArgument (set)."""
         if header.version == self.policy_version and header.checksum == self.weights_checksum:
             return True
-        if self._behind(header):
+        maybe_served_set = not header.checksum and header.version == self.policy_version
+        if self._behind(header) and not maybe_served_set:  # the commit's checksum decides that case
             if not header.rollback:
                 PUSHES_REFUSED.labels("stale").inc()
                 log.warning(
@@ -169,21 +178,59 @@ class RolloutCore:
         log.warning("weight push v%d refused: %s", header.version, exc)
         raise InvalidArgument(f"weight set rejected, nothing applied: {exc}") from exc
 
-    async def update_weights(self, header: PushHeader, payload: bytes) -> UpdateResult:
-        """Checks the whole set before touching the engine, then swaps it in while no request runs."""
+    def begin_push(self, header: PushHeader) -> BucketReceiver | None:
+        """Admits the header and returns the receiver for its buckets; None: the set is already served."""
         if self.admit(header):
-            return UpdateResult(self.policy_version, self.weights_checksum, len(payload), 0.0)
+            return None
+        total = header.declared_bytes if header.total_bytes < 0 else header.total_bytes
         try:
-            tensors = unpack(header.specs, payload, header.checksum)
-            check_finite(tensors)
-        except (ChecksumMismatch, WeightSetRejected) as exc:
+            return BucketReceiver(header.specs, header.bucket_bytes, total, self.spool_dir)
+        except WeightSetRejected as exc:
             self._refuse(header, exc)
+
+    async def receive(self, header: PushHeader, receiver: BucketReceiver, step, *args) -> None:
+        """Runs one receiver step (`receiver.start_bucket`, `.add_data`); a refusal aborts the push.
+        Starting a bucket closes the previous one (hash, scan, spool write): that runs off the event loop."""
+        try:
+            if step == receiver.add_data:
+                step(*args)
+            else:
+                await asyncio.to_thread(step, *args)
+        except WeightSetRejected as exc:
+            receiver.abort()
+            self._refuse(header, exc)
+
+    async def commit_push(self, header: PushHeader, receiver: BucketReceiver, checksum: str) -> UpdateResult:
+        """Verifies the whole set, then applies it from the spool; the spool is gone when this returns."""
+        if header.checksum and checksum != header.checksum:
+            receiver.abort()
+            self._refuse(header, WeightSetRejected("commit checksum differs from the header's"))
+        try:
+            spool = await asyncio.to_thread(receiver.commit, checksum)
+        except WeightSetRejected as exc:
+            receiver.abort()
+            self._refuse(header, exc)
+        try:
+            return await self._apply(dataclasses.replace(header, checksum=checksum), spool)
+        finally:
+            spool.delete()
+
+    async def _apply(self, header: PushHeader, spool: WeightSpool) -> UpdateResult:
+        if self.admit(header):  # the commit's checksum shows the served set was pushed again
+            return UpdateResult(self.policy_version, self.weights_checksum, spool.nbytes, 0.0)
         start = time.perf_counter()
         async with self._lock.write():
             if self.admit(header):  # another push of the same set landed while this one waited
-                return UpdateResult(self.policy_version, self.weights_checksum, len(payload), 0.0)
+                return UpdateResult(self.policy_version, self.weights_checksum, spool.nbytes, 0.0)
             rollback = self._behind(header)
-            await self.backend.load_weights(tensors)
+            try:
+                await self.backend.load_weight_spool(spool, header.version)
+            except Exception:
+                # Part of the set may be in the engine: serve nothing more (health NOT_SERVING) rather
+                # than a mix of two versions; a restarted server waits for the run's version.
+                self.engine_dead = True
+                log.exception("applying weights v%d failed midway: this server stops serving", header.version)
+                raise
             if rollback:
                 log.warning(
                     "ROLLBACK of run %s: v%d replaces the served v%d", self.run, header.version, self.policy_version
@@ -193,15 +240,16 @@ class RolloutCore:
         POLICY_VERSION.set(header.version)
         WEIGHT_UPDATE_SECONDS.observe(seconds)
         log.info(
-            "policy v%d loaded (%d tensors, %.1f MB) in %.2fs",
+            "policy v%d loaded (%d tensors, %.1f MB in %d buckets) in %.2fs",
             header.version,
             len(header.specs),
-            len(payload) / 1e6,
+            spool.nbytes / 1e6,
+            len(spool.buckets),
             seconds,
         )
         if self.required_version and not self.waiting_for_version:
             log.info("holds v%d >= the run's v%d: serving", self.policy_version, self.required_version)
-        return UpdateResult(header.version, header.checksum, len(payload), seconds)
+        return UpdateResult(header.version, header.checksum, spool.nbytes, seconds)
 
     def status(self) -> dict:
         return {

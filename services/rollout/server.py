@@ -7,7 +7,7 @@ import uuid
 
 from services.common.errors import InvalidArgument, ServiceError, Unauthenticated
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weights import CHUNK_BYTES, PayloadBuffer, TensorSpec, WeightSetRejected
+from services.common.weights import CHUNK_BYTES, TensorSpec
 from services.rollout.backends.base import SamplingSpec
 from services.rollout.core import PUSHES_REFUSED, PushHeader, RolloutCore
 from services.rollout.push_auth import PushAuthenticator
@@ -28,9 +28,20 @@ def sampling_from_proto(p: rollout_pb2.SamplingParams) -> SamplingSpec:
     )
 
 
+def specs_from_proto(tensors) -> list[TensorSpec]:
+    return [TensorSpec(t.name, t.dtype, tuple(t.shape), t.nbytes) for t in tensors]
+
+
 def header_from_proto(h: rollout_pb2.WeightUpdateHeader) -> PushHeader:
-    specs = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.nbytes) for t in h.tensors]
-    return PushHeader(h.version, specs, h.checksum, rollback=h.rollback, run=h.run)
+    return PushHeader(
+        h.version,
+        specs_from_proto(h.tensors),
+        h.checksum,
+        rollback=h.rollback,
+        run=h.run,
+        bucket_bytes=h.bucket_bytes,
+        total_bytes=h.total_bytes,
+    )
 
 
 def _invalid(message: str) -> InvalidArgument:
@@ -57,13 +68,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
 
     async def UpdateWeights(self, request_iterator, context):
-        """Authenticates before reading anything, checks the header before reading data, and cuts off a
-        stream that sends more bytes than its header declared.
+        """Authenticates before reading anything, checks the header before reading data, checks each
+        bucket as it arrives (`weight_receiver`) and applies the set only at a commit that verifies; a
+        stream that ends or breaks before it applies nothing.
 
         A push refused at its header is read to its end (discarded, up to one model's size) before the
         answer: grpcio's asyncio client reports INTERNAL "Internal error from Core" instead of the
         server's status when the call ends while it is still sending (grpc/grpc#36066), and a learner
-        should see why its push was refused. A stream past that size is cut off at once."""
+        should see why its push was refused. A bucket refused midway is answered at once."""
         try:
             try:
                 self.auth.check(context.invocation_metadata() or (), peer=context.peer())
@@ -74,23 +86,32 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if first is None or first.WhichOneof("payload") != "header":
                 raise _invalid("a weight update starts with its header")
             header = header_from_proto(first.header)
-            already_served = self.core.admit(header)
+            receiver = self.core.begin_push(header)
         except ServiceError:
             await self._discard_rest(request_iterator)
             raise
-        if already_served:
+        if receiver is None:
             await self._discard_rest(request_iterator)
-            return self._reply(header.version, header.checksum, 0, 0.0)
-        buffer = PayloadBuffer(header.declared_bytes)
-        async for chunk in request_iterator:
-            if chunk.WhichOneof("payload") != "data":
-                raise _invalid("a weight update carries exactly one header")
-            try:
-                buffer.add(chunk.data)
-            except WeightSetRejected as exc:
-                raise _invalid(str(exc)) from exc
-        result = await self.core.update_weights(header, buffer.payload())
-        return self._reply(result.policy_version, result.checksum, result.bytes_received, result.apply_seconds)
+            return self._reply(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("payload")
+                if kind == "data":
+                    await self.core.receive(header, receiver, receiver.add_data, message.data)
+                elif kind == "bucket":
+                    b = message.bucket
+                    specs = specs_from_proto(b.tensors)
+                    await self.core.receive(header, receiver, receiver.start_bucket, specs, b.nbytes, b.sha256)
+                elif kind == "commit":
+                    result = await self.core.commit_push(header, receiver, message.commit.checksum)
+                    return self._reply(
+                        result.policy_version, result.checksum, result.bytes_received, result.apply_seconds
+                    )
+                else:
+                    raise _invalid("a weight update carries exactly one header")
+            raise _invalid("the push ended before its commit")
+        finally:
+            receiver.abort()  # a no-op once the commit handed the spool over
 
     async def _discard_rest(self, request_iterator) -> None:
         limit = (self.core.signature.total_bytes if self.core.signature else 0) + CHUNK_BYTES

@@ -85,12 +85,14 @@ def test_a_set_that_does_not_fit_the_model_is_refused(server, edit, match):
     assert_unchanged(server, before)
 
 
-async def _raw_push(server, header, data_chunks):
-    """Pushes `header` then the chunks, counting how many the server pulled before it answered."""
+async def _raw_push(server, header, data_chunks, bucket=None):
+    """Pushes `header` (and `bucket`) then the chunks, counting how many the server pulled before it answered."""
     pulled = [0]
 
     async def stream():
         yield rollout_pb2.WeightChunk(header=header)
+        if bucket is not None:
+            yield rollout_pb2.WeightChunk(bucket=bucket)
         for chunk in data_chunks:
             pulled[0] += 1
             yield rollout_pb2.WeightChunk(data=chunk)
@@ -117,11 +119,17 @@ def _endless(chunk=b"\0" * (1 << 20)):
         yield chunk
 
 
+def _specs(specs):
+    return [rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in specs]
+
+
 def _header(version, specs, checksum="0" * 64):
     return rollout_pb2.WeightUpdateHeader(
         version=version,
         checksum=checksum,
-        tensors=[rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in specs],
+        tensors=_specs(specs),
+        total_bytes=sum(s.nbytes for s in specs),
+        bucket_bytes=1 << 20,
     )
 
 
@@ -136,12 +144,15 @@ def test_an_over_size_declaration_is_refused_before_any_data_is_read(server):
     assert_unchanged(server, before)
 
 
-def test_a_stream_longer_than_its_header_is_cut_off(server):
+def test_a_bucket_longer_than_declared_is_cut_off(server):
     before = served(server)
     packed = pack(valid(server))
-    err, pulled = asyncio.run(_raw_push(server, _header(before[0] + 1, packed.specs, packed.checksum), _endless()))
-    assert_refused(server, err, f"more data than the {len(packed.payload)} bytes the header declared")
-    assert pulled < len(packed.payload) // (1 << 20) + 64
+    first = next(packed.buckets(1 << 20))
+    bucket = rollout_pb2.WeightBucket(tensors=_specs(first.specs), nbytes=first.nbytes, sha256=first.sha256)
+    header = _header(before[0] + 1, packed.specs, packed.checksum)
+    err, pulled = asyncio.run(_raw_push(server, header, _endless(), bucket=bucket))
+    assert_refused(server, err, f"more data than the {first.nbytes} bytes its bucket declared")
+    assert pulled < 64
     assert_unchanged(server, before)
 
 

@@ -70,6 +70,12 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", CASES)
+def test_the_bucketed_push_set_gathered_over_two_processes_is_the_full_state_dict(results, mode):
+    one, two, *_ = results
+    assert one[mode]["streamed_push_agrees"] and two[mode]["streamed_push_agrees"]
+
+
+@pytest.mark.parametrize("mode", CASES)
 def test_two_processes_match_one(results, mode):
     one, two, _, _ = results
     assert close(two[mode]["checksum"], one[mode]["checksum"])

@@ -12,6 +12,7 @@ from services.common.config import load_config
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
+from services.common.weight_buckets import TensorWeights
 from services.learner.service import LearnerService
 from services.learner.weight_push import PushResult, WeightPusher
 from services.learner.weight_push.none import NoPush
@@ -54,8 +55,8 @@ class RecordingTrainer:
         self.applied.append(sorted({t.group_id for t in trajectories}))
         return {"reward_mean": 0.0, "success_rate": 0.0}
 
-    def named_weights_for_push(self):
-        return []
+    def weight_set_for_push(self):
+        return TensorWeights.of([])
 
 
 class OkPusher(WeightPusher):

@@ -23,6 +23,8 @@ transformers = pytest.importorskip("transformers")
 
 from services.common.grpc_server import free_port  # noqa: E402
 from services.common.tiny_model import build_tiny_model  # noqa: E402
+from services.common.weight_buckets import TensorWeights  # noqa: E402
+from services.common.weight_spool import SpoolWriter  # noqa: E402
 from services.rollout.backends.base import BACKENDS, SamplingSpec  # noqa: E402
 
 ATOL = 1e-3
@@ -288,6 +290,29 @@ def test_load_weights_matches_new_model(engine):
     for p, gen in zip([prompt, engine.prompt("Which way?")], gens):
         assert max_gap(gen.logprobs, reference_logprobs(new, p, gen.token_ids)) < ATOL
         assert max_gap(gen.logprobs, reference_logprobs(old, p, gen.token_ids)) > 1e-2
+
+
+def test_a_spooled_push_through_vllms_weight_transfer_api_matches_new_model(engine, tmp_path):
+    """The push path: buckets in a spool file, applied by the `omrl_spool` engine registered in vLLM's
+    weight-transfer factory (start_weight_update, one update_weights per bucket, finish_weight_update)."""
+    old = engine.reference
+    new = perturbed(old, seed=200 + engine.tied)
+    weights = TensorWeights.of(list(new.state_dict().items()))
+    with SpoolWriter(str(tmp_path)) as writer:
+        for bucket in weights.buckets(bucket_bytes=64 << 10):  # many buckets, some tensors alone
+            writer.add(bucket.specs, bucket.data)
+    spool = writer.finish()
+    assert len(spool.buckets) > 3
+    try:
+        engine.run(engine.backend.load_weight_spool(spool, version=7))
+    finally:
+        spool.delete()
+    engine.reference = new
+    prompt = engine.prompt("Which way?")
+    (gen,) = engine.generate_many([prompt], SamplingSpec(max_tokens=16, seed=5))
+    assert max_gap(gen.logprobs, reference_logprobs(new, prompt, gen.token_ids)) < ATOL
+    assert max_gap(gen.logprobs, reference_logprobs(old, prompt, gen.token_ids)) > 1e-2
+    assert engine.run(engine.backend.engine.get_weight_version()) == "7"
 
 
 def test_eos_ends_generation_and_is_returned(engine):

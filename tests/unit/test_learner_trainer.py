@@ -142,6 +142,20 @@ def test_pushed_weights_are_the_full_hf_state_dict(model_dir):
         )
 
 
+def test_the_streamed_push_set_is_the_full_state_dict_bucket_by_bucket(model_dir):
+    from services.common.weights import checksum
+
+    config = make_config()
+    config.model.dtype = "bfloat16"
+    trainer = PolicyTrainer(config, model_dir)
+    full = trainer.named_weights_for_push()
+    weights = trainer.weight_set_for_push()
+    assert [s.name for s in weights.specs] == [n for n, _ in full]
+    buckets = list(weights.buckets(bucket_bytes=4096))
+    assert len(buckets) > 3 and max(b.nbytes for b in buckets if len(b.specs) > 1) <= 4096
+    assert weights.checksum == checksum(full)
+
+
 def test_pushed_weights_in_configured_dtype(model_dir):
     config = make_config()
     config.model.dtype = "bfloat16"

@@ -102,8 +102,8 @@ def test_a_deleted_field_breaks_unless_its_number_and_name_are_reserved(released
         ),
         (
             ROLLOUT,
-            "    bytes data = 2;\n  }\n",
-            "  }\n  bytes data = 2;\n",
+            "    bytes data = 2;\n    WeightBucket bucket = 3;\n    WeightCommit commit = 4;\n  }\n",
+            "    WeightBucket bucket = 3;\n    WeightCommit commit = 4;\n  }\n  bytes data = 2;\n",
             "field openmanus.rollout.v1.WeightChunk.data (number 2) moved from oneof 'payload' to ''",
         ),
         (

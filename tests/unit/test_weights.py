@@ -116,3 +116,13 @@ def test_signature_of_pretrained_has_the_hf_names_the_learner_pushes(tmp_path):
     signature = ModelSignature.of_pretrained(str(path), "float32")
     assert signature == ModelSignature.of(model.state_dict().items())
     assert "lm_head.weight" in signature.tensors
+
+
+def test_finite_check_tells_huge_finite_values_from_nan_and_inf():
+    huge = torch.full((4,), 3e38)  # its float32 sum overflows, its values are finite
+    check_finite([("huge", huge), ("half", torch.full((8,), 6e4, dtype=torch.float16))])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        t = torch.zeros(1000, dtype=torch.bfloat16)
+        t[500] = bad
+        with pytest.raises(WeightSetRejected, match="'t' holds NaN or Inf"):
+            check_finite([("t", t)])

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from services.common.registry import Registry
 
 if TYPE_CHECKING:  # the table is read when a config is parsed, which must not import torch
-    from services.common.weights import PackedWeights
+    from services.common.weight_buckets import WeightSet
 
 
 @dataclass
@@ -23,14 +23,16 @@ class PushResult:
 
 class WeightPusher(abc.ABC):
     """Delivers a full named-tensor set with its version to rollout servers; each server applies it
-    atomically or not at all, and reports the checksum of what it applied."""
+    atomically or not at all, and reports the checksum of what it applied. A pusher reads the set once,
+    bucket by bucket (`WeightSet.buckets`), to the end even when every server failed (an FSDP source
+    gathers collectively); it never holds the whole set."""
 
     needs_servers: bool = True
     """Whether the learner waits for a registered rollout server before it starts."""
 
     @abc.abstractmethod
     def push(
-        self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
+        self, version: int, weights: WeightSet, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
     ) -> list[PushResult]:
         """`rollback` (with this `run`'s name) lets a server at a later version go back to `version`: the
         first push of a learner resumed from a checkpoint older than what the servers hold."""

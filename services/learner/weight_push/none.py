@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.weights import PackedWeights
+from services.common.weight_buckets import WeightSet
 from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
 
 
@@ -12,10 +12,10 @@ class NoPush(WeightPusher):
 
     needs_servers = False
 
-    def __init__(self, timeout_s: float = 0.0):
+    def __init__(self, timeout_s: float = 0.0, bucket_mb: int = 0):
         pass
 
     def push(
-        self, version: int, weights: PackedWeights, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
+        self, version: int, weights: WeightSet, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
     ) -> list[PushResult]:
         return []

@@ -43,6 +43,12 @@ class RolloutBackend(abc.ABC):
     async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Replace weights in place by Hugging Face parameter name (torch tensors)."""
 
+    async def load_weight_spool(self, spool: Any, version: int) -> None:
+        """Replace weights from a verified `weight_spool.WeightSpool` (bucket by bucket from its file).
+        This default hands `load_weights` copies of the tensors; engines override it to load from the
+        file without the copies."""
+        await self.load_weights(spool.named_tensors(copy=True))
+
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
 

@@ -184,6 +184,19 @@ class VllmBackend(RolloutBackend):
         if not await self.engine.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache after loading weights (requests still running?)")
 
+    async def load_weight_spool(self, spool, version: int) -> None:
+        """Through vLLM's weight-transfer API: one `update_weights` per spooled bucket, which the
+        worker's `omrl_spool` engine maps from the file and loads (layerwise reload, then the packed
+        output heads are refreshed in `finish_weight_update`)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self.engine.start_weight_update()
+        for bucket in spool.buckets:
+            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=bucket.to_info(spool.path)))
+        await self.engine.finish_weight_update(weight_version=str(version))
+        if not await self.engine.reset_prefix_cache():
+            raise RuntimeError("could not reset vLLM's prefix cache after loading weights (requests still running?)")
+
     async def check_alive(self) -> None:
         # EngineDeadError once the engine core process is gone or its output loop has failed
         await self.engine.check_health()

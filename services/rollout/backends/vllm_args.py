@@ -39,6 +39,7 @@ OWN_FIELD = {
 BACKEND_SET = {
     "logprobs_mode": "the learner corrects against the logprobs of the distribution tokens were sampled from",
     "worker_extension_cls": "weight pushes are loaded through the backend's worker extension",
+    "weight_transfer_config": "weight pushes are applied through the backend's own weight-transfer engine",
     "disable_log_stats": "the rollout's metrics endpoint exports vLLM's statistics",
     "data_parallel_size": "one engine per rollout server: add rollout servers to scale out",
     "skip_tokenizer_init": "the engine renders token-id prompts with the model's tokenizer",
@@ -113,6 +114,7 @@ def engine_kwargs(
     ram_bytes: int,
     worker_extension: str,
     logprobs_mode: str,
+    weight_transfer_backend: str = "omrl_spool",
     engine_args: dict[str, Any],
 ) -> dict[str, Any]:
     """The keyword arguments of `AsyncEngineArgs`: the run config's settings, the backend's own, then
@@ -148,6 +150,7 @@ def engine_kwargs(
         "tensor_parallel_size": gpus,
         "logprobs_mode": logprobs_mode,
         "worker_extension_cls": worker_extension,
+        "weight_transfer_config": {"backend": weight_transfer_backend},
         "disable_log_stats": False,
         "data_parallel_size": 1,
         "skip_tokenizer_init": False,

@@ -76,3 +76,31 @@ class WeightReloadExtension:
         self.reload_weights(weights_iterator=pairs)  # type: ignore[attr-defined]
         heads = refresh_output_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
         return {"refreshed_heads": heads}
+
+    def reload_spool_timed(self, buckets: Sequence[dict]) -> float:
+        """vLLM's own `reload_weights` over the tensors of spooled buckets (`SpooledBucket.to_info`),
+        timed inside the worker: the reference bench/weight_sync.py compares a push against."""
+        import time
+
+        from services.common.weight_spool import mapped_bucket
+        from services.common.weights import TensorSpec
+
+        def pairs():
+            for b in buckets:
+                specs = [TensorSpec(*spec) for spec in zip(b["names"], b["dtype_names"], b["shapes"], b["sizes"])]
+                with mapped_bucket(b["path"], b["offset"], specs) as tensors:
+                    yield from tensors
+
+        start = time.perf_counter()
+        self.reload_weights(weights_iterator=pairs())  # type: ignore[attr-defined]
+        refresh_output_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
+        return time.perf_counter() - start
+
+
+def _register_weight_transfer_engine() -> None:
+    from services.rollout.backends import vllm_spool_engine
+
+    vllm_spool_engine.register()
+
+
+_register_weight_transfer_engine()  # in the worker, before it builds its weight-transfer engine

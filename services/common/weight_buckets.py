@@ -1,0 +1,139 @@
+"""A weight set as a stream of buckets: what every transport sends, whatever carries the bytes.
+
+A bucket is whole tensors, in the set's order, whose bytes add up to at most the bucket size; a tensor
+larger than the bucket size travels alone. Each bucket carries the sha256 of its bytes, and the set's
+checksum (`weights.checksum`, over names, dtypes, shapes and bytes in order) is computed bucket by
+bucket, so neither side ever holds the whole set as one object: the sender holds the bucket it is
+filling, the receiver the bucket it is checking."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from services.common.weights import SetHasher, TensorSpec, spec_of
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Bucket:
+    specs: tuple[TensorSpec, ...]
+    data: memoryview
+    sha256: str
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+def sha256_of(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_while(data, work: Callable[[], None]) -> str:
+    """sha256 of `data` computed in a second thread while `work()` runs here: hashlib (and torch)
+    release the GIL, so the two passes over a bucket share two cores."""
+    digest: list[str] = []
+    thread = threading.Thread(target=lambda: digest.append(sha256_of(data)), daemon=True)
+    thread.start()
+    try:
+        work()
+    finally:
+        thread.join()
+    return digest[0]
+
+
+class WeightSet(Protocol):
+    """What a pusher sends: the tensor specs (known before any data), and buckets in their order.
+    `checksum` is "" until a full pass over the buckets has computed it."""
+
+    specs: list[TensorSpec]
+    checksum: str
+
+    def buckets(self, bucket_bytes: int) -> Iterator[Bucket]: ...
+
+
+def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[tuple[TensorSpec, ...]]:
+    """Splits `specs` (in order) into buckets of at most `bucket_bytes`, a larger tensor on its own."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes}")
+    plan: list[tuple[TensorSpec, ...]] = []
+    current: list[TensorSpec] = []
+    size = 0
+    for spec in specs:
+        if current and size + spec.nbytes > bucket_bytes:
+            plan.append(tuple(current))
+            current, size = [], 0
+        current.append(spec)
+        size += spec.nbytes
+    if current:
+        plan.append(tuple(current))
+    return plan
+
+
+def _copy_into(buffer: bytearray, offset: int, t: torch.Tensor) -> None:
+    if t.numel():
+        flat = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+        torch.frombuffer(buffer, dtype=torch.uint8, offset=offset, count=flat.numel()).copy_(flat)
+
+
+def bucket_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    specs: Sequence[TensorSpec],
+    bucket_bytes: int,
+    hasher: SetHasher | None = None,
+) -> Iterator[Bucket]:
+    """Buckets of `named_tensors`, which must yield exactly `specs` in order. Each bucket's bytes are
+    copied once, straight from the tensors into the bucket's own buffer; `hasher` (the set checksum) is
+    fed each bucket while its sha256 is computed."""
+    it = iter(named_tensors)
+    for planned in plan_buckets(specs, bucket_bytes):
+        buffer = bytearray(sum(s.nbytes for s in planned))
+        offset = 0
+        for spec in planned:
+            name, t = next(it, (None, None))
+            if name is None or spec_of(name, t) != spec:
+                raise ValueError(f"weight source yielded {name!r}, expected {spec}")
+            _copy_into(buffer, offset, t)
+            offset += spec.nbytes
+        view = memoryview(buffer)
+        sha = sha256_while(view, lambda: hasher and hash_specs(hasher, planned, view))
+        yield Bucket(planned, view, sha)
+    if next(it, None) is not None:
+        raise ValueError("weight source yielded more tensors than its specs declare")
+
+
+class TensorWeights:
+    """A weight set read from tensors on demand: `source()` is called for each pass and yields
+    (name, tensor) in `specs` order (an FSDP source gathers each tensor as it is asked for). The
+    checksum is filled in by the first complete pass."""
+
+    def __init__(self, specs: Sequence[TensorSpec], source: Callable[[], Iterable[tuple[str, torch.Tensor]]]):
+        self.specs, self.checksum, self._source = list(specs), "", source
+
+    @classmethod
+    def of(cls, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> TensorWeights:
+        named = list(named_tensors)
+        return cls([spec_of(n, t) for n, t in named], lambda: named)
+
+    def named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self._source()
+
+    def buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        hasher = SetHasher()
+        yield from bucket_tensors(self._source(), self.specs, bucket_bytes, hasher)
+        self.checksum = hasher.hexdigest()
+
+
+def hash_specs(hasher: SetHasher, specs: Sequence[TensorSpec], data) -> None:
+    """Feeds one bucket's tensors (their bytes laid end to end in `data`) to the set checksum."""
+    offset = 0
+    for spec in specs:
+        hasher.add(spec, data[offset : offset + spec.nbytes])
+        offset += spec.nbytes
