@@ -95,10 +95,9 @@ def perturbed_weights(model_dir: str, seed: int):
 
 def learner(args) -> None:
     """The pushing side (its own process): load, perturb, push once, report."""
+    import services.rollout.client  # noqa: F401 - imported by the push; loaded before the baseline
     from services.common.weight_buckets import TensorWeights
     from services.learner.weight_push.grpc_push import GrpcWeightPusher
-
-    import services.rollout.client  # noqa: F401 - imported by the push; loaded before the baseline
 
     named = perturbed_weights(args.model_dir, args.seed)
     weights = TensorWeights.of(named)
