@@ -8,6 +8,7 @@ filling, the receiver the bucket it is checking."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -103,7 +104,8 @@ def bucket_tensors(
             _copy_into(buffer, offset, t)
             offset += spec.nbytes
         view = memoryview(buffer)
-        sha = sha256_while(view, lambda: hasher and hash_specs(hasher, planned, view))
+        feed = functools.partial(hash_specs, hasher, planned, view) if hasher else (lambda: None)
+        sha = sha256_while(view, feed)
         yield Bucket(planned, view, sha)
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
