@@ -41,7 +41,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-elif __name__ == "__mp_main__":  # a vLLM engine core or worker spawned by this server
-    from services.rollout.backends.vllm_idle import shorten_spin_from_env
-
-    shorten_spin_from_env()
