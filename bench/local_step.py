@@ -139,6 +139,10 @@ def run_once(mode: str, index: int, args: argparse.Namespace, model: Path, runs_
         values = [m[key] for m in timed if key in m]
         return round(statistics.median(values), 4) if values else None
 
+    for m in timed:  # what is left of the step: waiting for its trajectories (rollout) and bookkeeping
+        m["collect_s"] = m["step_seconds"] - sum(
+            m.get(k, 0.0) for k in ("time/score_s", "time/policy_update_s", "push_seconds", "checkpoint_seconds")
+        )
     cpu = sampler.since("step1")
     result = {
         "mode": mode,
@@ -149,6 +153,8 @@ def run_once(mode: str, index: int, args: argparse.Namespace, model: Path, runs_
         "median_score_s": median("time/score_s"),
         "median_update_s": median("time/policy_update_s"),
         "median_push_s": median("push_seconds"),
+        "median_checkpoint_s": median("checkpoint_seconds"),
+        "median_collect_s": median("collect_s"),
         "step_seconds": [round(m["step_seconds"], 3) for m in history],
         "reward_mean": [round(m.get("reward_mean", float("nan")), 4) for m in history],
         "success_rate": [round(m.get("success_rate", float("nan")), 4) for m in history],
@@ -157,8 +163,8 @@ def run_once(mode: str, index: int, args: argparse.Namespace, model: Path, runs_
     }
     print(
         f"{mode} #{index}: median step {result['median_step_s']}s (score {result['median_score_s']}s, update "
-        f"{result['median_update_s']}s) | CPU after step 1: {result['cpu_s_after_step1_total']}s total | "
-        + ", ".join(f"{k} {v}" for k, v in list(cpu.items())[:6]),
+        f"{result['median_update_s']}s, collect {result['median_collect_s']}s) | CPU after step 1: "
+        f"{result['cpu_s_after_step1_total']}s total | " + ", ".join(f"{k} {v}" for k, v in list(cpu.items())[:6]),
         flush=True,
     )
     return result

@@ -22,7 +22,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SPIN_ENV = "OMRL_VLLM_SPIN_S"
 """Read by `services.rollout.backends.vllm_idle` in vLLM's engine core and worker processes."""
 ENGINE_SPIN_S = "0.005"
-"""How long vLLM's engine core and worker spin for the next message before they block (vLLM: 1 s)."""
+"""How long vLLM's CPU worker spins for the next message before it blocks (vLLM: 1 s); the launcher's own
+environment overrides it."""
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -97,7 +98,7 @@ def engine_env(budget: ThreadBudget) -> dict[str, str]:
     return {
         **thread_env(budget.service),
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, budget.engine_cpus)),
-        SPIN_ENV: ENGINE_SPIN_S,
+        SPIN_ENV: os.environ.get(SPIN_ENV, ENGINE_SPIN_S),
     }
 
 

@@ -94,6 +94,7 @@ def children(config: TrainConfig, monkeypatch, cores: Cores) -> dict[str, dict[s
 
 
 def test_the_local_launcher_gives_each_child_its_share(monkeypatch):
+    monkeypatch.delenv(cpu_budget.SPIN_ENV, raising=False)
     config = TrainConfig()
     config.env.replicas = 2
     env = children(config, monkeypatch, Cores(tuple(range(8)), 8))
@@ -106,6 +107,8 @@ def test_the_local_launcher_gives_each_child_its_share(monkeypatch):
         assert env[name]["OMP_NUM_THREADS"] == "1"
     assert all(e["OMP_WAIT_POLICY"] == "PASSIVE" for e in env.values())
     assert env["learner"][TOKEN_ENV] == env["rollout"][TOKEN_ENV]  # the push token stays
+    monkeypatch.setenv(cpu_budget.SPIN_ENV, "0.05")  # the launcher's environment tunes the spin
+    assert children(config, monkeypatch, Cores((0, 1), 2))["rollout"][cpu_budget.SPIN_ENV] == "0.05"
 
 
 def test_without_a_budget_the_children_get_no_thread_environment(monkeypatch):
