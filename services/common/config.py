@@ -308,8 +308,8 @@ class ThreadsConfig(Section):
     launcher sizes each service's thread pools and binds vLLM's CPU worker to its own cores, idle OpenMP
     threads sleep. False: every library sizes its pools to the whole machine (they oversubscribe it)."""
     learner: int = Field(0, ge=0, le=4096)
-    """Torch/OpenMP threads of each learner process; 0: auto (local run: its share; alone: every core of
-    the budget)."""
+    """Torch/OpenMP threads of each learner process; 0: auto (local run: its share, every core but one when
+    `max_staleness` is 0 and learner and engine take turns; alone: every core of the budget)."""
     engine: int = Field(0, ge=0, le=4096)
     """vLLM CPU worker threads of a local run, one per bound core; 0: auto (the larger half of the cores)."""
     service: int = Field(1, ge=1, le=4096)

@@ -71,14 +71,23 @@ class ThreadBudget:
     """Threads of each small service process."""
 
 
-def split(cores: Cores, learner_procs: int = 1, learner: int = 0, engine: int = 0, service: int = 1) -> ThreadBudget:
+def split(
+    cores: Cores,
+    learner_procs: int = 1,
+    learner: int = 0,
+    engine: int = 0,
+    service: int = 1,
+    overlap: bool = True,
+) -> ThreadBudget:
     """Shares `cores.count` cores: with 3 or more one stays free for the small services and vLLM's engine
     core, the rest goes half to the vLLM worker (the larger half) and half to the learner processes.
-    `learner` and `engine` > 0 fix those shares (threads per learner process, worker threads)."""
+    Without `overlap` (a synchronous run: the engine has nothing to generate while the learner trains, and
+    the learner waits while it generates) the learner processes share every core but the spare one; the
+    idle side's threads sleep. `learner` and `engine` > 0 fix those shares (per learner process, worker)."""
     spare = 1 if cores.count >= 3 else 0
     compute = max(2, cores.count - spare)
     engine_threads = engine or math.ceil(compute / 2)
-    learner_total = max(1, compute - engine_threads)
+    learner_total = max(1, compute - engine_threads) if overlap else min(compute, cores.count)
     learner_threads = learner or max(1, learner_total // learner_procs)
     # the worker's cores: the last ones of the mask, so the learner's are the first ones when both fit
     engine_cpus = cores.ids[-engine_threads:] if engine_threads <= len(cores.ids) else cores.ids

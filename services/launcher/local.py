@@ -213,7 +213,14 @@ class LocalRun:
         threads = self.config.threads
         if not threads.budget:
             return {}
-        budget = split(available_cores(), self.config.learner.nproc, threads.learner, threads.engine, threads.service)
+        budget = split(
+            available_cores(),
+            self.config.learner.nproc,
+            threads.learner,
+            threads.engine,
+            threads.service,
+            overlap=self.config.algorithm.max_staleness > 0,
+        )
         small = thread_env(budget.service)
         return {"learner": thread_env(budget.learner), "rollout": engine_env(budget), "reward": small, "envs": small}
 

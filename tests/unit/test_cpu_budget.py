@@ -58,6 +58,14 @@ def test_split_adds_up_to_the_cores(count, procs, learner, engine_cpus):
         assert budget.learner * procs + len(budget.engine_cpus) + 1 <= count
 
 
+def test_a_synchronous_run_gives_the_learner_every_core_but_the_spare_one():
+    assert split(Cores(tuple(range(16)), 16), overlap=False).learner == 15
+    assert split(Cores(tuple(range(16)), 16), learner_procs=3, overlap=False).learner == 5
+    assert split(Cores((0, 1), 2), overlap=False).learner == 2
+    assert split(Cores((0,), 1), overlap=False).learner == 1
+    assert split(Cores((0, 1), 2), overlap=False).engine_cpus == (1,)  # the worker's share does not change
+
+
 def test_fixed_shares_and_a_quota_smaller_than_the_mask():
     budget = split(Cores(tuple(range(8)), 8), learner=5, engine=2, service=2)
     assert (budget.learner, budget.engine_cpus, budget.service) == (5, (6, 7), 2)
@@ -97,6 +105,7 @@ def test_the_local_launcher_gives_each_child_its_share(monkeypatch):
     monkeypatch.delenv(cpu_budget.SPIN_ENV, raising=False)
     config = TrainConfig()
     config.env.replicas = 2
+    config.algorithm.max_staleness = 1  # rollout and learner overlap: they split the cores
     env = children(config, monkeypatch, Cores(tuple(range(8)), 8))
     assert set(env) == {"envs", "envs-1", "reward", "rollout", "learner"}
     assert env["learner"]["OMP_NUM_THREADS"] == "3"
@@ -107,6 +116,8 @@ def test_the_local_launcher_gives_each_child_its_share(monkeypatch):
         assert env[name]["OMP_NUM_THREADS"] == "1"
     assert all(e["OMP_WAIT_POLICY"] == "PASSIVE" for e in env.values())
     assert env["learner"][TOKEN_ENV] == env["rollout"][TOKEN_ENV]  # the push token stays
+    config.algorithm.max_staleness = 0  # they take turns: the learner gets every core but the spare one
+    assert children(config, monkeypatch, Cores(tuple(range(8)), 8))["learner"]["OMP_NUM_THREADS"] == "7"
     monkeypatch.setenv(cpu_budget.SPIN_ENV, "0.05")  # the launcher's environment tunes the spin
     assert children(config, monkeypatch, Cores((0, 1), 2))["rollout"][cpu_budget.SPIN_ENV] == "0.05"
 
