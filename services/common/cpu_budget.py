@@ -4,9 +4,10 @@ The budget is the smaller of the cgroup CPU quota (a container's CPU limit: cgro
 `cpu.cfs_quota_us / cpu.cfs_period_us`) and the CPUs of the affinity mask. Libraries size their thread
 pools by the CPUs they see, not by the quota, so every co-located process (or a pod with a 4-CPU limit on
 a 64-core node) would start one thread per visible CPU; the sum oversubscribes the cores and the compute
-threads stall on each other. A local run gives the vLLM CPU worker and the learner each a share, bound
-to disjoint cores for vLLM; the small services (env, reward, the rollout front and engine core) get one
-thread each: they wait on the network, they do not compute.
+threads stall on each other. A local run binds the vLLM CPU worker to its share of the cores; the learner
+gets the other share when the two overlap (max_staleness >= 1), else every core but a spare one (they take
+turns, and the idle side's threads sleep); the small services (env, reward, the rollout front and engine
+core) get one thread each: they wait on the network, they do not compute.
 
 Idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning for the next parallel region:
 on a shared machine a spinning pool takes the core another process is about to compute on."""
