@@ -313,6 +313,20 @@ class LearnerConfig(Section):
         return self
 
 
+class ThreadsConfig(Section):
+    budget: bool = True
+    """Give each process its share of the cores (the cgroup CPU quota and the CPU affinity): the local
+    launcher sizes each service's thread pools and binds vLLM's CPU worker to its own cores, idle OpenMP
+    threads sleep. False: every library sizes its pools to the whole machine (they oversubscribe it)."""
+    learner: int = Field(0, ge=0, le=4096)
+    """Torch/OpenMP threads of each learner process; 0: auto (local run: its share, every core but one when
+    `max_staleness` is 0 and learner and engine take turns; alone: every core of the budget)."""
+    engine: int = Field(0, ge=0, le=4096)
+    """vLLM CPU worker threads of a local run, one per bound core; 0: auto (the larger half of the cores)."""
+    service: int = Field(1, ge=1, le=4096)
+    """Threads of each small service of a local run (env, reward, the rollout front and vLLM engine core)."""
+
+
 class TrainConfig(Section):
     run: str = "default"
     """Run name; scopes Redis keys, output and checkpoint folders."""
@@ -327,6 +341,7 @@ class TrainConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    threads: ThreadsConfig = Field(default_factory=ThreadsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -181,6 +181,8 @@ class JobObjects:
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 # the services bind 127.0.0.1 unless told otherwise; in a pod, peers come over the pod IP
                 {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"},
+                # idle OpenMP threads sleep; pools are sized by the container's CPU limit (cpu_budget.py)
+                {"name": "OMP_WAIT_POLICY", "value": "PASSIVE"},
                 {"name": FORMAT_ENV, "value": self.options.log_format},
                 *env,
             ],

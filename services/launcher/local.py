@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from services.common.config import JobSpec, TrainConfig, dump_config
+from services.common.cpu_budget import available_cores, engine_env, split, thread_env
 from services.common.grpc_server import free_port
 from services.common.run_state import RunState
 from services.launcher.base import (
@@ -145,9 +146,23 @@ class LocalRun:
         config_path.write_text(dump_config(self.config))
         state = RunState.connect(self.config)
         state.reset()
+        self.processes = self.service_processes(ports, config_path)
+        for proc in self.processes:
+            proc.start()
+        self._write_pids()
+        self.say(
+            f"started {', '.join(f'{p.name} (pid {p.pid})' for p in self.processes)}; logs in {self.run_dir / 'logs'}"
+        )
+        for proc in self.processes:
+            if proc.health_address:
+                self._wait_healthy(proc)
+        self.stage("run", "healthy", "all services healthy; the learner waits for the first step's episodes")
+
+    def service_processes(self, ports: dict[str, int], config_path: Path) -> list[ServiceProcess]:
+        """The run's processes, not started yet, the learner last; each with its share of the cores."""
         cfg, logs = ["--config", str(config_path)], self.run_dir / "logs"
         push_env = {TOKEN_ENV: secrets.token_urlsafe(32)}  # only this run's learner may push to its rollout
-        self.processes = [
+        processes = [
             *self._env_processes(ports, cfg, logs),
             ServiceProcess(
                 "reward",
@@ -186,15 +201,28 @@ class LocalRun:
             learner_cmd = [sys.executable, *launcher, *learner_args]
         else:
             learner_cmd = python_module("services.learner", *learner_args)
-        self.processes.append(ServiceProcess("learner", learner_cmd, logs / "learner.log", env=push_env))
-        for proc in self.processes:
-            proc.start()
-        self._write_pids()
-        self.say(f"started {', '.join(f'{p.name} (pid {p.pid})' for p in self.processes)}; logs in {logs}")
-        for proc in self.processes:
-            if proc.health_address:
-                self._wait_healthy(proc)
-        self.stage("run", "healthy", "all services healthy; the learner waits for the first step's episodes")
+        processes.append(ServiceProcess("learner", learner_cmd, logs / "learner.log", env=push_env))
+        thread_envs = self.thread_envs()
+        for proc in processes:
+            role = "envs" if proc.name in self._env_names() else proc.name
+            proc.env = {**thread_envs.get(role, {}), **proc.env}
+        return processes
+
+    def thread_envs(self) -> dict[str, dict[str, str]]:
+        """Thread-pool environment of each service role (`services.common.cpu_budget`); none without a budget."""
+        threads = self.config.threads
+        if not threads.budget:
+            return {}
+        budget = split(
+            available_cores(),
+            self.config.learner.nproc,
+            threads.learner,
+            threads.engine,
+            threads.service,
+            overlap=self.config.algorithm.max_staleness > 0,
+        )
+        small = thread_env(budget.service)
+        return {"learner": thread_env(budget.learner), "rollout": engine_env(budget), "reward": small, "envs": small}
 
     def _wait_healthy(self, proc: ServiceProcess, first_s: float = 5.0, every_s: float = 15.0) -> None:
         """Says what a service does while it is not serving yet: after `first_s`, then every `every_s`."""

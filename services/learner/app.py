@@ -18,6 +18,12 @@ from services.learner.weight_push import PUSHERS
 def build_learner(config: TrainConfig, metrics_port: int | None = None, host: str | None = None) -> LearnerService:
     if not config.model.path:
         raise SystemExit("model.path is empty: give a model (the local launcher builds the tiny one)")
+    if config.threads.budget:
+        import torch
+
+        from services.common.cpu_budget import torch_threads
+
+        torch.set_num_threads(torch_threads(config.threads.learner))
     trainer = PolicyTrainer(config, config.model.path)
     state = stream = None
     if fsdp.is_rank0():

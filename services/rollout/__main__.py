@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import os
 
 from services.common.config import load_config
 from services.common.logs import setup_logging
@@ -19,6 +20,11 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging("rollout")
     config = load_config(args.config, args.set)
+    if config.threads.budget:  # a local launcher's share stays; alone (a pod) the worker takes the budget
+        from services.common.cpu_budget import alone_engine_env, available_cores
+
+        for name, value in alone_engine_env(available_cores()).items():
+            os.environ.setdefault(name, value)
     from services.rollout.app import run_server
 
     asyncio.run(

@@ -100,6 +100,7 @@ class RolloutCore:
     spool_dir: str | None = None
     """Where verified buckets wait until their set is whole (None: the system temporary folder)."""
     _lock: ReadWriteLock = field(default_factory=ReadWriteLock)
+    _version_waiters: set[asyncio.Future] = field(default_factory=set)
 
     @property
     def waiting_for_version(self) -> int:
@@ -112,6 +113,19 @@ class RolloutCore:
     async def wait_until_serving(self, poll_s: float = 0.2) -> None:
         while not self.serving:
             await asyncio.sleep(poll_s)
+
+    async def wait_for_new_version(self, seen: int, timeout_s: float) -> None:
+        """Returns once the served version is no longer `seen` (a push landed), or after `timeout_s`."""
+        if self.policy_version != seen:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._version_waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._version_waiters.discard(waiter)
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec) -> VersionedGeneration:
         if self.engine_dead:
@@ -236,6 +250,9 @@ class RolloutCore:
                     "ROLLBACK of run %s: v%d replaces the served v%d", self.run, header.version, self.policy_version
                 )
             self.policy_version, self.weights_checksum = header.version, header.checksum
+            for waiter in self._version_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
         seconds = time.perf_counter() - start
         POLICY_VERSION.set(header.version)
         WEIGHT_UPDATE_SECONDS.observe(seconds)

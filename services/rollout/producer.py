@@ -61,11 +61,14 @@ class Producer:
         reward_client: Any,
         state: AsyncRunState,
         core: Any,
-        poll_s: float = 0.2,
+        poll_s: float = 0.5,
         max_attempts: int | None = None,
         holder: str | None = None,
     ):
-        """Groups are appended to `state.trajectories_key`, trimmed to about `config.stream.max_len` entries."""
+        """Groups are appended to `state.trajectories_key`, trimmed to about `config.stream.max_len` entries.
+        A worker waiting for a fresh enough policy wakes when a weight push lands (`core.wait_for_new_version`,
+        where the core has it); `poll_s` bounds how late it sees what only Redis tells (a due retry, a
+        take-over, the end of the run)."""
         self.config, self.loop, self.rewards, self.state, self.core = config, loop, reward_client, state, core
         self.poll_s = poll_s
         self.redis_retry_s = 0.2  # first wait after a Redis connection error; doubles, up to 10 s
@@ -164,8 +167,9 @@ class Producer:
                         groups_taken_over=int(bool(lease.taken_from)), groups_retried=int(not lease.taken_from)
                     )
                     return lease
-                limit = min(self.config.learner.steps, self.core.policy_version + k + 1)
-                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s, self.core.policy_version)
+                seen = self.core.policy_version
+                limit = min(self.config.learner.steps, seen + k + 1)
+                lease = await self._redis(leases.claim, holder, per_step, limit, self.ttl_s, seen)
                 if lease is not None:
                     return lease
                 if await self._redis(self._finished):
@@ -173,10 +177,17 @@ class Producer:
                 if not waiting:
                     QUEUE_DEPTH.inc()
                     waiting = True
-                await asyncio.sleep(self.poll_s)
+                await self._wait_for_new_version(seen)
         finally:
             if waiting:
                 QUEUE_DEPTH.dec()
+
+    async def _wait_for_new_version(self, seen: int) -> None:
+        wait = getattr(self.core, "wait_for_new_version", None)
+        if wait is None:  # a stand-in core without push events
+            await asyncio.sleep(self.poll_s)
+        else:
+            await wait(seen, self.poll_s)
 
     async def _finished(self) -> bool:
         """The learner marked the run done; or, without staleness drops (max_staleness 0), every step's

@@ -222,4 +222,5 @@ def test_services_bind_all_addresses_and_rollout_and_learner_share_the_weight_to
     for name in OUR_SERVICES:
         env = compose["services"][name]["environment"]
         assert env["OMRL_BIND_HOST"] == "0.0.0.0", name
+        assert env["OMP_WAIT_POLICY"] == "PASSIVE", name
         assert env.get("OMRL_WEIGHT_TOKEN") == ("weight-token-1" if name in ("rollout", "learner") else None), name

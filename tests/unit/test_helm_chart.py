@@ -538,6 +538,7 @@ def test_every_service_container_binds_all_addresses(values):
         if component != "redis":
             env = {e["name"]: e.get("value") for e in main_container(pod)["env"]}
             assert env["OMRL_BIND_HOST"] == "0.0.0.0", component
+            assert env["OMP_WAIT_POLICY"] == "PASSIVE", component
 
 
 def test_the_job_api_gives_its_jobs_policies_like_the_charts_and_confines_their_paths():

@@ -434,6 +434,7 @@ def test_rollout_and_learner_share_a_weight_token_of_their_own_job_and_every_ser
         container = obj["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e for e in container["env"]}
         assert env["OMRL_BIND_HOST"]["value"] == "0.0.0.0"
+        assert env["OMP_WAIT_POLICY"]["value"] == "PASSIVE"
         component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
         if component in ("rollout", "learner"):
             assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {

@@ -190,3 +190,26 @@ def test_token_less_server_starts_only_on_loopback():
     with pytest.raises(SystemExit, match="OMRL_WEIGHT_TOKEN is not set"):
         PushAuthenticator.for_server("0.0.0.0", None)
     PushAuthenticator.for_server("0.0.0.0", "t")
+
+
+def test_a_push_wakes_workers_waiting_for_a_new_version_at_once():
+    core, _ = make_core()
+    client = InProcessRolloutClient(core)
+
+    async def scenario():
+        await client.update_weights(0, weights(0.5))
+        waiting = asyncio.create_task(core.wait_for_new_version(0, timeout_s=20))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        loop = asyncio.get_running_loop()
+        pushed_at = loop.time()
+        await client.update_weights(1, weights(1.0))
+        await waiting
+        assert loop.time() - pushed_at < 1.0  # woken by the push, not by the 20 s timeout
+        started = loop.time()
+        await core.wait_for_new_version(1, timeout_s=0.1)  # no push: returns after the timeout
+        assert loop.time() - started >= 0.09
+        await core.wait_for_new_version(0, timeout_s=20)  # already past the version seen: at once
+        assert not core._version_waiters
+
+    run(scenario())

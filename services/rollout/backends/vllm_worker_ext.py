@@ -11,6 +11,10 @@ from typing import Any
 
 import torch
 
+from services.rollout.backends.vllm_idle import shorten_spin_from_env
+
+shorten_spin_from_env()  # vLLM imports this module in the worker before it makes the worker's message queues
+
 
 def refresh_output_heads(model: torch.nn.Module, probe_rows: int = 4, atol: float = 1e-4) -> list[str]:
     """Re-derives the packed GEMM of every embedding-method layer used as a linear (the lm_head) from
