@@ -231,9 +231,12 @@ def test_killed_server_with_no_other_drops_the_group(tokenizer, tmp_path):
             lone.kill()
         return follow_next(observation)
 
-    loop, _ = make_loop(tokenizer, {"family": "babyai", "base_url": lone.url}, reply=reply, attempts=2)
-    with pytest.raises(EpisodeFailed, match="Unavailable"):
-        asyncio.run(loop.run_group(task_index=1, group_id="g"))
+    try:
+        loop, _ = make_loop(tokenizer, {"family": "babyai", "base_url": lone.url}, reply=reply, attempts=2)
+        with pytest.raises(EpisodeFailed, match="Unavailable"):
+            asyncio.run(loop.run_group(task_index=1, group_id="g"))
+    finally:
+        lone.kill()
     assert loop.stats["episodes_failed"] >= 2
 
 
@@ -531,7 +534,7 @@ def test_a_restart_of_the_only_server_does_not_end_the_run(tokenizer, tmp_path, 
     """The real producer (group leases in Redis) over the agent loop: the lone BabyAI server is killed
     mid-run and started again on its port; the groups it broke are replayed and every slot publishes."""
     server = FakeServer("babyai", tmp_path)
-    calls, restarted = [], []
+    calls, restarted, restarters = [], [], []
 
     def restart():
         time.sleep(1.0)
@@ -541,7 +544,8 @@ def test_a_restart_of_the_only_server_does_not_end_the_run(tokenizer, tmp_path, 
         calls.append(observation)
         if len(calls) == 6:
             server.kill()
-            threading.Thread(target=restart, daemon=True).start()
+            restarters.append(threading.Thread(target=restart, daemon=True))
+            restarters[-1].start()
         return follow_next(observation)
 
     config = load_config(
@@ -584,5 +588,7 @@ def test_a_restart_of_the_only_server_does_not_end_the_run(tokenizer, tmp_path, 
     finally:
         state.reset()
         server.kill()
+        for thread in restarters:  # a server it is starting must not outlive the test
+            thread.join(60)
         for again in restarted:
             again.kill()
