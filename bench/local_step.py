@@ -95,6 +95,22 @@ class CpuSampler:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def forget_run(run: str) -> None:
+    """A bench run's state in Redis (kept by the launcher for resuming) is of no use afterwards."""
+    import redis
+
+    from services.common.config import StreamConfig
+
+    stream = StreamConfig()
+    client = redis.Redis.from_url(stream.redis_url, socket_timeout=10)
+    try:
+        keys = list(client.scan_iter(f"{stream.prefix}:{run}:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 def run_once(mode: str, index: int, args: argparse.Namespace, model: Path, runs_dir: Path) -> dict:
     run = f"bench-threads-{mode}-{index}-{os.getpid()}"
     cmd = [
@@ -129,6 +145,7 @@ def run_once(mode: str, index: int, args: argparse.Namespace, model: Path, runs_
         code = proc.wait()
     sampler.stop()
     wall = time.monotonic() - start
+    forget_run(run)
     history_file = runs_dir / run / "history.json"
     if code != 0 or not history_file.exists():
         raise RuntimeError(f"{mode} run {index} failed ({code}):\n" + "\n".join(lines[-30:]))
