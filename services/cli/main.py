@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import httpx
 
@@ -82,25 +81,39 @@ def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
     return parser, flags
 
 
-def follow_job(client: JobsClient, job_id: str, after: int = 0, retries: int = 5) -> int:
-    """Shows events until the job ends (live on a terminal, plain lines otherwise); reconnects from the last
-    seen event. Exit code: 0 if it succeeded."""
+class StreamClosed(Exception):
+    """The server closed the event stream without the job's end event (a proxy's or the server's timeout)."""
+
+
+def follow_job(client: JobsClient, job_id: str, after: int = 0, retries: int = 5, wait_s: float = 1.0) -> int:
+    """Shows events until the job ends (live on a terminal, plain lines otherwise); a lost connection is
+    resumed from the last seen event, up to `retries` times with exponential back-off. Exit code: 0 if it
+    succeeded."""
+    from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
     total = client.get(job_id)["total_steps"]
     view = render.follow_view(total)
+
+    def say_lost(state: RetryCallState) -> None:
+        print(f"(connection lost: {state.outcome.exception()}; resuming after event {after})", file=sys.stderr)
+
+    attempts = Retrying(
+        retry=retry_if_exception_type((httpx.TransportError, httpx.StreamError, StreamClosed)),
+        stop=stop_after_attempt(retries + 1),
+        wait=wait_exponential(multiplier=wait_s, max=10 * wait_s),
+        before_sleep=say_lost,
+        reraise=True,
+    )
     try:
-        for attempt in range(retries + 1):
-            try:
+        for attempt in attempts:
+            with attempt:
                 for event in client.follow(job_id, after):
                     if event["type"] == "end":
                         view.end(job_id, event["job_state"])
                         return 0 if event["job_state"] == "succeeded" else 1
                     after = event["seq"]
                     view.event(event)
-            except (httpx.TransportError, httpx.StreamError) as exc:
-                if attempt == retries:
-                    raise
-                print(f"(connection lost: {exc}; resuming after event {after})", file=sys.stderr)
-                time.sleep(min(2**attempt, 10))
+                raise StreamClosed("the event stream ended before the job did")
     finally:
         view.close()
     return 1

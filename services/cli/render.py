@@ -26,23 +26,38 @@ def _num(value: Any, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
 
-def job_table(jobs: list[dict[str, Any]]) -> str:
-    rows = [("ID", "STATE", "STEP", "REWARD", "SUCCESS", "AGE", "NAME")]
+def job_table(jobs: list[dict[str, Any]], color: bool | None = None) -> str:
+    """`omrl list`: aligned columns (rich), coloured by state at a terminal."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    color = sys.stdout.isatty() if color is None else color
+    table = Table(box=None, pad_edge=False, header_style="bold" if color else "")
+    for name, justify in (("ID", "left"), ("STATE", "left"), ("STEP", "right"), ("REWARD", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for name in ("SUCCESS", "AGE", "NAME"):
+        table.add_column(name, justify="right" if name != "NAME" else "left", no_wrap=True)
     for job in jobs:
         m = job.get("metrics") or {}
-        rows.append(
-            (
-                job["id"],
-                job["state"],
-                f"{job['step']}/{job['total_steps']}",
-                _num(m.get("reward_mean"), "+.3f"),
-                _num(100 * m["success_rate"], ".0f") + "%" if isinstance(m.get("success_rate"), (int, float)) else "-",
-                _age(job["created_at"]),
-                job["name"],
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+        success = m.get("success_rate")
+        cells = (
+            job["id"],
+            job["state"],
+            f"{job['step']}/{job['total_steps']}",
+            _num(m.get("reward_mean"), "+.3f"),
+            _num(100 * success, ".0f") + "%" if isinstance(success, (int, float)) else "-",
+            _age(job["created_at"]),
+            job["name"],
+        )  # Text, not markup: a job's name is the user's text
+        table.add_row(*(Text(str(c), style=STATE_STYLES.get(c, "") if i == 1 else "") for i, c in enumerate(cells)))
+    console = Console(width=400, no_color=not color, force_terminal=color, highlight=False)
+    with console.capture() as capture:
+        console.print(table)
+    return "\n".join(line.rstrip() for line in capture.get().splitlines())
+
+
+STATE_STYLES = {"succeeded": "green", "failed": "red", "running": "cyan", "cancelled": "yellow"}
 
 
 def job_status(job: dict[str, Any]) -> str:

@@ -121,7 +121,9 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(16, ge=1, le=32768)
     """Token budget of one model turn."""
     temperature: float = Field(1.0, ge=0, le=5)
+    """Sampling temperature of training rollouts (1.0 samples the policy itself; 0 is greedy)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest token set holding this much probability (1.0 keeps all)."""
     top_k: int = Field(0, ge=0, le=10_000_000)
     """0 disables top-k."""
     action_parser: _plugin("action_parser") = "xml_action"
@@ -180,6 +182,7 @@ class RewardConfig(Section):
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount per token for `discounted` allocation."""
     timeout_s: float = Field(30.0, gt=0, le=86400)
+    """Deadline of one Score call (a trajectory's reward functions together)."""
 
 
 class AlgorithmConfig(Section):
@@ -188,12 +191,17 @@ class AlgorithmConfig(Section):
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False gives Dr.GRPO)."""
     clip_ratio_low: float = Field(0.2, ge=0, le=1)
+    """PPO clip below: the ratio is kept >= 1 - this for negative advantages."""
     clip_ratio_high: float = Field(0.2, ge=0, le=10)
+    """PPO clip above: the ratio is kept <= 1 + this for positive advantages (> low: DAPO's clip-higher)."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How token losses become the batch loss: mean over all tokens, or per sequence (sum or mean) then mean."""
     lr: float = Field(1e-3, gt=0, le=1)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0, le=100)
+    """AdamW decoupled weight decay."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
+    """Largest global gradient norm; larger gradients are scaled down to it."""
     ppo_epochs: int = Field(1, ge=1, le=100)
     """Passes over each batch."""
     micro_batch_size: int = Field(16, ge=1, le=65536)
@@ -262,9 +270,11 @@ class LearnerConfig(Section):
     steps: int = Field(40, ge=0, le=100_000_000)
     """Policy updates to run."""
     checkpoint_dir: str = "runs/default/checkpoints"
+    """Where checkpoints go (a volume every learner process shares); a run resumes from its newest one."""
     checkpoint_every: int = Field(1, ge=1, le=100_000_000)
     """Checkpoint (and acknowledge consumed batches) every this many steps."""
     keep_checkpoints: int = Field(2, ge=1, le=10_000)
+    """Newest committed checkpoints kept; older ones are deleted."""
     checkpoint_format: Literal["auto", "sharded", "full"] = "auto"
     """`sharded`: torch.distributed.checkpoint, every learner process writes its own shards (the folder must be
     shared by all of them); `full`: rank 0 writes whole state dicts; `auto`: sharded with several learner processes
@@ -277,6 +287,7 @@ class LearnerConfig(Section):
     """At the end of training, write the policy as a Hugging Face model directory (weights, config, tokenizer)
     that vLLM and transformers load; empty: `policy_hf` beside `checkpoint_dir`."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Learner device; `auto`: CUDA where a GPU is visible, else CPU."""
     nproc: int = Field(1, ge=1, le=1024)
     """Learner processes (torchrun); FSDP shards over them."""
     push_timeout_s: float = Field(120.0, gt=0, le=86400)
@@ -361,20 +372,11 @@ class TrainConfig(Section):
 def load_config(
     path: str | None = None, overrides: list[str] | None = None, schema: type[TrainConfig] = TrainConfig
 ) -> TrainConfig:
-    """Reads a YAML/JSON file (optional) and applies `a.b.c=value` overrides (values parsed as YAML)."""
-    data: dict[str, Any] = {}
-    if path:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
-        node = data
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw)
-    return schema.model_validate(data)
+    """Reads a YAML/JSON file (optional) and applies `a.b.c=value` overrides (values parsed as YAML); the
+    command lines' own layers (services.common.config_cli), without environment variables."""
+    from services.common.config_cli import file_layer, merge_layers, set_layer
+
+    return schema.model_validate(merge_layers(file_layer(path), set_layer(overrides or [])))
 
 
 def dump_config(config: TrainConfig) -> str:

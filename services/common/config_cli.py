@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,6 +248,27 @@ class ConfigFlags:
         return resolve(self.schema, args.config, args.set, self.flag_layer(args), environ)
 
 
+def parse_service_args(
+    parser: Parser,
+    argv: list[str] | None = None,
+    schema: type[TrainConfig] = TrainConfig,
+    shortcuts: bool = False,
+) -> tuple[argparse.Namespace, TrainConfig]:
+    """A service's command line: its own flags beside the run config's (`--config`, `--set`, one flag per
+    field). A bad flag or value exits 2 with one line per problem naming it; nothing has started. Modules
+    named by an `--import` flag (dest `imports`) are imported first: they register plugins the config names."""
+    flags = ConfigFlags(parser, schema=schema, shortcuts=shortcuts)
+    try:
+        args = parser.parse_args(argv)
+        for module in getattr(args, "imports", None) or []:
+            importlib.import_module(module)
+        return args, flags.resolve(args).config
+    except (UsageError, ConfigError) as exc:
+        for line in getattr(exc, "lines", [str(exc)]):
+            print(f"{parser.prog}: config error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _inline(value: Any) -> str:
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
@@ -315,11 +338,11 @@ def _put(data: dict[str, Any], path: list[str], value: Any, where: str) -> None:
     node[path[-1]] = value
 
 
-def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+def merge_layers(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and value:
-            out[key] = _merge(out[key], value)
+            out[key] = merge_layers(out[key], value)
         else:
             out[key] = value
     return out
@@ -381,11 +404,11 @@ def resolve(
     layers = [
         ("file", file_layer(config_path)),
         ("env", env_layer(dict(os.environ if environ is None else environ))),
-        ("flag", _merge(set_layer(overrides), flags or {})),
+        ("flag", merge_layers(set_layer(overrides), flags or {})),
     ]
     data: dict[str, Any] = {}
     for _, layer in layers:
-        data = _merge(data, layer)
+        data = merge_layers(data, layer)
     try:
         config = schema.model_validate(data)
     except ValidationError as exc:

@@ -1,18 +1,18 @@
-"""python -m services.envs --port 50052 --metrics-port 9102"""
+"""python -m services.envs --port 50052 --metrics-port 9102: the environment service; `env.step_timeout_s` of
+the run config (`--config`, `--set`, a flag per field) is its default deadline."""
 
-import argparse
 import asyncio
 import logging
 
+from services.common.config_cli import Parser, parse_service_args
 from services.common.logs import setup_logging
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.envs", description="Text environment service")
+    parser = Parser(prog="python -m services.envs", description=__doc__)
     parser.add_argument("--host", default=None, help="bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port (0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
-    parser.add_argument("--config", default=None, help="Run config; `env.step_timeout_s` is the default deadline")
     parser.add_argument("--step-timeout-s", type=float, default=None, help="Deadline of one env call")
     parser.add_argument("--max-observation-chars", type=int, default=4096, help="Longer observations are cut")
     parser.add_argument("--max-episodes", type=int, default=4096, help="Open episodes at most")
@@ -59,18 +59,12 @@ def main() -> None:
         metavar="ID=HOST:PORT",
         help="A peer replica's direct address (a static directory instead of Redis)",
     )
-    args = parser.parse_args()
+    args, config = parse_service_args(parser)
     setup_logging("envs")
 
-    import importlib
-
-    from services.common.config import load_config
     from services.envs.service import EnvService
 
-    for module in args.imports:
-        importlib.import_module(module)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per AgentGym call; ours are at DEBUG
-    config = load_config(args.config)
     service = EnvService(
         step_timeout_s=args.step_timeout_s or config.env.step_timeout_s,
         max_observation_chars=args.max_observation_chars,

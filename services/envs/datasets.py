@@ -205,19 +205,15 @@ class TaskSplit:
 
 
 def main() -> None:
-    from services.common.config import load_config
+    from services.common.config_cli import Parser, parse_service_args
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m services.envs.datasets",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", help="run config (its env section)")
-    parser.add_argument("--env", help="environment name (env.name)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    args = parser.parse_args()
+    _, config = parse_service_args(parser, shortcuts=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = load_config(args.config, ([f"env.name={args.env}"] if args.env else []) + args.set)
     folder = ensure(config.env)
     for split in SPLITS:
         print(f"{folder / f'{split}.parquet'}: {pq.read_metadata(folder / f'{split}.parquet').num_rows} rows")

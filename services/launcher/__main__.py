@@ -66,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         view.close()
         if args.debug:
             raise
-        first = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+        from services.launcher.report import failure_summary
+
         print(
-            f"{PROG}: run failed: {first} (logs in {config.run_dir / 'logs'}; --debug shows the traceback)",
+            f"{PROG}: run failed: {failure_summary(exc)} (logs in {config.run_dir / 'logs'}; --debug shows the "
+            "traceback)",
             file=sys.stderr,
         )
         return 1

@@ -36,6 +36,7 @@ from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_js
 from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, python_module
 from services.launcher.report import (
+    DETAIL_MARK,
     PlainView,
     decode_stage,
     learning_summary,
@@ -362,7 +363,7 @@ class LocalLauncher(Launcher):
 
     name = "local"
     # not repeated as messages: steps (the API reads them from the metrics stream) and progress bars
-    _NOISE = re.compile(r"^step\s+\d+/\d+ \||\d+%\|")
+    _NOISE = re.compile(r"^step\s+\d+/\d+ \||\d+%\||^" + re.escape(DETAIL_MARK))
 
     def __init__(self, output_dir: str | Path = "runs/jobs", max_jobs: int = 1, cancel_grace_s: float = 90.0):
         self.output_dir = Path(output_dir).resolve()

@@ -7,12 +7,25 @@ and the launcher's terminal view (`services.cli.live`) draws them live."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
 STAGE_MARK = "@stage "
+DETAIL_MARK = "@detail "
+"""Log lines behind a failure (a service's log tail): kept in the log (`omrl logs`), not sent as events."""
+_EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b.*")
+
+
+def failure_summary(exc: BaseException, limit: int = 400) -> str:
+    """One line for a failed run: the failure's first line and, from the log tail it carries, the last
+    exception line (`learner exited with 1: ValueError: ...`)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    first = lines[0].rstrip(":")
+    cause = next((line.strip() for line in reversed(lines[1:]) if _EXCEPTION_LINE.match(line)), None)
+    return (f"{first}: {cause}" if cause else first)[:limit]
 
 
 def stage_record(service: str, stage: str, message: str, **extra: Any) -> dict[str, Any]:

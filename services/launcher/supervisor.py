@@ -16,7 +16,7 @@ from services.common.config import TrainConfig, load_config
 from services.common.logs import setup_logging
 from services.launcher.job_files import EXITED, PREPARING, RUNNING, STARTING, StatusFile
 from services.launcher.local import LocalRun
-from services.launcher.report import SupervisorView
+from services.launcher.report import DETAIL_MARK, SupervisorView, failure_summary
 
 
 class Stop(BaseException):
@@ -73,9 +73,10 @@ def supervise(config: TrainConfig, status_path: Path, max_runtime_s: int | None 
         run.stop()  # idempotent; covers a signal that landed inside run()'s own clean-up
         status.write(phase=EXITED, state=stop.state, error=stop.error)
         return 0 if stop.state == "cancelled" else 1
-    except Exception as exc:  # the job failed: say why, where the API can read it
-        status.write(phase=EXITED, state="failed", error=f"{type(exc).__name__}: {exc}"[-4000:])
-        print(f"job failed: {exc}", flush=True)
+    except Exception as exc:  # the job failed: one line where the API reads it, the detail in the log only
+        status.write(phase=EXITED, state="failed", error=failure_summary(exc))
+        for line in f"{type(exc).__name__}: {exc}".splitlines():
+            print(DETAIL_MARK + line, flush=True)
         return 1
     status.write(phase=EXITED, state="succeeded", error=None, steps=len(result.history), summary=result.summary)
     return 0

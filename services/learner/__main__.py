@@ -1,23 +1,20 @@
 """python -m services.learner: the policy learner of one run (run it under torchrun for several
-processes; rank 0 reads the stream and pushes weights)."""
+processes; rank 0 reads the stream and pushes weights). Every run-config field is also a flag
+(`--learner.steps 10`)."""
 
-import argparse
 import json
 
-from services.common.config import load_config
+from services.common.config_cli import Parser, parse_service_args
 from services.common.logs import setup_logging
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser = Parser(prog="python -m services.learner", description=__doc__)
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--host", default=None, help="metrics bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--history", help="write the per-step summaries to this JSON file at the end")
-    args = parser.parse_args()
+    args, config = parse_service_args(parser)
     setup_logging("learner")
-    config = load_config(args.config, args.set)
     from services.learner.app import build_learner
 
     history = build_learner(config, args.metrics_port, args.host).run()

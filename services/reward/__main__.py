@@ -1,24 +1,18 @@
-"""python -m services.reward --port 50053 --metrics-port 9103 [--config file.yaml]"""
+"""python -m services.reward --port 50053 --metrics-port 9103 [--config file.yaml]: the reward service; its
+run-config section is `reward` (`--set reward.components.goal.weight=2`, or a flag per field)."""
 
-import argparse
 import asyncio
+import sys
 
+from services.common.config_cli import Parser, parse_service_args
 from services.common.logs import setup_logging
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.reward", description="Reward service")
+    parser = Parser(prog="python -m services.reward", description=__doc__)
     parser.add_argument("--host", default=None, help="bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50053, help="gRPC port (0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
-    parser.add_argument("--config", default=None, help="Run config (YAML/JSON); its `reward:` section is used")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Config override, e.g. reward.components.goal.weight=2",
-    )
     parser.add_argument(
         "--import",
         dest="imports",
@@ -28,25 +22,21 @@ def main() -> None:
         help="Import MODULE first, so its reward functions registered in REWARDS are served",
     )
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
-    args = parser.parse_args()
+    args, run_config = parse_service_args(parser)
     setup_logging("reward")
 
-    import importlib
-
-    from services.common.config import load_config
     from services.common.config_errors import error_lines
     from services.common.grpc_server import serve
     from services.reward.composer import RewardComposer
     from services.reward.server import add_reward_service
     from services.reward.service import RewardService
 
-    for module in args.imports:
-        importlib.import_module(module)
+    config = run_config.reward
     try:
-        config = load_config(args.config, args.set).reward
         composer = RewardComposer.from_config(config)
     except ValueError as exc:
-        parser.error("; ".join(error_lines(exc)))
+        print(f"{parser.prog}: config error: {'; '.join(error_lines(exc))}", file=sys.stderr)
+        raise SystemExit(2) from None
     service = RewardService(composer, timeout_s=config.timeout_s)
     asyncio.run(
         serve(

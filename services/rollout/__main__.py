@@ -1,25 +1,22 @@
-"""python -m services.rollout: a vLLM rollout server (and trajectory producer) for one run."""
+"""python -m services.rollout: a vLLM rollout server (and trajectory producer) for one run. Every run-config
+field is also a flag (`--rollout.max_new_tokens 32`)."""
 
-import argparse
 import asyncio
 import os
 
-from services.common.config import load_config
+from services.common.config_cli import Parser, parse_service_args
 from services.common.logs import setup_logging
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", help="YAML run config (services.common.config.TrainConfig)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser = Parser(prog="python -m services.rollout", description=__doc__)
     parser.add_argument("--host", default=None, help="bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50051)
     parser.add_argument("--advertise", help="address the learner reaches this server at (default 127.0.0.1:PORT)")
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--no-produce", action="store_true", help="serve generation only, run no agent loop")
-    args = parser.parse_args()
+    args, config = parse_service_args(parser)
     setup_logging("rollout")
-    config = load_config(args.config, args.set)
     if config.threads.budget:  # a local launcher's share stays; alone (a pod) the worker takes the budget
         from services.common.cpu_budget import alone_engine_env, available_cores
 

@@ -140,9 +140,13 @@ def test_the_openapi_document_can_be_put_behind_the_token(tmp_path):
     ],
 )
 def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
+    launcher = api.app.state.manager.launcher
+    jobs_before, started_before = api.http.get("/v1/jobs").json()["total"], list(launcher.started)
     response = api.http.post("/v1/jobs", json=spec)
     assert response.status_code == 422
     assert {"loc": loc, "type": kind}.items() <= response.json()["detail"][0].items()
+    assert api.http.get("/v1/jobs").json()["total"] == jobs_before, "a rejected spec is never stored"
+    assert launcher.started == started_before, "nor launched"
 
 
 def test_a_misspelt_plugin_is_a_422_listing_the_choices(api):

@@ -188,3 +188,30 @@ def test_starting_a_job_whose_supervisor_already_runs_adopts_it(tmp_path, procs)
     handle = launcher.start("job-1", JobSpec())  # the API died before it recorded the first start
     assert handle["pid"] == supervisor.pid and not (run_dir / "job.yaml").exists()
     assert launcher.poll("job-1", handle).state == base.STARTING
+
+
+def test_a_failed_job_says_why_once_in_one_line_and_keeps_the_detail_in_its_log(tmp_path, monkeypatch, capsys):
+    """The status (the job's `error`, shown by `omrl follow/status`) gets one line with the cause; the service's
+    log tail goes to the supervisor log for `omrl logs` and is not repeated as event messages."""
+    from services.common.config import TrainConfig
+    from services.launcher import supervisor
+
+    tail = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: bad batch'
+
+    def fail(self):
+        print("learner building the model", flush=True)
+        raise RuntimeError(f"learner exited with 1:\n{tail}")
+
+    monkeypatch.setattr(supervisor, "_install_stop_handlers", lambda *_: None)
+    monkeypatch.setattr(supervisor.SupervisedRun, "run", fail)
+    status_path = tmp_path / "status.json"
+    assert supervisor.supervise(TrainConfig(), status_path) == 1
+    status = json.loads(status_path.read_text())
+    assert status["state"] == "failed" and status["error"] == "learner exited with 1: ValueError: bad batch"
+
+    run_dir = job_dir(tmp_path)
+    log = capsys.readouterr().out
+    (run_dir / "logs" / "supervisor.log").write_text(log)
+    assert "ValueError: bad batch" in log and 'File "x.py"' in log, "the detail stays in the log"
+    messages = LocalLauncher(tmp_path)._new_log_lines({"run_dir": str(run_dir)})
+    assert messages == ["learner building the model"]

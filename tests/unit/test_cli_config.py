@@ -130,6 +130,16 @@ BAD = [
         ["--env.options", '{"lenght": 5}'],
         "env.options.lenght: unknown option 'lenght' of env 'corridor'; known: distance, hint, length, max_turns",
     ),
+    (["--rollout.action_parser", "xml"], "rollout.action_parser: 'xml' is not one of: xml_action"),
+    (
+        ["--set", "reward.components.goal.params={wieght: 2}"],
+        "reward.components.goal.params.wieght: unknown param 'wieght' of reward function 'goal'; known: none",
+    ),
+    (
+        ["--env.name", "corridorr"],
+        "env.name: 'corridorr' is not one of: agentgym, babyai, corridor, crafting, guess_number, maze, reasoning, "
+        "wordle",
+    ),
     (["--set", "run.x=1"], "run: Input should be a valid string"),
     (["--set", "run=a", "--set", "run.x=1"], "--set run.x: run is set to a value, not a section"),
 ]
@@ -278,8 +288,103 @@ def test_a_failed_run_is_one_line_pointing_at_the_logs(monkeypatch, capsys, tmp_
     monkeypatch.setattr(local.LocalRun, "run", fail)
     assert launcher.main(["train", "--plain", "--output_dir", str(tmp_path), "--run", "r"]) == 1
     assert capsys.readouterr().err == (
-        f"python -m services.launcher: run failed: learner exited with 1 (logs in "
+        f"python -m services.launcher: run failed: learner exited with 1: ValueError: boom (logs in "
         f"{tmp_path}/r/logs; --debug shows the traceback)\n"
     )
     with pytest.raises(RuntimeError):
         launcher.main(["train", "--plain", "--output_dir", str(tmp_path), "--debug"])
+
+
+SERVICES = ["services.rollout", "services.learner", "services.envs", "services.reward", "services.envs.datasets"]
+
+
+@pytest.mark.parametrize("module", SERVICES)
+@pytest.mark.parametrize("args,line", BAD[:3], ids=[" ".join(a) for a, _ in BAD[:3]])
+def test_a_service_entry_point_takes_the_same_flags_and_fails_in_one_line(monkeypatch, capsys, module, args, line):
+    """Each service's own command line parses the run config like the launcher: a bad flag or value exits 2
+    with one line, before the service imports its heavy parts or binds a port."""
+    import importlib
+    import sys
+
+    entry = importlib.import_module(module if module.endswith("datasets") else f"{module}.__main__")
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    with pytest.raises(SystemExit) as info:
+        entry.main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"python -m {module}: config error: {line}\n"
+
+
+def test_a_service_reads_nested_flags_over_its_config_file(tmp_path):
+    from services.common.config_cli import parse_service_args
+
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout: {max_new_tokens: 8}\nreward: {timeout_s: 3}\n")
+    parser = Parser(prog="t")
+    parser.add_argument("--port", type=int, default=1)
+    args, config = parse_service_args(
+        parser, ["--config", str(path), "--port", "7", "--rollout.max_new_tokens", "32", "--set", "env.max_turns=4"]
+    )
+    assert (args.port, config.rollout.max_new_tokens, config.reward.timeout_s, config.env.max_turns) == (7, 32, 3, 4)
+
+
+def test_a_service_imports_its_plugin_modules_before_validating(tmp_path, monkeypatch):
+    """`--import MODULE` registers an environment that the config then names (imported before validation)."""
+    from services.common.config_cli import parse_service_args
+
+    (tmp_path / "my_env_plugin.py").write_text(
+        "from services.envs.builtin.corridor import Corridor\n"
+        "from services.envs.registry import register_env\n\n"
+        "@register_env('corridor_copy_for_test')\n"
+        "class CopyEnv(Corridor):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    parser = Parser(prog="t")
+    parser.add_argument("--import", dest="imports", action="append", default=[])
+    from services.envs.registry import ENVS
+
+    try:
+        _, config = parse_service_args(parser, ["--import", "my_env_plugin", "--env.name", "corridor_copy_for_test"])
+    finally:
+        ENVS.unregister("corridor_copy_for_test")
+    assert config.env.name == "corridor_copy_for_test"
+
+
+def test_omrl_list_table_is_aligned_and_shows_names_literally():
+    from services.cli import render
+
+    jobs = [
+        {
+            "id": "job-1",
+            "state": "running",
+            "step": 3,
+            "total_steps": 50,
+            "created_at": None,
+            "name": "a [b] c",
+            "metrics": {"reward_mean": 0.5, "success_rate": 0.25},
+        },
+        {
+            "id": "job-22",
+            "state": "failed",
+            "step": 0,
+            "total_steps": 5,
+            "created_at": None,
+            "name": "x",
+            "metrics": None,
+        },
+    ]
+    lines = render.job_table(jobs, color=False).splitlines()
+    assert lines[0].split() == ["ID", "STATE", "STEP", "REWARD", "SUCCESS", "AGE", "NAME"]
+    assert lines[1].split() == ["job-1", "running", "3/50", "+0.500", "25%", "-", "a", "[b]", "c"]
+    assert lines[2].split() == ["job-22", "failed", "0/5", "-", "-", "-", "x"]
+    assert (
+        len(
+            {
+                line.index("STATE") if i == 0 else line.index(w)
+                for i, (line, w) in enumerate(zip(lines, ["", "running", "failed"]))
+            }
+        )
+        == 1
+    ), "the STATE column is aligned"
+    assert "\x1b[" not in "\n".join(lines)
+    colored = render.job_table(jobs, color=True)
+    assert "\x1b[31mfailed" in colored and "a [b] c" in colored

@@ -3,6 +3,7 @@
 import json
 
 import httpx
+import pytest
 
 from services.cli import render
 from services.cli.client import ApiError, JobsClient, format_detail
@@ -134,3 +135,50 @@ def test_the_live_view_keeps_a_line_per_step_with_eta_and_mismatch():
     lines = out.getvalue().splitlines()
     assert "  rollout: healthy after 3s" in lines
     assert "step 1/4  reward -0.500  success 12%  kl 0.0021  3.0s/step  eta 9s  mismatch 1.2e-03  policy v1" in lines
+
+
+def test_follow_resumes_after_a_lost_connection_from_the_last_event(capsys):
+    """A dropped stream (or one closed before the end event) is reopened from the last event seen, with
+    back-off; the events are shown once each and the exit code is the job's outcome."""
+    from services.cli.main import follow_job
+
+    step = {"type": "step", "data": {"step": 1, "reward_mean": 0.5}}
+
+    class Client:
+        def __init__(self):
+            self.calls = []
+
+        def get(self, job_id):
+            return {"total_steps": 2}
+
+        def follow(self, job_id, after):
+            self.calls.append(after)
+            if len(self.calls) == 1:
+                yield {**step, "seq": 1}
+                raise httpx.ReadError("peer closed")
+            if len(self.calls) == 2:
+                yield {**step, "seq": 2, "data": {"step": 2}}
+                return  # closed without an end event
+            yield {"type": "end", "job_state": "succeeded", "seq": 3}
+
+    client = Client()
+    assert follow_job(client, "job-1", retries=3, wait_s=0.01) == 0
+    assert client.calls == [0, 1, 2]
+    out, err = capsys.readouterr()
+    assert out.count("step 1/2") == 1 and out.count("step 2/2") == 1 and "job job-1 succeeded" in out
+    assert "(connection lost: peer closed; resuming after event 1)" in err
+
+
+def test_follow_gives_up_after_its_retries():
+    from services.cli.main import follow_job
+
+    class Client:
+        def get(self, job_id):
+            return {"total_steps": 2}
+
+        def follow(self, job_id, after):
+            raise httpx.ConnectError("refused")
+            yield  # a generator, like the real one
+
+    with pytest.raises(httpx.ConnectError):
+        follow_job(Client(), "job-1", retries=2, wait_s=0.001)
