@@ -1,17 +1,23 @@
 """Writes deploy/helm/openmanus-rl/values.schema.json: the chart's own values, and under `config` the
 JSON schema of services/common/config.py TrainConfig, so that `helm install/lint/template` rejects a
-run config the services would reject (unknown fields, out-of-range values).
+run config the services would reject (unknown fields, out-of-range values, plugin names no registry
+knows, an env's options or a reward function's params that plugin does not take).
 
     python scripts/gen_helm_schema.py          # rewrite the file
     python scripts/gen_helm_schema.py --check  # exit 1 if the file is not what this script writes
+    python scripts/gen_helm_schema.py --import my_package.envs  # also your plugins (an image of your own)
+    python scripts/gen_helm_schema.py --output /tmp/values.schema.json  # write elsewhere
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -84,13 +90,97 @@ def probe_timing(period_min: int = 1) -> dict:
 
 def train_config_schema() -> tuple[dict, dict]:
     """(schema of `config`, its $defs): pydantic's schema with every default made optional, as the
-    services fill in defaults themselves."""
-    from services.common.config import TrainConfig
+    services fill in defaults themselves; plugin names, env options and reward params constrained to
+    what the registries hold."""
+    from services.common.config import EnvConfig, RewardConfig, TrainConfig
 
     schema = TrainConfig.model_json_schema()
     defs = schema.pop("$defs", {})
     schema.pop("title", None)
+    constrain_plugin_names(TrainConfig, defs)
+    defs[EnvConfig.__name__]["allOf"] = env_options_conditions(defs, EnvConfig.model_fields["name"].default)
+    components = defs[RewardConfig.__name__]["properties"]["components"]
+    components["properties"] = reward_components(defs, defs.pop("RewardComponentConfig"))
+    components["additionalProperties"] = False
     return schema, defs
+
+
+# -- plugin choices: the names and option schemas services/common/choices.py checks against ----------
+def plugin_names(kind: str) -> list[str]:
+    from services.common import choices
+
+    return choices.registry(kind).names()
+
+
+def plugin_kind(metadata: typing.Iterable[Any]) -> str | None:
+    from services.common.choices import PluginChoice
+
+    return next((item.kind for item in metadata if isinstance(item, PluginChoice)), None)
+
+
+def constrain_plugin_names(model: type, defs: dict) -> None:
+    """An enum on every plugin-name field (a dict keyed by plugin names: on its keys), in every section."""
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            constrain_plugin_names(annotation, defs)
+            continue
+        node = defs.get(model.__name__, {}).get("properties", {}).get(name)
+        if node is None:
+            continue
+        if kind := plugin_kind(field.metadata):
+            node["enum"] = plugin_names(kind)
+        elif typing.get_origin(annotation) is dict:
+            key = typing.get_args(annotation)[0]
+            if kind := plugin_kind(getattr(key, "__metadata__", ())):
+                node["propertyNames"] = {"enum": plugin_names(kind)}
+
+
+def model_schema(model: type, defs: dict, name: str) -> dict:
+    """`model`'s schema stored as `defs[name]` (its own nested models beside it, prefixed), as a $ref."""
+    schema = model.model_json_schema(ref_template=f"#/$defs/{name}.{{model}}")
+    for sub, sub_schema in schema.pop("$defs", {}).items():
+        defs[f"{name}.{sub}"] = sub_schema
+    defs[name] = schema
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def open_object(what: str, exc: Exception) -> dict:
+    print(f"warning: {what} left unchecked: {exc!r}", file=sys.stderr)
+    return {"type": "object"}
+
+
+def env_options_conditions(defs: dict, default_env: str) -> list[dict]:
+    """If env.name is X (the default when absent), options follow X's `Options` model."""
+    from services.common import choices
+
+    conditions = []
+    for env in plugin_names("env"):
+        try:
+            options = model_schema(choices.registry("env").get(env).Options, defs, f"env_options.{env}")
+        except Exception as exc:  # an env this process cannot import or describe: the services still check
+            options = open_object(f"options of env {env!r}", exc)
+        when = {"properties": {"name": {"const": env}}}
+        if env != default_env:
+            when["required"] = ["name"]
+        conditions.append({"if": when, "then": {"properties": {"options": options}}})
+    return conditions
+
+
+def reward_components(defs: dict, component: dict) -> dict:
+    """reward function name -> the component schema with that function's params."""
+    from services.common import choices
+
+    out = {}
+    for name in plugin_names("reward"):
+        try:
+            params = model_schema(choices.reward_params_model(name), defs, f"reward_params.{name}")
+        except Exception as exc:
+            params = open_object(f"params of reward function {name!r}", exc)
+        out[name] = {**component, "properties": {**component["properties"], "params": params}}
+    return out
 
 
 def build() -> dict:
@@ -269,15 +359,26 @@ def render() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module first, registering its plugins (repeatable): the schema of an image of your own",
+    )
+    parser.add_argument("--output", type=Path, default=OUT, help=f"the file to write or check (default: {OUT})")
     args = parser.parse_args()
-    text = render()
+    for module in args.imports:
+        importlib.import_module(module)
+    text, out = render(), args.output.resolve()
     if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/gen_helm_schema.py", file=sys.stderr)
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is stale: run python scripts/gen_helm_schema.py", file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
+    out.write_text(text)
+    print(f"wrote {out}")
     return 0
 
 

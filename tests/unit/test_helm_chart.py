@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -364,6 +365,81 @@ def test_schema_rejects_bad_values_naming_the_field(setting, field):
     proc = run_helm("lint", "--strict", str(CHART), "--set", setting)
     assert proc.returncode != 0, setting
     assert field in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "settings, path, detail",
+    [
+        (("config.algorithm.advantage=grpoo",), "/config/algorithm/advantage", "'grpo', 'reinforce_plus_plus'"),
+        (("config.env.name=corridorr",), "/config/env/name", "'corridor', 'crafting'"),
+        (("config.env.options.lenght=5",), "/config/env/options", "'lenght' not allowed"),
+        (("config.env.options.length=2",), "/config/env/options/length", "want 3"),  # corridor's range
+        (("config.env.name=maze", "config.env.options.length=5"), "/config/env/options", "'length' not allowed"),
+        (("config.rollout.action_parser=xml",), "/config/rollout/action_parser", "'xml_action'"),
+        (("config.learner.weight_push=nccl",), "/config/learner/weight_push", "'grpc', 'none'"),
+        (("config.reward.components.goal.params.wieght=2",), "/config/reward/components/goal/params", "'wieght'"),
+        (("config.reward.components.goall.weight=2",), "/config/reward/components", "'goall'"),
+    ],
+    ids=lambda v: v[-1] if isinstance(v, tuple) else None,
+)
+def test_schema_rejects_unknown_plugins_and_their_options_at_render_time(settings, path, detail):
+    args = [arg for setting in settings for arg in ("--set", setting)]
+    proc = run_helm("template", "omrl", str(CHART), *args)
+    assert proc.returncode != 0, settings
+    error = next(line for line in proc.stderr.splitlines() if f"at '{path}'" in line)
+    assert detail in error, proc.stderr
+
+
+def test_another_envs_options_and_reward_params_render_and_load(tmp_path):
+    docs = render(
+        "--set",
+        "config.env.name=maze",
+        "--set-json",
+        'config.env.options={"size": 7, "wall_density": 0.3, "hint": false}',
+        "--set",
+        "config.reward.components.length_penalty.params.max_tokens=32",
+    )
+    config = run_config_of(docs, "envs", tmp_path)
+    assert (config.env.name, config.env.options) == ("maze", {"size": 7, "wall_density": 0.3, "hint": False})
+    assert config.reward.components["length_penalty"].params == {"max_tokens": 32}
+
+
+def test_schema_generator_takes_plugins_of_an_image_of_your_own(tmp_path):
+    (tmp_path / "omrl_schema_plugin.py").write_text(
+        "from services.envs.base import EnvOptions, TextEnv\n"
+        "from services.envs.registry import register_env\n"
+        "from services.reward.base import RewardFunction\n"
+        "from services.reward.registry import REWARDS\n"
+        "class CoinOptions(EnvOptions):\n"
+        "    flips: int = 3\n"
+        "@register_env('coin')\n"
+        "class Coin(TextEnv):\n"
+        "    Options = CoinOptions\n"
+        "@REWARDS.register('coin_bonus')\n"
+        "class Bonus(RewardFunction):\n"
+        "    def __init__(self, scale: float = 1.0):\n"
+        "        self.scale = scale\n"
+        "    def __call__(self, traj):\n"
+        "        return self.scale\n"
+    )
+    out = tmp_path / "values.schema.json"
+    proc = subprocess.run(
+        [sys.executable, "scripts/gen_helm_schema.py", "--import", "omrl_schema_plugin", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
+    )
+    assert proc.returncode == 0, proc.stderr
+    defs = json.loads(out.read_text())["$defs"]
+    assert "coin" in defs["EnvConfig"]["properties"]["name"]["enum"]
+    (coin,) = [c for c in defs["EnvConfig"]["allOf"] if c["if"]["properties"]["name"]["const"] == "coin"]
+    assert defs[coin["then"]["properties"]["options"]["$ref"].removeprefix("#/$defs/")]["properties"]["flips"]
+    components = defs["RewardConfig"]["properties"]["components"]
+    assert "coin_bonus" in components["propertyNames"]["enum"]
+    params = components["properties"]["coin_bonus"]["properties"]["params"]["$ref"].removeprefix("#/$defs/")
+    assert set(defs[params]["properties"]) == {"scale"}
 
 
 def test_schema_is_generated_from_the_run_config_schema():
