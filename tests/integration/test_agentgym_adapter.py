@@ -410,6 +410,36 @@ def test_a_reset_that_never_answers_abandons_the_task_and_the_run_goes_on(tokeni
         server.kill()
 
 
+def test_a_reset_cut_short_by_queueing_is_retried_once_then_counted_as_hung(tokenizer, tmp_path):
+    server = FakeServer("babyai", tmp_path, FAKE_HANG_TASKS="7,47")
+    registry = CollectorRegistry()
+    # 1.4 s for the whole env call leaves the server less than timeout_s: slow and hung look alike
+    service = EnvService(step_timeout_s=1.4, metrics_registry=registry)
+    options = {"family": "babyai", "base_url": server.url, "timeout_s": 1.0}
+    try:
+
+        async def main():
+            client = InProcessEnvClient(service)
+            with pytest.raises(DeadlineExceeded, match="reset env .*, task 7"):
+                await client.create("agentgym", 7, options)
+            with pytest.raises(InvalidArgument, match=r"abandoned \(hung\).*reset of task 7 never answered"):
+                await client.create("agentgym", 7, options)
+            state = await client.create("agentgym", 8, options)
+            await client.close(state.episode_id)
+
+        asyncio.run(main())
+        assert service.abandoned_tasks == 1
+        assert sample(registry, "omrl_envs_tasks_abandoned_total", env="agentgym", reason="hung") == 1
+
+        loop, _ = make_loop(tokenizer, options, timeout_s=1.0, attempts=3, group_size=1, service=service)
+        with pytest.raises(EpisodeFailed, match="never answered") as err:
+            asyncio.run(loop.run_group(task_index=47, group_id="g"))
+        assert not err.value.retryable and loop.stats["episode_retries"] == 1
+        assert service.abandoned_tasks == 2
+    finally:
+        server.kill()
+
+
 def test_a_server_slowed_by_concurrency_gets_at_most_max_concurrent_calls(tokenizer, tmp_path):
     """Each request takes 0.01 s x (requests in flight)^2: 4 at once answer in 0.16 s, 8 or more
     miss a 0.5 s deadline."""

@@ -167,12 +167,14 @@ class AgentGymEnv(TextEnv):
     def _reset_call(self, task_index: int) -> Any:
         p, server = self.profile, self.server
         try:
-            return server.call(
+            reply = server.call(
                 "POST",
                 p.route("reset"),
                 f"reset env {self.remote_id}, task {task_index}",
                 json={p.id_field: self.remote_id, p.task_field: task_index, **p.reset_extra},
             )
+            self.pool.reset_answered(task_index)
+            return reply
         except ErrorReply as exc:
             if p.rejects_task(exc.text):
                 raise TaskRejected(
@@ -181,15 +183,17 @@ class AgentGymEnv(TextEnv):
                 ) from exc
             raise
         except DeadlineExceeded as exc:
-            if not getattr(exc, "full_wait", False):  # queued too long: the server may be fine, the episode is retried
+            # after queueing the server had less than timeout_s: slow or hung, it cannot tell; the
+            # episode is retried once, and a second such reset of the task counts as hung
+            if not getattr(exc, "full_wait", False) and self.pool.reset_timed_out(task_index) < 2:
                 raise
             log.warning(
-                "AgentGym %s server %s: reset of task %d did not answer within %gs; task abandoned (the "
-                "server may stay busy on it until restarted)",
+                "AgentGym %s server %s: reset of task %d did not answer (%s); task abandoned (the server "
+                "may stay busy on it until restarted)",
                 p.family,
                 server.url,
                 task_index,
-                server.client.timeout.read,
+                "within timeout_s" if getattr(exc, "full_wait", False) else "twice, after queueing",
             )
             raise TaskRejected(
                 f"AgentGym {p.family} server {server.url}: reset of task {task_index} never answered ({exc})", "hung"
