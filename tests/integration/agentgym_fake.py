@@ -1,7 +1,8 @@
 """Fake AgentGym servers written from shared/agentgym-protocol.md, one per family shape:
-TextCraft-style, BabyAI-style, LMRL-Gym (maze + wordle under route prefixes) and WebShop-style.
+TextCraft-style, BabyAI-style, LMRL-Gym (maze + wordle under route prefixes), WebShop-style, and
+ALFWorld/SciWorld-style (a loaded list of FAKE_GAMES tasks, default 13, indexed by the task).
 
-    python tests/integration/agentgym_fake.py <textcraft|babyai|lmrl|webshop> <port>
+    python tests/integration/agentgym_fake.py <textcraft|babyai|lmrl|webshop|alfworld|sciworld> <port>
 
 Every game is the same small one so a scripted policy can win it: each observation ends with
 `Next: <action>`, and task (data_idx / game / seed / session_id) k needs 2 + k % 2 right actions.
@@ -13,7 +14,9 @@ every one it created) and GET /__stats (most requests in flight at once, step ca
 
 Behaviour of the real servers (shared/agentgym-protocol.md, "Behaviour seen"), always on: maze serves
 games 0..24 only (25: an empty error text, 26 and above: "The game N is not valid.") and ignores any
-action but its four moves without a word. Switched on by environment variables: FAKE_HANG_TASKS
+action but its four moves without a word; Wordle lists its filtered vocabulary; ALFWorld needs `game`
+and `world_type` at reset and has no /close; ALFWorld and SciWorld answer "list index out of range" for
+a task past their list. Switched on by environment variables: FAKE_HANG_TASKS
 (comma-separated BabyAI data_idx whose reset never answers, as 1000000234 did) and FAKE_SLOW_S (every
 request takes FAKE_SLOW_S x (requests in flight)^2 seconds: a server that slows down with concurrency)."""
 
@@ -40,7 +43,11 @@ ACTIONS = {
     "maze": "move up",
     "wordle": "c r a n e",
     "webshop": "click[buy now]",
+    "alfworld": "look",
+    "sciworld": "look around",
 }
+WORDLE_VOCABULARY = ["crane", "frown", "light"]
+GAMES = int(os.environ.get("FAKE_GAMES", "13"))
 
 
 class Game:
@@ -78,7 +85,7 @@ class Game:
 def instrument(app: FastAPI) -> FastAPI:
     """Counts requests in flight (and the most at once); with FAKE_SLOW_S each one takes longer the more
     run at once, as a one-worker AgentGym server does."""
-    app.state.in_flight, app.state.peak, app.state.steps, app.state.closes = 0, 0, 0, 0
+    app.state.in_flight, app.state.peak, app.state.steps, app.state.closes, app.state.resets = 0, 0, 0, 0, 0
 
     @app.middleware("http")
     async def load(request: Request, call_next):
@@ -88,6 +95,7 @@ def instrument(app: FastAPI) -> FastAPI:
         app.state.peak = max(app.state.peak, app.state.in_flight)
         app.state.steps += request.url.path.endswith("/step")
         app.state.closes += request.url.path.endswith("/close")
+        app.state.resets += request.url.path.endswith("/reset")
         try:
             if SLOW_S:
                 await asyncio.sleep(SLOW_S * app.state.in_flight**2)
@@ -97,7 +105,12 @@ def instrument(app: FastAPI) -> FastAPI:
 
     @app.get("/__stats")
     def stats() -> dict:
-        return {"peak_in_flight": app.state.peak, "steps": app.state.steps, "closes": app.state.closes}
+        return {
+            "peak_in_flight": app.state.peak,
+            "steps": app.state.steps,
+            "closes": app.state.closes,
+            "resets": app.state.resets,
+        }
 
     return app
 
@@ -212,6 +225,12 @@ def lmrl_style() -> FastAPI:
                     return {"error": str(exc)}
                 return {"observation": observation, "reward": reward, "done": done}
 
+            if game_name == "wordle":
+
+                @app.get("/wordle/filtered_vocab")
+                def filtered_vocab(id: int = Query(...)) -> Any:
+                    return WORDLE_VOCABULARY if id in table else {"error": f"The id {id} is not valid."}
+
             @app.get(f"/{game_name}/available_actions")
             def available_actions() -> list[str]:
                 return ["move left", "move right", "move up", "move down"]
@@ -267,9 +286,57 @@ def webshop_style() -> FastAPI:
     return app
 
 
+def listed_style(family: str) -> FastAPI:
+    """A server that indexes a list it loaded with the task, as ALFWorld (`game`, plus a required
+    `world_type`) and SciWorld (`data_idx`) do; only SciWorld has /close."""
+    app, envs, games, ids = instrument(FastAPI()), {}, list(range(GAMES)), itertools.count()
+    task_field = "game" if family == "alfworld" else "data_idx"
+
+    @app.get("/")
+    def hello() -> str:
+        return f"This is environment {family}."
+
+    @app.post("/create")
+    def create() -> Any:
+        envs[env_id := next(ids)] = None
+        return {"id": env_id}
+
+    @app.post("/reset")
+    def reset(body: dict = Body(...)) -> Any:
+        if family == "alfworld" and body.get("world_type") not in ("Text", "Embody", "Hybrid"):
+            return {"error": 'world_type must be one of "Text", "Embody" and "Hybrid"'}
+        try:
+            envs[body["id"]] = game = Game(family, games[body[task_field]])
+        except (IndexError, KeyError) as exc:
+            return {"error": str(exc)}
+        return {"id": body["id"], "observation": game.observation()}
+
+    @app.post("/step")
+    def step(body: dict = Body(...)) -> Any:
+        try:
+            observation, reward, done = envs[body["id"]].step(body["action"])
+        except Exception as exc:  # noqa: BLE001
+            return {"error": str(exc)}
+        return {"observation": observation, "reward": reward, "done": done}
+
+    if family == "sciworld":
+
+        @app.post("/close")
+        def close(body: dict = Body(...)) -> bool:
+            return envs.pop(body.get("id"), "missing") != "missing"
+
+    @app.get("/__live")
+    def live() -> int:
+        return len(envs)
+
+    return app
+
+
 def build(shape: str) -> FastAPI:
     if shape in ("textcraft", "babyai"):
         return textcraft_style(shape)
+    if shape in ("alfworld", "sciworld"):
+        return listed_style(shape)
     return {"lmrl": lmrl_style, "webshop": webshop_style}[shape]()
 
 

@@ -26,12 +26,13 @@ from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
 from services.common.grpc_server import free_port
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
-from services.envs.agentgym.env import _POOLS
+from services.envs.agentgym.env import _POOLS, AgentGymEnv
 from services.envs.agentgym.profiles import PROFILES
 from services.envs.client import InProcessEnvClient
-from services.envs.datasets import TaskSplit
+from services.envs.datasets import TaskSplit, split_range
 from services.envs.demos import DemoStats, random_episodes
 from services.envs.messages import EpisodeState
+from services.envs.registry import ENVS
 from services.envs.service import EnvService
 from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
@@ -409,6 +410,36 @@ def test_a_reset_that_never_answers_abandons_the_task_and_the_run_goes_on(tokeni
         server.kill()
 
 
+def test_a_reset_cut_short_by_queueing_is_retried_once_then_counted_as_hung(tokenizer, tmp_path):
+    server = FakeServer("babyai", tmp_path, FAKE_HANG_TASKS="7,47")
+    registry = CollectorRegistry()
+    # 1.4 s for the whole env call leaves the server less than timeout_s: slow and hung look alike
+    service = EnvService(step_timeout_s=1.4, metrics_registry=registry)
+    options = {"family": "babyai", "base_url": server.url, "timeout_s": 1.0}
+    try:
+
+        async def main():
+            client = InProcessEnvClient(service)
+            with pytest.raises(DeadlineExceeded, match="reset env .*, task 7"):
+                await client.create("agentgym", 7, options)
+            with pytest.raises(InvalidArgument, match=r"abandoned \(hung\).*reset of task 7 never answered"):
+                await client.create("agentgym", 7, options)
+            state = await client.create("agentgym", 8, options)
+            await client.close(state.episode_id)
+
+        asyncio.run(main())
+        assert service.abandoned_tasks == 1
+        assert sample(registry, "omrl_envs_tasks_abandoned_total", env="agentgym", reason="hung") == 1
+
+        loop, _ = make_loop(tokenizer, options, timeout_s=1.0, attempts=3, group_size=1, service=service)
+        with pytest.raises(EpisodeFailed, match="never answered") as err:
+            asyncio.run(loop.run_group(task_index=47, group_id="g"))
+        assert not err.value.retryable and loop.stats["episode_retries"] == 1
+        assert service.abandoned_tasks == 2
+    finally:
+        server.kill()
+
+
 def test_a_server_slowed_by_concurrency_gets_at_most_max_concurrent_calls(tokenizer, tmp_path):
     """Each request takes 0.01 s x (requests in flight)^2: 4 at once answer in 0.16 s, 8 or more
     miss a 0.5 s deadline."""
@@ -528,6 +559,63 @@ def test_textcraft_random_policy_plays_every_action_form():
     assert kinds == {"get", "craft", "inventory"}
     fetched = {" ".join(a.split()[2:]) for a in actions if a.startswith("get ")}
     assert fetched == {"lapis lazuli", "oak log", "string"}  # raw materials only, never a crafted item
+
+
+@pytest.mark.parametrize("family, games, probe_resets", [("alfworld", 13, 9), ("sciworld", 5, 0)])
+def test_a_loaded_task_list_is_probed_once_and_an_index_past_it_is_not_retried(
+    tokenizer, tmp_path, family, games, probe_resets
+):
+    server = FakeServer(family, tmp_path, FAKE_GAMES=str(games))
+    try:
+        options = {"family": family, "base_url": server.url}
+        known = range(games) if probe_resets else None  # SciWorld's list grows on every create: never probed
+        assert AgentGymEnv.task_range(options) == known
+        assert stats(server)["resets"] == probe_resets  # 0, 1, 2, 4, 8, 16, then 12, 14, 13
+        assert AgentGymEnv.task_range(options) == known  # once per process
+        assert stats(server)["resets"] == probe_resets
+        assert httpx.get(server.url + "/__live").json() == (1 if probe_resets else 0)  # ALFWorld has no /close
+        env_cfg = EnvConfig(name="agentgym", options=options, train_tasks=100, validation_tasks=4)
+        if known is not None:
+            assert set(split_range(env_cfg, "train")) | set(split_range(env_cfg, "validation")) == set(known)
+
+        registry = CollectorRegistry()
+        service = EnvService(metrics_registry=registry)
+        client = InProcessEnvClient(service)
+
+        async def main():
+            state = await client.create("agentgym", games - 1, options)  # ALFWorld's reset needs world_type
+            await client.close(state.episode_id)
+            resets = stats(server)["resets"]
+            with pytest.raises(InvalidArgument, match=rf"abandoned \(invalid\).*task {games}"):
+                await client.create("agentgym", games, options)
+            assert stats(server)["resets"] == resets + (0 if known else 1)  # a probed range answers here
+            wide = {**options, "task_range": [0, 1000]}
+            with pytest.raises(InvalidArgument, match=r"abandoned \(invalid\).*task 40: list index out of range"):
+                await client.create("agentgym", 40, wide)
+
+        asyncio.run(main())
+        assert service.abandoned_tasks == 2
+        assert sample(registry, "omrl_envs_tasks_abandoned_total", env="agentgym", reason="invalid") == 2
+
+        resets = stats(server)["resets"]
+        loop, _ = make_loop(tokenizer, {**options, "task_range": [0, 1000]}, attempts=3, group_size=1)
+        with pytest.raises(EpisodeFailed, match="list index out of range") as err:
+            asyncio.run(loop.run_group(task_index=games + 7, group_id="g"))
+        assert not err.value.retryable and loop.stats["episode_retries"] == 0
+        assert stats(server)["resets"] == resets + 1
+    finally:
+        server.kill()
+
+
+def test_wordle_random_policy_guesses_words_the_server_still_accepts(servers):
+    env = ENVS.create("agentgym")
+    env.reset(3, {"family": "wordle", "base_url": servers["lmrl"].url})
+    try:
+        rng = random.Random(0)
+        guesses = {env.random_action(rng) for _ in range(30)}
+    finally:
+        env.close()
+    assert guesses == {"c r a n e", "f r o w n", "l i g h t"}  # the fake's filtered vocabulary, spaced
 
 
 def test_a_restart_of_the_only_server_does_not_end_the_run(tokenizer, tmp_path, redis_url, run_name):

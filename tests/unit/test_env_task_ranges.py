@@ -50,6 +50,27 @@ def test_maze_recognises_the_real_servers_invalid_task_replies(text, rejected):
     assert PROFILES["textcraft"].rejects_task(text) is (text == "list index out of range")
 
 
+@pytest.mark.parametrize(
+    "text, rejected",
+    [
+        ("list index out of range", True),  # ALFWorld's games[game], SciWorld's games[data_idx]
+        ('world_type must be one of "Text", "Embody" and "Hybrid"', False),
+        ("The id 3 is not valid.", False),  # an environment id, not the task
+    ],
+)
+def test_alfworld_and_sciworld_reject_an_index_past_their_loaded_list(text, rejected):
+    for family in ("alfworld", "sciworld"):
+        assert PROFILES[family].rejects_task(text) is rejected
+    assert PROFILES["alfworld"].probe_range and not PROFILES["sciworld"].probe_range  # its list grows
+
+
+def test_alfworld_resets_with_the_fields_its_server_requires():
+    alfworld = PROFILES["alfworld"]
+    assert (alfworld.task_field, alfworld.reset_extra) == ("game", {"world_type": "Text"})
+    assert AgentGymEnv.task_range(agentgym("alfworld").options) is None  # no server answers the probe
+    assert AgentGymEnv.task_range(agentgym("alfworld", task_range=[0, 140]).options) == range(0, 140)
+
+
 def test_maze_cleans_case_and_spacing_only():
     maze = PROFILES["maze"]
     assert maze.clean_action("  Move   RIGHT ") == "move right" and maze.clean_action("up") not in maze.valid_actions

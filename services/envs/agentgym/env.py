@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ServiceError
+from services.envs.agentgym.probe import known_range, probed_range
 from services.envs.agentgym.profiles import PROFILES, Profile
 from services.envs.agentgym.servers import ErrorReply, Server, ServerPool
 from services.envs.base import EnvOptions, StepResult, TaskRejected, TextEnv, action_format
@@ -43,7 +44,8 @@ class AgentGymOptions(EnvOptions):
     max_concurrent: int = Field(8, ge=1, le=1024)
     """Calls in flight at once per server; more queue here (an AgentGym server slows down under load)."""
     task_range: tuple[int, int] | None = None
-    """[start, stop) of the task indices the servers serve; default: the family's (maze 0..24), else any."""
+    """[start, stop) of the task indices the servers serve; default: the family's (maze 0..24; ALFWorld:
+    probed at start-up), else any."""
     max_turns: int = Field(30, ge=1, le=10000)
     """Turns after which the episode ends (done, not a success)."""
     recycle_after: int | None = Field(None, ge=1)
@@ -74,6 +76,10 @@ class AgentGymOptions(EnvOptions):
     def tasks(self) -> range | None:
         bounds = self.task_range or PROFILES[self.family].task_range
         return None if bounds is None else range(*bounds)
+
+    @property
+    def servers_key(self) -> str:
+        return json.dumps([self.family, self.urls])
 
 
 # Shared by every episode of this process: the servers' HTTP connections and their open-episode and
@@ -122,16 +128,22 @@ class AgentGymEnv(TextEnv):
 
     @classmethod
     def task_range(cls, options: dict | None) -> range | None:
+        """The configured or known range; for a family whose server indexes a loaded list, probed on
+        its first server (once per process: the launcher's datasets and warm-start ask here)."""
         try:
-            return cls.parse_options(options).tasks()
+            opts = cls.parse_options(options)
         except Exception:  # noqa: BLE001 - bad options fail at reset, with their message
             return None
+        profile = PROFILES[opts.family]
+        if opts.tasks() is not None or not profile.probe_range:
+            return opts.tasks()
+        return probed_range(opts.servers_key, pool_for(opts, profile).servers[0], profile)
 
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)
         self.close()  # a second reset of this episode starts on a fresh remote environment
         self.profile, self.max_turns, self.turn = PROFILES[opts.family], opts.max_turns, 0
-        p, tasks = self.profile, opts.tasks()
+        p, tasks = self.profile, opts.tasks() or known_range(opts.servers_key)
         if tasks is not None and task_index not in tasks:
             raise TaskRejected(
                 f"AgentGym {p.family}: task {task_index} is outside the tasks its server serves "
@@ -155,12 +167,14 @@ class AgentGymEnv(TextEnv):
     def _reset_call(self, task_index: int) -> Any:
         p, server = self.profile, self.server
         try:
-            return server.call(
+            reply = server.call(
                 "POST",
                 p.route("reset"),
                 f"reset env {self.remote_id}, task {task_index}",
-                json={p.id_field: self.remote_id, p.task_field: task_index},
+                json={p.id_field: self.remote_id, p.task_field: task_index, **p.reset_extra},
             )
+            self.pool.reset_answered(task_index)
+            return reply
         except ErrorReply as exc:
             if p.rejects_task(exc.text):
                 raise TaskRejected(
@@ -169,15 +183,17 @@ class AgentGymEnv(TextEnv):
                 ) from exc
             raise
         except DeadlineExceeded as exc:
-            if not getattr(exc, "full_wait", False):  # queued too long: the server may be fine, the episode is retried
+            # after queueing the server had less than timeout_s: slow or hung, it cannot tell; the
+            # episode is retried once, and a second such reset of the task counts as hung
+            if not getattr(exc, "full_wait", False) and self.pool.reset_timed_out(task_index) < 2:
                 raise
             log.warning(
-                "AgentGym %s server %s: reset of task %d did not answer within %gs; task abandoned (the "
-                "server may stay busy on it until restarted)",
+                "AgentGym %s server %s: reset of task %d did not answer (%s); task abandoned (the server "
+                "may stay busy on it until restarted)",
                 p.family,
                 server.url,
                 task_index,
-                server.client.timeout.read,
+                "within timeout_s" if getattr(exc, "full_wait", False) else "twice, after queueing",
             )
             raise TaskRejected(
                 f"AgentGym {p.family} server {server.url}: reset of task {task_index} never answered ({exc})", "hung"
@@ -232,7 +248,21 @@ class AgentGymEnv(TextEnv):
         )
 
     def random_action(self, rng: random.Random) -> str:
-        return self.profile.random_action(self.last_observation, rng)
+        p = self.profile
+        if p.vocabulary_route is None:
+            return p.random_action(self.last_observation, rng)
+        return p.random_action(self.last_observation, rng, self._vocabulary())
+
+    def _vocabulary(self) -> list[str] | None:
+        """The words the server still accepts in this episode (Wordle's filtered vocabulary)."""
+        try:
+            words = self.server.call(
+                "GET", self.profile.route(self.profile.vocabulary_route), "vocabulary", params={"id": self.remote_id}
+            )
+        except ServiceError as exc:
+            log.info("AgentGym %s: no vocabulary (%s); random letters instead", self.profile.family, exc)
+            return None
+        return [w.strip() for w in words if isinstance(w, str) and w.strip()] if isinstance(words, list) else None
 
     def close(self) -> None:
         server, remote_id = self.server, self.remote_id

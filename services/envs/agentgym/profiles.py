@@ -75,7 +75,10 @@ def _maze_rejects(text: str) -> bool:
     return not text.strip() or bool(re.search(r"The game -?\d+ is not valid", text)) or _range_error(text)
 
 
-def _random_wordle(observation: str, rng: random.Random) -> str:
+def _random_wordle(observation: str, rng: random.Random, vocabulary: list[str] | None = None) -> str:
+    """A word the server still allows (its filtered vocabulary), else five random letters."""
+    if vocabulary:
+        return _wordle_action(rng.choice(vocabulary))
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5))
 
 
@@ -118,6 +121,14 @@ class Profile:
     valid_actions: tuple[str, ...] | None = None
     """The exact actions the server understands, where it ignores others silently: anything else is
     answered here with what was wrong (the turn counts) instead of being sent."""
+    reset_extra: dict[str, Any] = field(default_factory=dict)
+    """Fields every reset body carries besides the id and the task (ALFWorld's required world_type)."""
+    probe_range: bool = False
+    """The server indexes a fixed list it loaded with the task (ALFWorld's games): where no `task_range`
+    is configured, its length is probed at start-up. (SciWorld's list grows by a copy on every create,
+    so a probe would differ from process to process.)"""
+    vocabulary_route: str | None = None
+    """GET route (with ?id=) listing the words the server still accepts; the random policy draws from it."""
 
     def route(self, name: str) -> str:
         return f"{self.prefix}/{name}"
@@ -163,6 +174,7 @@ PROFILES: dict[str, Profile] = {
             has_close=False,
             clean_action=_wordle_action,
             random_action=_random_wordle,
+            vocabulary_route="filtered_vocab",
         ),
         Profile(
             "webshop",
@@ -183,6 +195,9 @@ PROFILES: dict[str, Profile] = {
             "Actions are household commands such as: go to countertop 1, take apple 1 from "
             "countertop 1, open fridge 1.",
             "look",
+            task_field="game",
+            reset_extra={"world_type": "Text"},
+            probe_range=True,
         ),
         Profile(
             "sciworld",

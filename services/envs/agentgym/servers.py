@@ -183,7 +183,18 @@ class ServerPool:
         self.recycle_after, self.recycle_command, self.recycle_wait_s = recycle_after, recycle_command, recycle_wait_s
         self.id_reuse_after = id_reuse_after
         self.recycles = 0
+        self._reset_timeouts: dict[int, int] = {}
         self._lock = threading.Lock()
+
+    def reset_timed_out(self, task_index: int) -> int:
+        """Counts a reset of this task that ran out of time after queueing; returns how many so far."""
+        with self._lock:
+            self._reset_timeouts[task_index] = self._reset_timeouts.get(task_index, 0) + 1
+            return self._reset_timeouts[task_index]
+
+    def reset_answered(self, task_index: int) -> None:
+        with self._lock:
+            self._reset_timeouts.pop(task_index, None)
 
     def acquire(self) -> Server:
         with self._lock:
