@@ -283,6 +283,7 @@ def build() -> dict:
                         "service": obj({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}}),
                         "auth": obj({"token": STRING, "existingSecret": STRING, "existingSecretKey": STRING}),
                         "jobImages": obj({"cpu": STRING, "cuda": STRING}),
+                        "jobWorkload": {"enum": ["", "Job", "JobSet"]},
                         "persistence": obj(
                             {"enabled": BOOL, "existingClaim": STRING, "storageClass": STRING, "size": QUANTITY}
                         ),

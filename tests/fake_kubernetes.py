@@ -3,17 +3,20 @@
 It plugs in under the real `kubernetes` client as its REST layer, so the client's own parameter
 checks, serialization and ApiException handling run as in production. It keeps objects in memory,
 assigns uids, validates every created object against Kubernetes' schemas (kubernetes-validate,
-strict), answers 404/409 like the API server, refuses calls without a timeout, and on delete
+strict; a JobSet as scripts/check_manifests.py does: its vendored schema, its Job templates as Jobs),
+answers 404/409 like the API server, refuses calls without a timeout, and on delete
 garbage-collects dependents by ownerReferences — except with the `Orphan` policy, which the API
 server applies by default to batch Jobs."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import re
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -21,7 +24,7 @@ import kubernetes_validate
 from kubernetes import client
 
 ROUTE = re.compile(
-    r"^/(?:api/v1|apis/(?P<group>[a-z0-9.]+)/v1)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
+    r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/v1\w*)/namespaces/(?P<ns>[^/]+)/(?P<plural>[a-z]+)"
     r"(?:/(?P<name>[^/]+))?(?P<log>/log)?$"
 )
 KINDS = {
@@ -32,8 +35,28 @@ KINDS = {
     "jobs": "Job",
     "secrets": "Secret",
     "networkpolicies": "NetworkPolicy",
+    "jobsets": "JobSet",
 }
 DEFAULT_PROPAGATION = {"Job": "Orphan"}
+CHECK_MANIFESTS = Path(__file__).resolve().parents[1] / "scripts" / "check_manifests.py"
+
+
+def check_manifests_module():
+    spec = importlib.util.spec_from_file_location("check_manifests", CHECK_MANIFESTS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def validation_problems(obj: dict[str, Any], version: str) -> list[str]:
+    """What the API server would refuse: built-in kinds by Kubernetes' schemas, custom ones by their CRD's."""
+    if obj.get("kind") == "JobSet":
+        return check_manifests_module().check_json_schema(obj, version)
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [exc.message]
+    return []
 
 
 class _Response:
@@ -161,10 +184,8 @@ class FakeCluster:
 
     def _create(self, kind: str, ns: str, body: dict[str, Any]) -> _Response:
         obj = copy.deepcopy(body)
-        try:
-            kubernetes_validate.validate(obj, self.version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            return _Response(422, _status(422, "Invalid", f"{kind} {obj['metadata'].get('name')}: {exc.message}"))
+        if problems := validation_problems(obj, self.version):
+            return _Response(422, _status(422, "Invalid", f"{kind} {obj['metadata'].get('name')}: {problems[0]}"))
         name = obj["metadata"]["name"]
         if (kind, ns, name) in self.objects:
             return _Response(409, _status(409, "AlreadyExists", f"{kind} {name} already exists"))

@@ -76,7 +76,10 @@ class JobsSettings(BaseSettings):
     k8s_gpu_runtime_class: str | None = None
     """Kubernetes launcher: RuntimeClass of pods with GPUs; empty: none."""
     k8s_queue_name: str | None = None
-    """Kubernetes launcher: Kueue LocalQueue the learner Job and rollout Deployment are submitted to; empty: none."""
+    """Kubernetes launcher: Kueue LocalQueue the jobs' GPU workloads are submitted to; empty: none."""
+    k8s_workload: Literal["Job", "JobSet"] = "Job"
+    """Kubernetes launcher: what runs a job's learner and rollout servers: Job (an Indexed Job and a Deployment,
+    admitted by Kueue separately) or JobSet (one JobSet holding both, admitted whole; needs the JobSet controller)."""
 
     def jobs_redis_url(self) -> str | None:
         return self.k8s_redis_url if self.launcher == "kubernetes" and self.k8s_redis_url else self.redis_url

@@ -9,6 +9,12 @@ token (rollout and learner get it as OMRL_WEIGHT_TOKEN), and NetworkPolicies let
 reached only by the components of the same job that call it (metrics: from the monitoring namespace).
 Pods with GPUs request them as `K8sOptions.gpu_resource` and alone get the GPU tolerations, node labels and
 RuntimeClass; with a Kueue queue, the learner Job and the rollout Deployment carry its queue-name label.
+
+With `K8sOptions.workload` JobSet the root is one JobSet (jobset.x-k8s.io/v1alpha2, the chart's
+learner.workload: JobSet) of two replicated jobs: `learner` (the Indexed Job above) and `rollout` (the rollout
+servers as an Indexed Job whose pods restart in place). Only the JobSet carries the queue-name label, so Kueue
+admits learner and rollout servers as one workload; the JobSet controller's headless Service (the JobSet's
+network subdomain) gives every pod a stable DNS name, pod 0 of the learner being torchrun's rendezvous.
 The job's GPUs per rollout pod and its engines' tensor-parallel size are one number: JobSpec sets
 rollout.gpus from resources.rollout.gpus (and refuses two different ones) before anything is rendered."""
 
@@ -29,6 +35,10 @@ METRICS_PORT, RDZV_PORT = 9100, 29500
 CONFIG_DIR = "/etc/omrl"
 MANAGED_BY = "omrl-job-api"
 SCRAPE = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+WORKLOADS = ("Job", "JobSet")
+ROLLOUT_BACKOFF = 20  # a crashed engine restarts in place; past this many restarts the JobSet fails
 
 
 @dataclass
@@ -59,9 +69,26 @@ class K8sOptions:
     gpu_runtime_class: str | None = None
     """RuntimeClass of pods with GPUs."""
     queue_name: str | None = None
-    """Kueue LocalQueue the learner Job and the rollout Deployment are submitted to (kueue.x-k8s.io/queue-name)."""
+    """Kueue LocalQueue the GPU workloads are submitted to (kueue.x-k8s.io/queue-name): the JobSet, or the
+    learner Job and the rollout Deployment (each admitted on its own)."""
+    workload: str = "Job"
+    """What runs the learner and the rollout servers: Job (an Indexed Job and a Deployment) or JobSet (one
+    JobSet holding both, admitted whole by Kueue; needs the JobSet controller)."""
     log_format: str = field(default_factory=log_format)
     """OMRL_LOG_FORMAT of the job's pods; by default this process's own (the chart sets the job API's)."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {self.workload!r}")
+
+    def admission_warning(self) -> str | None:
+        """Why a job's GPUs may be held while it waits: a queue, but learner and rollout servers queued apart."""
+        if self.queue_name and self.workload == "Job":
+            return (
+                f"Kueue queue {self.queue_name} with workload Job: each job's learner Job and rollout Deployment are "
+                "admitted separately (one may hold GPUs while the other waits); workload JobSet admits them whole"
+            )
+        return None
 
 
 def names(job_id: str) -> dict[str, str]:
@@ -72,6 +99,8 @@ def names(job_id: str) -> dict[str, str]:
         "reward": f"{job_id}-reward",
         "rollout": f"{job_id}-rollout",
         "token": f"{job_id}-weight-token",
+        # the JobSet's network subdomain: the JobSet controller makes this headless Service
+        "jobset": f"{job_id}-jobset",
     }
 
 
@@ -116,8 +145,8 @@ def selector(job_id: str, component: str) -> dict[str, str]:
 
 def owner_reference(root: dict[str, Any]) -> dict[str, Any]:
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        "apiVersion": root["apiVersion"],
+        "kind": root["kind"],
         "name": root["metadata"]["name"],
         "uid": root["metadata"]["uid"],
         "blockOwnerDeletion": True,
@@ -149,7 +178,7 @@ class JobObjects:
     ) -> dict[str, Any]:
         meta = {"name": name, "namespace": self.options.namespace, "labels": labels(self.job_id, component)}
         if queued and self.options.queue_name:
-            meta["labels"]["kueue.x-k8s.io/queue-name"] = self.options.queue_name
+            meta["labels"][QUEUE_LABEL] = self.options.queue_name
         if owner is not None:
             meta["ownerReferences"] = [owner_reference(owner)]
         return meta
@@ -251,15 +280,74 @@ class JobObjects:
         }
 
     # -- the root --------------------------------------------------------------------------------
+    @property
+    def jobset(self) -> bool:
+        return self.options.workload == "JobSet"
+
+    def root(self) -> dict[str, Any]:
+        """The object every other one is owned by: the learner Job, or the JobSet."""
+        return self.job_set() if self.jobset else self.learner_job()
+
     def learner_job(self) -> dict[str, Any]:
-        res, sched, n = self.spec.resources.learner, self.spec.schedule, self.names
+        n = self.names
+        # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
+        spec = self._learner_job_spec(f"{n['learner']}-0.{n['learner']}", subdomain=n["learner"])
+        spec["ttlSecondsAfterFinished"] = self.spec.schedule.ttl_after_finished_s
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": self._meta(n["learner"], "learner", queued=True),
+            "spec": spec,
+        }
+
+    def job_set(self) -> dict[str, Any]:
+        """Learner and rollout servers as one JobSet: one Kueue workload, done when the learner is."""
+        name, subdomain = self.job_id, self.names["jobset"]
+        rollout = self.spec.resources.rollout
+        return {
+            "apiVersion": JOBSET_API,
+            "kind": "JobSet",
+            "metadata": self._meta(name, "learner", queued=True),
+            "spec": {
+                # the learner Job retries its pods itself (schedule.backoff_limit); its final failure fails the set
+                "failurePolicy": {"maxRestarts": 0},
+                # the rollout servers never complete: the JobSet is done when the learner is
+                "successPolicy": {"operator": "All", "targetReplicatedJobs": ["learner"]},
+                "network": {"enableDNSHostnames": True, "subdomain": subdomain, "publishNotReadyAddresses": True},
+                "ttlSecondsAfterFinished": self.spec.schedule.ttl_after_finished_s,
+                "replicatedJobs": [
+                    {
+                        "name": "learner",
+                        "replicas": 1,
+                        # the controller names pod i of job 0 <jobset>-learner-0-i
+                        "template": {"spec": self._learner_job_spec(f"{name}-learner-0-0.{subdomain}")},
+                    },
+                    {
+                        "name": "rollout",
+                        "replicas": 1,
+                        "template": {
+                            "spec": {
+                                "completionMode": "Indexed",
+                                "completions": rollout.replicas,
+                                "parallelism": rollout.replicas,
+                                "backoffLimit": ROLLOUT_BACKOFF,
+                                "template": self._server_pod_template("rollout", restartPolicy="OnFailure"),
+                            }
+                        },
+                    },
+                ],
+            },
+        }
+
+    def _learner_job_spec(self, master_addr: str, subdomain: str | None = None) -> dict[str, Any]:
+        res, sched = self.spec.resources.learner, self.spec.schedule
         nodes, nproc = res.replicas, self.spec.learner.nproc
         command = [
             "torchrun",
             f"--nnodes={nodes}",
             f"--nproc_per_node={nproc}",
             "--node_rank=$(NODE_RANK)",
-            f"--master_addr={n['learner']}-0.{n['learner']}",
+            f"--master_addr={master_addr}",
             f"--master_port={RDZV_PORT}",
             "-m",
             "services.learner",
@@ -289,41 +377,38 @@ class JobObjects:
         container = self._container(
             "learner", command, res, [{"name": "rdzv", "containerPort": RDZV_PORT}], env, probes
         )
+        pod_extra = {"restartPolicy": "Never", **({"subdomain": subdomain} if subdomain else {})}
         spec: dict[str, Any] = {
             "completionMode": "Indexed",
             "completions": nodes,
             "parallelism": nodes,
             "backoffLimit": sched.backoff_limit,
-            "ttlSecondsAfterFinished": sched.ttl_after_finished_s,
             "template": {
                 "metadata": {"labels": labels(self.job_id, "learner"), "annotations": SCRAPE},
-                # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
-                "spec": self._pod_spec([container], res.gpus, restartPolicy="Never", subdomain=n["learner"]),
+                "spec": self._pod_spec([container], res.gpus, **pod_extra),
             },
         }
         if sched.max_runtime_s:
             spec["activeDeadlineSeconds"] = sched.max_runtime_s
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": self._meta(n["learner"], "learner", queued=True),
-            "spec": spec,
-        }
+        return spec
 
     # -- owned by the root -----------------------------------------------------------------------
     def dependents(self, root: dict[str, Any]) -> list[dict[str, Any]]:
         # policies and the token first: no pod of the job runs unprotected or without its token
         policies = self.network_policies(root) if self.options.network_policies else []
+        # in a JobSet the rollout servers are one of its jobs, and its controller makes the headless Service
+        separate = [] if self.jobset else [self.learner_service(root)]
+        rollout = [] if self.jobset else [self.deployment("rollout", root)]
         return [
             *policies,
             self.weight_token(root),
             self.config_map(root),
-            self.learner_service(root),
+            *separate,
             self.service("envs", root),
             self.deployment("envs", root),
             self.service("reward", root),
             self.deployment("reward", root),
-            self.deployment("rollout", root),
+            *rollout,
         ]
 
     def _token_env(self) -> dict[str, Any]:
@@ -423,7 +508,7 @@ class JobObjects:
             },
         }
 
-    def deployment(self, component: str, root: dict[str, Any]) -> dict[str, Any]:
+    def _server_pod_template(self, component: str, **pod_extra: Any) -> dict[str, Any]:
         res, port = getattr(self.spec.resources, component), PORTS[component]
         command = [
             "python",
@@ -455,21 +540,25 @@ class JobObjects:
             component, command, res, [{"name": "grpc", "containerPort": port}], env, self._grpc_probes(port, startup_s)
         )
         return {
+            "metadata": {"labels": labels(self.job_id, component), "annotations": SCRAPE},
+            "spec": self._pod_spec([container], res.gpus, **pod_extra),
+        }
+
+    def deployment(self, component: str, root: dict[str, Any]) -> dict[str, Any]:
+        replicas = getattr(self.spec.resources, component).replicas
+        return {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": self._meta(self.names[component], component, root, queued=component == "rollout"),
             "spec": {
-                "replicas": res.replicas,
+                "replicas": replicas,
                 "selector": {"matchLabels": selector(self.job_id, component)},
-                "template": {
-                    "metadata": {"labels": labels(self.job_id, component), "annotations": SCRAPE},
-                    "spec": self._pod_spec([container], res.gpus),
-                },
+                "template": self._server_pod_template(component),
             },
         }
 
     def all(self, uid: str = "00000000-0000-0000-0000-000000000000") -> list[dict[str, Any]]:
         """Every manifest, the root first (with a placeholder uid in owner references when not created yet)."""
-        root = self.learner_job()
+        root = self.root()
         created = {**root, "metadata": {**root["metadata"], "uid": uid}}
         return [root, *self.dependents(created)]

@@ -1,12 +1,13 @@
 """The kubernetes launcher: creates a job's objects (see k8s_objects) through the `kubernetes` client and
-reads the job's state back from the cluster. Cancelling deletes the root (the learner Job) in the
-foreground, and the garbage collector deletes everything it owns.
+reads the job's state back from the cluster. Cancelling deletes the root (the learner Job, or the JobSet
+with `K8sOptions.workload` JobSet) in the foreground, and the garbage collector deletes everything it owns.
 
 `python -m services.launcher.kubernetes render job.yaml` prints the manifests it would create."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from typing import Any
@@ -26,7 +27,9 @@ from services.launcher.base import (
     LaunchStatus,
     SpecRejected,
 )
-from services.launcher.k8s_objects import MANAGED_BY, JobObjects, K8sOptions, run_config
+from services.launcher.k8s_objects import JOBSET_API, MANAGED_BY, WORKLOADS, JobObjects, K8sOptions, run_config
+
+log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds, on every API call
 APIS = {
@@ -37,7 +40,10 @@ APIS = {
     "Pod": ("core", "namespaced_pod"),
     "Secret": ("core", "namespaced_secret"),
     "NetworkPolicy": ("networking", "namespaced_network_policy"),
+    "JobSet": ("jobsets", "namespaced_job_set"),
 }
+# the root's condition that says the learner finished well (a JobSet's when its success policy is met)
+SUCCESS = {"Job": "Complete", "JobSet": "Completed"}
 POD_PROBLEMS = {
     "ImagePullBackOff",
     "ErrImagePull",
@@ -48,6 +54,27 @@ POD_PROBLEMS = {
     "RunContainerError",
 }
 INSTANCE = "app.kubernetes.io/instance"
+
+
+class JobSetApi:
+    """JobSets through the client's CustomObjectsApi, with the typed APIs' method names and argument order."""
+
+    def __init__(self, custom: Any):
+        self.custom = custom
+        self.group, self.version = JOBSET_API.split("/")
+
+    def create_namespaced_job_set(self, namespace: str, body: dict[str, Any], **kwargs: Any) -> Any:
+        return self.custom.create_namespaced_custom_object(
+            self.group, self.version, namespace, "jobsets", body, **kwargs
+        )
+
+    def read_namespaced_job_set(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        return self.custom.get_namespaced_custom_object(self.group, self.version, namespace, "jobsets", name, **kwargs)
+
+    def delete_namespaced_job_set(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        return self.custom.delete_namespaced_custom_object(
+            self.group, self.version, namespace, "jobsets", name, **kwargs
+        )
 
 
 @LAUNCHERS.register("kubernetes")
@@ -64,6 +91,9 @@ class KubernetesLauncher(Launcher):
             client.BatchV1Api(api_client),
         )
         self.networking = client.NetworkingV1Api(api_client)
+        self.jobsets = JobSetApi(client.CustomObjectsApi(api_client))
+        if warning := options.admission_warning():
+            log.warning(warning)
 
     @classmethod
     def from_settings(cls, settings: Any) -> KubernetesLauncher:
@@ -91,6 +121,7 @@ class KubernetesLauncher(Launcher):
                 gpu_node_selector=settings.k8s_gpu_node_selector,
                 gpu_runtime_class=settings.k8s_gpu_runtime_class or None,
                 queue_name=settings.k8s_queue_name or None,
+                workload=settings.k8s_workload,
             ),
         )
 
@@ -112,16 +143,17 @@ class KubernetesLauncher(Launcher):
 
     def start(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
         objects = JobObjects(job_id, spec, self.options)
-        root = self._create(objects.learner_job())
+        root = self._create(objects.root())
         dependents = objects.dependents(root)
         try:
             for body in dependents:
                 self._create(body)
         except Exception:
-            self._delete("Job", root["metadata"]["name"], "Foreground")  # nothing half-made stays behind
+            self._delete(root["kind"], root["metadata"]["name"], "Foreground")  # nothing half-made stays behind
             raise
         return {
             "namespace": self.options.namespace,
+            "kind": root["kind"],
             "job": root["metadata"]["name"],
             "uid": root["metadata"]["uid"],
             "deployments": [b["metadata"]["name"] for b in dependents if b["kind"] == "Deployment"],
@@ -131,16 +163,17 @@ class KubernetesLauncher(Launcher):
     def poll(self, job_id: str, handle: dict[str, Any]) -> LaunchStatus:
         handle = dict(handle)
         cancelling = bool(handle.get("cancel_requested_at"))
-        job = self._read("Job", handle["job"])
+        kind = root_kind(handle)
+        job = self._read(kind, handle["job"])
         if job is None or job["metadata"].get("uid") != handle["uid"]:
             if cancelling:
                 return LaunchStatus(CANCELLED, handle=handle)
-            return LaunchStatus(FAILED, error=f"Job {handle['job']} was deleted outside the job API", handle=handle)
+            return LaunchStatus(FAILED, error=f"{kind} {handle['job']} was deleted outside the job API", handle=handle)
         messages = self._pod_problems(job_id, handle)
         done = {c["type"]: c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
-        if "Complete" in done or "Failed" in done:
+        if SUCCESS[kind] in done or "Failed" in done:
             self._release(handle)
-            if "Complete" in done:
+            if SUCCESS[kind] in done:
                 return LaunchStatus(SUCCEEDED, messages=messages, handle=handle)
             why = done["Failed"]
             return LaunchStatus(
@@ -154,7 +187,7 @@ class KubernetesLauncher(Launcher):
         return LaunchStatus(RUNNING if self._all_ready(job, handle) else STARTING, messages=messages, handle=handle)
 
     def cancel(self, job_id: str, handle: dict[str, Any]) -> dict[str, Any]:
-        self._delete("Job", handle["job"], "Foreground")
+        self._delete(root_kind(handle), handle["job"], "Foreground")
         return {**handle, "cancel_requested_at": time.time()}
 
     def logs(self, job_id: str, handle: dict[str, Any], service: str, tail: int) -> str:
@@ -232,9 +265,17 @@ class KubernetesLauncher(Launcher):
         return self._plain(pods).get("items") or []
 
     # -- reading the job back ----------------------------------------------------------------------
+    @staticmethod
+    def _root_ready(root: dict[str, Any]) -> bool:
+        status = root.get("status") or {}
+        if root["kind"] == "JobSet":
+            # per replicated job, `ready` counts its Jobs whose pods are all ready (or done)
+            ready = {r["name"]: r.get("ready") or 0 for r in status.get("replicatedJobsStatus") or []}
+            return all(ready.get(r["name"], 0) >= r.get("replicas", 1) for r in root["spec"]["replicatedJobs"])
+        return max(status.get("ready") or 0, status.get("active") or 0) >= root["spec"].get("parallelism", 1)
+
     def _all_ready(self, job: dict[str, Any], handle: dict[str, Any]) -> bool:
-        status, nodes = job.get("status") or {}, job["spec"].get("parallelism", 1)
-        if max(status.get("ready") or 0, status.get("active") or 0) < nodes:
+        if not self._root_ready(job):
             return False
         for name in handle["deployments"]:
             deployment = self._read("Deployment", name)
@@ -300,6 +341,10 @@ class KubernetesLauncher(Launcher):
         return messages
 
 
+def root_kind(handle: dict[str, Any]) -> str:
+    return handle.get("kind", "Job")  # handles recorded before JobSets have none
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.launcher.kubernetes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -312,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--gpu-image", default=K8sOptions.gpu_image)
     render.add_argument("--redis-url", default=None)
     render.add_argument("--redis-password-secret", default=None)
+    render.add_argument("--workload", choices=WORKLOADS, default="Job")
+    render.add_argument("--queue-name", default=None, help="Kueue LocalQueue")
     args = parser.parse_args(argv)
     spec = load_config(args.spec, args.set, schema=JobSpec)
     options = K8sOptions(
@@ -320,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu_image=args.gpu_image,
         redis_url=args.redis_url,
         redis_password_secret=args.redis_password_secret,
+        workload=args.workload,
+        queue_name=args.queue_name,
     )
     yaml.safe_dump_all(JobObjects(args.job_id, spec, options).all(), sys.stdout, sort_keys=False)
     return 0

@@ -499,7 +499,7 @@ def test_env_replicas_know_each_others_direct_addresses():
 
 
 # -- the job API's rights, Redis, the weight-push token, bind addresses ---------------------------------
-def launcher_calls() -> set[tuple[str, str, str]]:
+def launcher_calls(workload: str) -> set[tuple[str, str, str]]:
     """(api group, resource, verb) of every call the kubernetes launcher makes through a job's life."""
     from services.common.config import JobSpec
     from services.launcher.k8s_objects import K8sOptions
@@ -507,13 +507,15 @@ def launcher_calls() -> set[tuple[str, str, str]]:
     from tests.fake_kubernetes import FakeCluster
 
     cluster = FakeCluster()
-    launcher = KubernetesLauncher(cluster.api_client(), K8sOptions(redis_password_secret="omrl-redis"))
+    options = K8sOptions(redis_password_secret="omrl-redis", workload=workload)
+    launcher = KubernetesLauncher(cluster.api_client(), options)
     spec = JobSpec.model_validate({"model": {"path": "Qwen/Qwen2.5-0.5B"}})
     handle = launcher.start("job-a", spec)
     launcher.start("job-a", spec)  # adopts its own objects (a restart between creating and recording)
     for name in handle["deployments"]:
         cluster.set_status("Deployment", name, {"availableReplicas": 1})
-    cluster.set_status("Job", handle["job"], {"active": 1, "ready": 1})
+    ready = {"replicatedJobsStatus": [{"name": "learner", "ready": 1}, {"name": "rollout", "ready": 1}]}
+    cluster.set_status(workload, handle["job"], ready if workload == "JobSet" else {"active": 1, "ready": 1})
     launcher.poll("job-a", handle)
     cluster.add_pod(
         "job-a-learner-0",
@@ -521,8 +523,9 @@ def launcher_calls() -> set[tuple[str, str, str]]:
         {"phase": "Running"},
     )
     launcher.logs("job-a", handle, "learner", 10)
-    cluster.set_status("Job", handle["job"], {"conditions": [{"type": "Complete", "status": "True"}]})
-    launcher.poll("job-a", handle)  # releases the servers
+    done = "Completed" if workload == "JobSet" else "Complete"
+    cluster.set_status(workload, handle["job"], {"conditions": [{"type": done, "status": "True"}]})
+    assert launcher.poll("job-a", handle).state == "succeeded"  # releases the servers
     launcher.cancel("job-b", launcher.start("job-b", spec))
     verbs = {"POST": "create", "DELETE": "delete"}
     calls = set()
@@ -536,8 +539,20 @@ def launcher_calls() -> set[tuple[str, str, str]]:
     return calls
 
 
-def test_the_job_apis_role_grants_exactly_the_calls_its_launcher_makes():
-    role = objects(render(), "Role")["omrl-openmanus-rl-jobs-api"]
+@pytest.mark.parametrize(
+    "workload, values",
+    [
+        ("Job", ()),
+        ("JobSet", ("--set", "jobsApi.jobWorkload=JobSet")),
+        ("JobSet", ("--set", "learner.workload=JobSet")),
+    ],
+    ids=["job", "jobset", "jobset-like-the-learner"],
+)
+def test_the_job_apis_role_grants_exactly_the_calls_its_launcher_makes(workload, values):
+    docs = render(*values)
+    env = {e["name"]: e.get("value") for e in main_container(workloads(docs)["jobs-api"])["env"]}
+    assert env["OMRL_API_K8S_WORKLOAD"] == workload
+    role = objects(docs, "Role")["omrl-openmanus-rl-jobs-api"]
     granted = {
         (group, resource, verb)
         for rule in role["rules"]
@@ -545,7 +560,7 @@ def test_the_job_apis_role_grants_exactly_the_calls_its_launcher_makes():
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert granted == launcher_calls()
+    assert granted == launcher_calls(workload)
     assert not {verb for _, _, verb in granted} & {"update", "patch", "watch", "deletecollection", "*"}
 
 

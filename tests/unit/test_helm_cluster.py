@@ -328,3 +328,35 @@ def test_the_job_api_launches_jobs_with_the_same_gpu_and_queue_settings(monkeypa
     assert settings.k8s_gpu_node_selector == {}
     assert settings.k8s_gpu_runtime_class == "nvidia"
     assert settings.k8s_queue_name == "omrl-gpu"
+    assert settings.k8s_workload == "Job"  # learner.workload's
+
+
+def test_the_job_api_launches_jobsets_where_the_chart_runs_one_or_where_told(monkeypatch):
+    from services.jobs.settings import JobsSettings
+
+    def workload(*values):
+        env = {e["name"]: e.get("value") for e in main_container(workloads(render(*values))["jobs-api"])["env"]}
+        monkeypatch.setenv("OMRL_API_K8S_WORKLOAD", env["OMRL_API_K8S_WORKLOAD"])
+        return JobsSettings().k8s_workload
+
+    assert workload(*GPU, *JOBSET) == "JobSet"
+    assert workload(*GPU, "--set", "jobsApi.jobWorkload=JobSet") == "JobSet"
+    assert workload(*GPU, *JOBSET, "--set", "jobsApi.jobWorkload=Job") == "Job"
+    proc = run_helm("template", "omrl", str(CHART), "--set", "jobsApi.jobWorkload=TrainJob")
+    assert proc.returncode != 0 and "jobWorkload" in proc.stderr
+
+
+def notes(*args: str) -> str:
+    proc = run_helm("install", "--dry-run=client", "omrl", str(CHART), "--namespace", "ml", *args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.partition("\nNOTES:\n")[2]
+
+
+def test_the_notes_warn_when_kueue_admits_learner_and_rollouts_separately():
+    assert "admitted separately" not in notes()  # no queue, nothing admitted
+    plain = notes(*KUEUE)
+    assert "learner.workload=JobSet admits them as one workload" in plain
+    assert "jobsApi.jobWorkload=JobSet" in plain
+    assert "admitted separately" not in notes(*KUEUE, *JOBSET)  # the job API's jobs follow the learner
+    only_api = notes(*KUEUE, *JOBSET, "--set", "jobsApi.jobWorkload=Job")
+    assert "jobsApi.jobWorkload=JobSet" in only_api and "learner.workload=JobSet" not in only_api

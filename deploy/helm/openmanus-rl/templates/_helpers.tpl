@@ -340,6 +340,11 @@ priorityClassName: {{ . }}
 {{- end -}}
 
 {{/* Kueue labels of a workload submitted to the queue (none without kueue.queueName) */}}
+{{/* Workload kind of the jobs the job API launches: jobsApi.jobWorkload, else learner.workload. */}}
+{{- define "omrl.jobsApi.workload" -}}
+{{- .Values.jobsApi.jobWorkload | default .Values.learner.workload -}}
+{{- end -}}
+
 {{- define "omrl.kueueLabels" -}}
 {{- with .Values.kueue.queueName }}
 kueue.x-k8s.io/queue-name: {{ . }}
