@@ -507,9 +507,17 @@ def launcher_calls(workload: str) -> set[tuple[str, str, str]]:
     from tests.fake_kubernetes import FakeCluster
 
     cluster = FakeCluster()
+    spec = JobSpec.model_validate({"model": {"path": "Qwen/Qwen2.5-0.5B"}})
+    before_switch = None
+    if workload == "JobSet":  # a job launched as a plain Job before the API was switched to JobSet
+        options = K8sOptions(redis_password_secret="omrl-redis", workload="Job")
+        before_switch = KubernetesLauncher(cluster.api_client(), options).start("job-old", spec)
+        cluster.calls.clear()
     options = K8sOptions(redis_password_secret="omrl-redis", workload=workload)
     launcher = KubernetesLauncher(cluster.api_client(), options)
-    spec = JobSpec.model_validate({"model": {"path": "Qwen/Qwen2.5-0.5B"}})
+    if before_switch is not None:
+        launcher.poll("job-old", before_switch)
+        launcher.cancel("job-old", before_switch)
     handle = launcher.start("job-a", spec)
     launcher.start("job-a", spec)  # adopts its own objects (a restart between creating and recording)
     for name in handle["deployments"]:
