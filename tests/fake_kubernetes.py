@@ -122,6 +122,7 @@ class FakeCluster:
         owner: dict[str, Any] | None = None,
         namespace: str = "default",
         log: str = "",
+        node: str | None = None,
     ) -> None:
         meta = {"name": name, "namespace": namespace, "labels": labels, "uid": str(uuid.uuid4())}
         if owner is not None:
@@ -137,7 +138,7 @@ class FakeCluster:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": meta,
-            "spec": {"containers": []},
+            "spec": {"containers": [], **({"nodeName": node} if node else {})},
             "status": status,
         }
         self.pod_logs[(namespace, name)] = log

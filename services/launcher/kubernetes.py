@@ -297,13 +297,30 @@ class KubernetesLauncher(Launcher):
         handle["released"] = True
 
     def _pod_problems(self, job_id: str, handle: dict[str, Any]) -> list[str | dict[str, Any]]:
-        """Why pods do not run (unschedulable, image pulls, crash loops), and each pod becoming ready (a
-        structured start-up event, as the local launcher's), each reported once."""
+        """Why pods do not run (unschedulable, image pulls, crash loops), and each pod's start-up (scheduled,
+        started and loading, ready: structured start-up events, as the local launcher's), each reported once."""
         seen, messages = set(handle.get("reported", [])), []
         for pod in self._list_pods(f"{INSTANCE}={job_id}"):
             name, status = pod["metadata"]["name"], pod.get("status") or {}
             component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/component", name)
             found: list[tuple[str, str | dict[str, Any]]] = []
+
+            def stage(key: str, stage: str, message: str) -> None:
+                found.append((f"{name}/{key}", {"message": message, "service": component, "stage": stage}))
+
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+                    node = (pod.get("spec") or {}).get("nodeName")
+                    stage(
+                        "scheduled", "scheduled", f"{component}: pod {name} scheduled" + (f" on {node}" if node else "")
+                    )
+            for cs in status.get("containerStatuses") or []:
+                if "running" in (cs.get("state") or {}) and not cs.get("ready"):
+                    stage(
+                        f"{cs['name']}/started/{cs.get('restartCount', 0)}",
+                        "loading",
+                        f"{component}: pod {name} started, loading (model, engine) until its health check passes",
+                    )
             for cond in status.get("conditions") or []:
                 if cond.get("type") == "Ready" and cond.get("status") == "True":
                     found.append(

@@ -527,3 +527,34 @@ def test_each_pod_becoming_ready_is_a_start_up_event_reported_once(cluster, laun
         {"message": f"rollout: pod {JOB}-rollout-7d9-x1 ready", "service": "rollout", "stage": "healthy"}
     ]
     assert launcher.poll(JOB, first.handle).messages == []
+
+
+def test_a_pods_start_up_is_scheduled_then_loading_then_ready_each_once(cluster, launcher):
+    handle = launcher.start(JOB, gpu_spec())
+    labels = {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "rollout"}
+    pod = f"{JOB}-rollout-7d9-x1"
+    scheduled = {"type": "PodScheduled", "status": "True"}
+    cluster.add_pod(pod, labels, {"phase": "Pending", "conditions": [scheduled]}, node="gpu-node-3")
+    first = launcher.poll(JOB, handle)
+    assert [m["stage"] for m in first.messages] == ["scheduled"]
+    assert first.messages[0]["message"] == f"rollout: pod {pod} scheduled on gpu-node-3"
+    running = {
+        "name": "rollout",
+        "image": "omrl",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"running": {}},
+    }
+    cluster.set_status("Pod", pod, {"phase": "Running", "conditions": [scheduled], "containerStatuses": [running]})
+    second = launcher.poll(JOB, first.handle)
+    assert [(m["stage"], m["service"]) for m in second.messages] == [("loading", "rollout")]
+    ready = {"type": "Ready", "status": "True"}
+    cluster.set_status(
+        "Pod",
+        pod,
+        {"phase": "Running", "conditions": [scheduled, ready], "containerStatuses": [{**running, "ready": True}]},
+    )
+    third = launcher.poll(JOB, second.handle)
+    assert [m["stage"] for m in third.messages] == ["healthy"]
+    assert launcher.poll(JOB, third.handle).messages == []
