@@ -305,9 +305,6 @@ class KubernetesLauncher(Launcher):
             component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/component", name)
             found: list[tuple[str, str | dict[str, Any]]] = []
 
-            def stage(key: str, stage: str, message: str) -> None:
-                found.append((f"{name}/{key}", {"message": message, "service": component, "stage": stage}))
-
             for cond in status.get("conditions") or []:
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
                     node = (pod.get("spec") or {}).get("nodeName")
@@ -316,19 +313,13 @@ class KubernetesLauncher(Launcher):
                     )
             for cs in status.get("containerStatuses") or []:
                 if "running" in (cs.get("state") or {}) and not cs.get("ready"):
-                    stage(
-                        f"{cs['name']}/started/{cs.get('restartCount', 0)}",
-                        "loading",
-                        f"{component}: pod {name} started, loading (model, engine) until its health check passes",
+                    message = f"{component}: pod {name} started, loading (model, engine) until its health check passes"
+                    found.append(
+                        _stage(name, f"{cs['name']}/started/{cs.get('restartCount', 0)}", component, "loading", message)
                     )
             for cond in status.get("conditions") or []:
                 if cond.get("type") == "Ready" and cond.get("status") == "True":
-                    found.append(
-                        (
-                            f"{name}/ready",
-                            {"message": f"{component}: pod {name} ready", "service": component, "stage": "healthy"},
-                        )
-                    )
+                    found.append(_stage(name, "ready", component, "healthy", f"{component}: pod {name} ready"))
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                     found.append(
                         (
@@ -356,6 +347,11 @@ class KubernetesLauncher(Launcher):
         if messages:
             handle["reported"] = sorted(seen)[-200:]
         return messages
+
+
+def _stage(pod: str, key: str, service: str, stage: str, message: str) -> tuple[str, dict[str, Any]]:
+    """A pod's start-up event, with the key that reports it once."""
+    return f"{pod}/{key}", {"message": message, "service": service, "stage": stage}
 
 
 def root_kind(handle: dict[str, Any]) -> str:
