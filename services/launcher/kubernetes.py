@@ -304,13 +304,11 @@ class KubernetesLauncher(Launcher):
             name, status = pod["metadata"]["name"], pod.get("status") or {}
             component = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/component", name)
             found: list[tuple[str, str | dict[str, Any]]] = []
-
             for cond in status.get("conditions") or []:
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
                     node = (pod.get("spec") or {}).get("nodeName")
-                    stage(
-                        "scheduled", "scheduled", f"{component}: pod {name} scheduled" + (f" on {node}" if node else "")
-                    )
+                    message = f"{component}: pod {name} scheduled" + (f" on {node}" if node else "")
+                    found.append(_stage(name, "scheduled", component, "scheduled", message))
             for cs in status.get("containerStatuses") or []:
                 if "running" in (cs.get("state") or {}) and not cs.get("ready"):
                     message = f"{component}: pod {name} started, loading (model, engine) until its health check passes"
