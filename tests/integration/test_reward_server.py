@@ -204,7 +204,10 @@ def test_metrics_endpoint(server):
 def test_bad_config_fails_at_startup(tmp_path):
     proc, _, log = start(tmp_path, "--set", "reward.components.nope.weight=1")
     assert proc.wait(timeout=30) == 2
-    assert "reward.components.nope: 'nope' is not one of: format, goal, length_penalty, tripwire" in log.read_text()
+    assert (
+        "reward.components.nope: 'nope' is not one of: env_return, format, goal, length_penalty, tripwire"
+        in log.read_text()
+    )
 
 
 def test_sigterm_exits_zero_within_grace(tmp_path):

@@ -42,7 +42,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "reward.components={goall: {}}",
             ("reward", "components", "goall", "[key]"),
-            "'goall' is not one of: format, goal, length_penalty",
+            "'goall' is not one of: env_return, format, goal, length_penalty",
         ),
         (
             "env.options={lenght: 5}",

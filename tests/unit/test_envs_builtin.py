@@ -3,6 +3,7 @@ success, invalid actions are handled (they cost a turn, never raise), and seeds 
 
 import random
 import re
+from collections import Counter
 
 import pytest
 
@@ -370,3 +371,84 @@ def test_the_documented_example_env_works_through_the_service(monkeypatch):
 
     final = asyncio.run(play())
     assert final.success and final.reward == 1.0
+
+
+def _bot_actions(seed: int, options: dict) -> list[str]:
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    env = BabyAI()
+    env.reset(seed, options)
+    bot, actions, result = BabyAIBot(env.env.unwrapped), [], None
+    while result is None or not result.done:
+        actions.append(BOT_ACTIONS[bot.replan().name])
+        result = env.step(actions[-1])
+    env.close()
+    return actions
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_babyai_shaping_rewards_moving_to_the_ball_and_leaves_success_unchanged(seed):
+    from services.envs.builtin.babyai import target_distance
+
+    actions = _bot_actions(seed, {"max_turns": 64})
+    plain, shaped = BabyAI(), BabyAI()
+    plain.reset(seed, {"max_turns": 64})
+    shaped.reset(seed, {"max_turns": 64, "shaping": 0.5})
+    start, d_max = target_distance(shaped.env.unwrapped), shaped.d_max
+    assert start > 0 and d_max == 14  # the level's 8x8 grid
+    total = 0.0
+    for action in actions:
+        a, b = plain.step(action), shaped.step(action)
+        assert b.info["shaping"] == pytest.approx(b.reward - a.reward)
+        assert b.info["mission_reward"] == a.reward and (a.done, a.success) == (b.done, b.success)
+        total += b.info["shaping"]
+    assert b.success and b.done  # the bot completes the mission: the front cell is the ball, distance 0
+    assert total == pytest.approx(0.5 * start / d_max) and total > 0
+
+
+def test_babyai_shaping_penalises_walking_away_from_the_ball():
+    for seed in range(100):
+        env = BabyAI()
+        first = env.reset(seed, {"shaping": 1.0, "compact": True})
+        if re.search(r"red ball \d+ ahead\.", first) and "Front floor" in first:
+            break
+        env.close()
+    else:
+        pytest.fail("no task with the ball straight ahead")
+    turned = [env.step("turn left").info["shaping"], env.step("turn left").info["shaping"]]
+    assert sum(turned) == pytest.approx(-2 / env.d_max)  # the front cell moved from ahead to behind the agent
+    result = env.step("go forward")
+    if "Front wall" not in result.observation:
+        assert result.info["shaping"] == pytest.approx(-1 / env.d_max) and result.reward < 0
+
+
+def test_babyai_without_shaping_or_a_goto_target_adds_nothing():
+    env = BabyAI()
+    env.reset(0, {})
+    assert env.step("turn left").reward == 0.0
+    env = BabyAI()
+    env.reset(0, {"level": "PickupLoc", "shaping": 1.0})
+    assert env.distance is None and env.step("turn left").info["shaping"] == 0.0
+
+
+def test_babyai_compact_observation_says_the_same_in_fewer_words():
+    for seed in range(5):
+        full, compact = BabyAI(), BabyAI()
+        long, short = full.reset(seed, {}).splitlines()[-1], compact.reset(seed, {"compact": True}).splitlines()[-1]
+        ball = re.search(r"a red ball (\d+) steps? ahead(?: and (\d+) steps? (left|right))?", long)
+        if ball:
+            side = f" {ball.group(2)} {ball.group(3)}" if ball.group(2) else ""
+            assert f"red ball {ball.group(1)} ahead{side}." in short, (long, short)
+        assert len(short) * 2 < len(long), (long, short)
+        for action in ("go forward", "turn right"):
+            assert len(compact.step(action).observation) * 2 < len(full.step(action).observation)
+
+
+def test_babyai_moves_random_policy_only_moves_and_mostly_forward():
+    rng, env = random.Random(0), BabyAI()
+    env.reset(0, {"random_policy": "moves"})
+    drawn = Counter(env.random_action(rng) for _ in range(2000))
+    assert set(drawn) == {"go forward", "turn left", "turn right"}
+    assert 900 < drawn["go forward"] < 1100
+    env.reset(0, {})
+    assert len({env.random_action(rng) for _ in range(200)}) == 6

@@ -12,6 +12,7 @@ from services.common.trajectory import TrajectoryBuilder
 from services.reward.base import RewardFunction
 from services.reward.client import GrpcRewardClient, InProcessRewardClient
 from services.reward.composer import RewardComposer
+from services.reward.env_return import EnvReturn
 from services.reward.format_reward import FormatReward
 from services.reward.goal import GoalReward
 from services.reward.length_penalty import LengthPenalty
@@ -41,6 +42,13 @@ def trajectory(*turns: tuple[int, bool], success: bool = False, trajectory_id: s
 def test_goal():
     assert GoalReward()(trajectory((3, True), success=True)) == 1.0
     assert GoalReward()(trajectory((3, True))) == 0.0
+
+
+def test_env_return_is_the_trajectory_return():
+    traj = trajectory((3, True), success=True)
+    traj.env_return = 0.37
+    assert EnvReturn()(traj) == pytest.approx(0.37)
+    assert RewardComposer({"env_return": {"weight": 2.0}}).score(traj)[0] == pytest.approx(0.74)
 
 
 def test_format():
@@ -92,7 +100,7 @@ def test_unknown_components_fail_at_construction():
     with pytest.raises(
         ValueError,
         match=r"unknown reward component\(s\) bogus, nope; "
-        r"known: format, goal, length_penalty",
+        r"known: env_return, format, goal, length_penalty",
     ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):
@@ -104,7 +112,7 @@ def test_unknown_components_fail_at_construction():
 
 
 def test_builtin_registry():
-    assert REWARDS.names() == ["format", "goal", "length_penalty"]
+    assert REWARDS.names() == ["env_return", "format", "goal", "length_penalty"]
     assert isinstance(REWARDS.create("goal"), GoalReward)
 
 

@@ -8,6 +8,20 @@ carries, and the actions. Task i is the level reset with seed i. Reward is minig
 Difficulty: `level`, any of minigrid's 96 BabyAI level ids, from `BabyAI-GoToRedBallNoDists-v0` (one
 ball, no distractors) through `GoToLocal`, `PickupLoc`, `Open`, `PutNextLocal` to `BossLevel`;
 `max_turns` caps the level's own step limit.
+
+Options for learning with a small model (all off by default):
+- `shaping` (0..1): potential-based reward shaping for GoTo missions. Each step's reward adds
+  shaping * (d_before - d_after) / d_max, d the Manhattan distance from the cell in front of the agent
+  to the nearest target object (0 exactly when the mission is complete, as a GoTo is complete when the
+  agent faces its target), d_max the grid's width + height - 2. The shaped terms telescope, so an
+  episode's total is shaping * (d_first - d_last) / d_max, and, being a difference of potentials, they
+  keep the optimal policy (Ng, Harada & Russell 1999). Missions without one locatable target get 0.
+  `success` stays the mission's completion; `info` reports `shaping` and `mission_reward` per step.
+- `compact`: a shorter rendering of each observation (about half the tokens): the objects in view,
+  what is in front, what is carried, in few words.
+- `random_policy`: the policy of `random_action` (the tiny model's warm-start demonstrations):
+  `uniform` over the six actions, or `moves`: go forward half the time, else turn left or right
+  (the only actions a GoTo mission needs); it still knows nothing of where the target is.
 Needs the optional extra: `pip install -e ".[envs]"` (scripts/setup.sh installs it).
 """
 
@@ -15,7 +29,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -47,6 +61,12 @@ class BabyAIOptions(EnvOptions):
     """A minigrid BabyAI level id (the `BabyAI-` prefix and `-v0` suffix may be left out)."""
     max_turns: int | None = Field(None, ge=1, le=10000)
     """Turn limit; default min(the level's step limit, 64)."""
+    shaping: float = Field(0.0, ge=0, le=1)
+    """Weight of the potential-based distance shaping added to each step's reward (GoTo missions)."""
+    compact: bool = False
+    """Shorter observations: fewer tokens per turn, so shorter contexts."""
+    random_policy: Literal["uniform", "moves"] = "uniform"
+    """`random_action`'s policy: uniform over the actions, or forward 1/2, turn left 1/4, turn right 1/4."""
 
 
 def _minigrid():
@@ -72,7 +92,7 @@ def _side(n: int) -> str:
     return f"{abs(n)} step{'s' if abs(n) != 1 else ''} {'right' if n > 0 else 'left'}"
 
 
-def describe(env: Any, image: Any) -> list[str]:
+def describe(env: Any, image: Any, compact: bool = False) -> list[str]:
     """Objects in the agent's view, relative to it (the agent sits at the bottom middle, facing up)."""
     from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT
 
@@ -86,10 +106,31 @@ def describe(env: Any, image: Any) -> list[str]:
             color = IDX_TO_COLOR[int(image[i, j, 1])]
             name = f"{DOOR_STATES.get(int(image[i, j, 2]), '')} {color} door" if kind == "door" else f"{color} {kind}"
             ahead, side = row - j, i - middle
+            if compact:
+                seen.append(f"{name.strip()} {_compact_place(ahead, side)}")
+                continue
             where = [f"{ahead} step{'s' if ahead != 1 else ''} ahead"] if ahead else []
             where += [_side(side)] if side else []
             seen.append(f"a {name.strip()} {' and '.join(where) or 'here'}")
     return seen
+
+
+def target_distance(env: Any) -> int | None:
+    """Manhattan distance from the cell in front of the agent to the nearest target of a GoTo mission;
+    None where the mission has no such target."""
+    from minigrid.envs.babyai.core.verifier import GoToInstr
+
+    instrs = getattr(env, "instrs", None)
+    if not isinstance(instrs, GoToInstr) or not instrs.desc.obj_poss:
+        return None
+    fx, fy = env.front_pos
+    return min(abs(int(fx) - int(x)) + abs(int(fy) - int(y)) for x, y in instrs.desc.obj_poss)
+
+
+def _compact_place(ahead: int, side: int) -> str:
+    parts = [f"{ahead} ahead"] if ahead else []
+    parts += [f"{abs(side)} {'right' if side > 0 else 'left'}"] if side else []
+    return " ".join(parts) or "here"
 
 
 @register_env("babyai")
@@ -102,7 +143,11 @@ class BabyAI(TextEnv):
         gymnasium, _ = _minigrid()
         opts = self.parse_options(options)
         self.env = gymnasium.make(level_id(opts.level))
+        self.opts = opts
         obs, _ = self.env.reset(seed=task_index)
+        unwrapped = self.env.unwrapped
+        self.d_max = unwrapped.width + unwrapped.height - 2
+        self.distance = target_distance(unwrapped)
         self.mission = obs["mission"]
         self.max_turns = min(opts.max_turns or 64, self.env.unwrapped.max_steps)
         self.turn = 0
@@ -113,6 +158,8 @@ class BabyAI(TextEnv):
 
     def _render(self, obs: dict) -> str:
         env = self.env.unwrapped
+        if self.opts.compact:
+            return self._render_compact(obs)
         seen = describe(env, obs["image"])
         front = env.grid.get(*env.front_pos)
         front_text = (
@@ -126,8 +173,25 @@ class BabyAI(TextEnv):
             f"You carry {carrying}."
         )
 
+    def _render_compact(self, obs: dict) -> str:
+        env = self.env.unwrapped
+        seen = describe(env, obs["image"], compact=True)
+        front = env.grid.get(*env.front_pos)
+        front_text = "floor" if front is None else ("wall" if front.type == "wall" else f"{front.color} {front.type}")
+        carrying = f" Carry {env.carrying.color} {env.carrying.type}." if env.carrying else ""
+        return f"See {', '.join(seen) if seen else 'nothing'}. Front {front_text}.{carrying}"
+
     def random_action(self, rng: random.Random) -> str:
+        if getattr(self, "opts", None) is not None and self.opts.random_policy == "moves":
+            return rng.choice(["go forward", "go forward", "turn left", "turn right"])
         return rng.choice(list(ACTIONS))
+
+    def _shaping(self) -> float:
+        """The potential difference of the step just taken (0 without shaping or a locatable target)."""
+        if not self.opts.shaping or self.distance is None:
+            return 0.0
+        before, self.distance = self.distance, target_distance(self.env.unwrapped)
+        return self.opts.shaping * (before - self.distance) / self.d_max
 
     def step(self, action: str) -> StepResult:
         self.turn += 1
@@ -138,10 +202,12 @@ class BabyAI(TextEnv):
             act = self.env.unwrapped.actions[ACTIONS[name]]
             obs, reward, terminated, truncated, _ = self.env.step(act)
             success = bool(terminated and reward > 0)
+            shaped = self._shaping()
+            info.update(mission_reward=float(reward), shaping=shaped)
             if terminated or truncated or self.turn >= self.max_turns:
                 verdict = "Mission complete!" if success else "The episode is over; the mission was not completed."
-                return StepResult(f"{verdict} {self._render(obs)}", float(reward), True, success, info)
-            return StepResult(self._render(obs), 0.0, False, False, info)
+                return StepResult(f"{verdict} {self._render(obs)}", float(reward) + shaped, True, success, info)
+            return StepResult(self._render(obs), shaped, False, False, info)
         text = f"Invalid action {action.strip()[:40]!r}: answer one of {', '.join(ACTIONS)}."
         if self.turn >= self.max_turns:
             return StepResult(f"{text} Out of turns.", 0.0, True, False, info)
