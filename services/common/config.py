@@ -78,7 +78,8 @@ class EnvConfig(Section):
     max_turns: int = Field(6, ge=1, le=1000)
     """Turns after which an episode is cut off (stop_reason max_turns)."""
     step_timeout_s: float = Field(10.0, gt=0, le=600)
-    """Deadline of one environment call."""
+    """Deadline of one environment call that does not queue; times the queue waves of an env that serves a
+    limited number of calls at once (AgentGym: servers x max_concurrent; see services/envs/deadlines.py)."""
     max_episode_attempts: int = Field(3, ge=1, le=20)
     """Tries of one episode on a fresh environment after infrastructure failures; then its group is dropped."""
     dataset: str | None = None

@@ -1,5 +1,6 @@
 """python -m services.envs --port 50052 --metrics-port 9102: the environment service; `env.step_timeout_s` of
-the run config (`--config`, `--set`, a flag per field) is its default deadline."""
+the run config (`--config`, `--set`, a flag per field) is its default deadline, scaled by the queue waves of
+an env that serves a limited number of calls at once (services.envs.deadlines)."""
 
 import asyncio
 import logging
@@ -62,22 +63,33 @@ def main() -> None:
     args, config = parse_service_args(parser)
     setup_logging("envs")
 
+    from services.envs.deadlines import env_call_capacity, env_deadlines
     from services.envs.service import EnvService
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per AgentGym call; ours are at DEBUG
+    deadlines = env_deadlines(config, args.step_timeout_s)
+    if deadlines.waves > 1:
+        logging.getLogger("services.envs").info(
+            "%s serves %d calls at once: env-call deadline %.1fs (%d queue waves)",
+            config.env.name,
+            env_call_capacity(config),
+            deadlines.service_s,
+            deadlines.waves,
+        )
     service = EnvService(
-        step_timeout_s=args.step_timeout_s or config.env.step_timeout_s,
+        step_timeout_s=deadlines.service_s,
         max_observation_chars=args.max_observation_chars,
         max_episodes=args.max_episodes,
         max_episode_steps=args.max_episode_steps,
-        workers=args.workers,
+        # calls the env can serve at once must not wait for a thread: its own queue is the one the deadline covers
+        workers=max(args.workers, env_call_capacity(config) or 0),
         replica_id=args.replica_id,
         idle_ttl_s=args.idle_ttl_s,
     )
-    asyncio.run(run(args, config, service))
+    asyncio.run(run(args, config, service, deadlines.routed_s))
 
 
-async def run(args, config, service) -> None:
+async def run(args, config, service, forward_timeout_s: float) -> None:
     from services.common.grpc_server import serve
     from services.envs.replicas import RedisDirectory, RoutedEnvService, StaticDirectory, heartbeat
     from services.envs.server import add_env_service
@@ -91,7 +103,7 @@ async def run(args, config, service) -> None:
         directory = RedisDirectory(client, config.key("env_replicas"))
     elif args.peer:
         directory = StaticDirectory(dict(peer.split("=", 1) for peer in args.peer))
-    routed = RoutedEnvService(service, directory, timeout_s=service.step_timeout_s + 5.0)
+    routed = RoutedEnvService(service, directory, timeout_s=forward_timeout_s)
     tasks = [asyncio.create_task(service.reap_forever())]
     if directory is not None:
         await directory.register(service.replica_id, advertise)

@@ -67,6 +67,12 @@ class TextEnv(abc.ABC):
         return None
 
     @classmethod
+    def call_capacity(cls, options: dict[str, Any] | None) -> int | None:
+        """Calls the env's backend serves at once with these options (the rest queue in the env service);
+        None: no limit. The env-call deadlines scale with it (`services.envs.deadlines`)."""
+        return None
+
+    @classmethod
     def parse_options(cls, options: dict[str, Any] | None) -> EnvOptions:
         try:
             return cls.Options.model_validate(options or {})

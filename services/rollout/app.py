@@ -53,6 +53,7 @@ async def run_server(
 
     from services.common.weights import ModelSignature
     from services.envs.client import GrpcEnvClient
+    from services.envs.deadlines import env_deadlines
     from services.reward.client import GrpcRewardClient
     from services.rollout.action_parsers import PARSERS
     from services.rollout.agent_loop import AgentLoop
@@ -89,7 +90,7 @@ async def run_server(
     if produce:
         loop = AgentLoop(
             core,
-            GrpcEnvClient(config.env.address, timeout_s=config.env.step_timeout_s + 5.0),
+            GrpcEnvClient(config.env.address, timeout_s=env_deadlines(config).client_s),
             ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
             PARSERS.create(config.rollout.action_parser),
             config.rollout,

@@ -20,6 +20,7 @@ from services.common import metrics
 from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState
 from services.envs.datasets import TaskSplit
+from services.envs.deadlines import VALIDATION_CONCURRENCY
 from services.rollout.agent_loop import AgentLoop
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Validator:
         state: AsyncRunState,
         core: Any,
         poll_s: float = 0.5,
-        concurrency: int = 64,
+        concurrency: int = VALIDATION_CONCURRENCY,
     ):
         self.config, self.state, self.core, self.poll_s = config, state, core, poll_s
         self.loop = copy.copy(loop)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.common.config import EnvConfig, RolloutConfig, load_config
+from services.common.config import EnvConfig, RolloutConfig, TrainConfig, load_config
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
 from services.common.grpc_server import free_port
 from services.common.run_state import AsyncRunState, RunState
@@ -30,6 +30,7 @@ from services.envs.agentgym.env import _POOLS, AgentGymEnv
 from services.envs.agentgym.profiles import PROFILES
 from services.envs.client import InProcessEnvClient
 from services.envs.datasets import TaskSplit, split_range
+from services.envs.deadlines import env_deadlines
 from services.envs.demos import DemoStats, random_episodes
 from services.envs.messages import EpisodeState
 from services.envs.registry import ENVS
@@ -469,6 +470,42 @@ def test_a_server_slowed_by_concurrency_gets_at_most_max_concurrent_calls(tokeni
     finally:
         fast_enough.kill()
         overloaded.kill()
+
+
+def test_deadlines_scaled_by_queue_waves_let_every_queued_episode_finish(tokenizer, tmp_path):
+    """24 episodes at once on a server with 2 slots: a call waits up to 12 waves of 0.1 s (two in
+    flight take 0.025 s x 2^2 each). An env call that does not queue (create + reset: 0.2 s) fits in
+    step_timeout_s 1 s; queued (up to 2.4 s), it fits only in the scaled deadline (12 waves: 12 s)."""
+    from services.envs.agentgym.servers import QUEUE_WAIT
+
+    server = FakeServer("babyai", tmp_path, FAKE_SLOW_S="0.025")
+    options = {"family": "babyai", "base_url": server.url, "max_concurrent": 2}
+    config = TrainConfig.model_validate(
+        {
+            "rollout": {"group_size": 24, "groups_per_step": 1},
+            "env": {"name": "agentgym", "options": {**options, "timeout_s": 0.5}, "step_timeout_s": 1.0},
+        }
+    )
+    deadlines = env_deadlines(config)
+    assert (deadlines.waves, deadlines.service_s) == (12, 12.0)
+    try:
+        registry = CollectorRegistry()
+        service = EnvService(step_timeout_s=deadlines.service_s, metrics_registry=registry)
+        loop, _ = make_loop(tokenizer, options, timeout_s=0.5, attempts=1, group_size=24, service=service)
+        group = asyncio.run(loop.run_group(task_index=1, group_id="g"))
+        assert len(group) == 24 and all(t.success for t in group)
+        assert loop.stats["episodes_failed"] == 0
+        assert sample(registry, "omrl_envs_errors_total", env="agentgym", kind="DeadlineExceeded") == 0
+        assert stats(server)["peak_in_flight"] <= 2
+        waited = QUEUE_WAIT.labels("babyai", server.url)
+        assert waited._sum.get() > 1.0, "the calls did queue"
+
+        unscaled = EnvService(step_timeout_s=config.env.step_timeout_s)
+        loop, _ = make_loop(tokenizer, options, timeout_s=0.5, attempts=1, group_size=24, service=unscaled)
+        with pytest.raises(EpisodeFailed, match="DeadlineExceeded"):
+            asyncio.run(loop.run_group(task_index=1, group_id="g2"))
+    finally:
+        server.kill()
 
 
 def test_idle_episodes_are_reaped_on_a_timer(servers):

@@ -7,12 +7,13 @@ family, pinned to that server from create to close. Train against running server
 
 `base_url` may list several servers of the family; each episode goes to the one with the fewest open
 episodes and stays there. At most `max_concurrent` calls are in flight per server; the others queue
-here, within the caller's deadline. Every call has a deadline (`timeout_s`), and every failure is a
-typed error: an `{"error": ...}` reply in an HTTP 200 body (ErrorReply, INTERNAL), no reply in time
-(DEADLINE_EXCEEDED), a server that is gone (UNAVAILABLE). The rollout retries such episodes on a
-fresh environment and never scores them. A task the server cannot play (outside its task range, an
-error that says so, a reset that never answers) is rejected instead (TaskRejected, INVALID_ARGUMENT):
-retrying it cannot help, so the group is dropped at once and its slot replayed on a fresh task."""
+here, within the caller's deadline (which grows with the queue: services.envs.deadlines). Every HTTP
+call has a deadline (`timeout_s`), and every failure is a typed error: an `{"error": ...}` reply in an
+HTTP 200 body (ErrorReply, INTERNAL), no reply in time (DEADLINE_EXCEEDED), a server that is gone
+(UNAVAILABLE). The rollout retries such episodes on a fresh environment and never scores them. A task
+the server cannot play (outside its task range, an error that says so, a reset that never answers) is
+rejected instead (TaskRejected, INVALID_ARGUMENT): retrying it cannot help, so the group is dropped at
+once and its slot replayed on a fresh task."""
 
 from __future__ import annotations
 
@@ -138,6 +139,15 @@ class AgentGymEnv(TextEnv):
         if opts.tasks() is not None or not profile.probe_range:
             return opts.tasks()
         return probed_range(opts.servers_key, pool_for(opts, profile).servers[0], profile)
+
+    @classmethod
+    def call_capacity(cls, options: dict | None) -> int | None:
+        """Every server serves `max_concurrent` calls at once."""
+        try:
+            opts = cls.parse_options(options)
+        except Exception:  # noqa: BLE001 - bad options fail at reset, with their message
+            return None
+        return len(opts.urls) * opts.max_concurrent
 
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,45 @@ REMOTE_OPEN = metrics.gauge(
 QUEUED = metrics.gauge(
     "envs", "agentgym_queued_calls", "Calls waiting for a free slot on an AgentGym server", ["family", "server"]
 )
+QUEUE_WAIT = metrics.histogram(
+    "envs",
+    "agentgym_queue_wait_seconds",
+    "Time a call waited for a free slot on an AgentGym server (failed waits included)",
+    ["family", "server"],
+)
+
+
+class FifoSlots:
+    """`n` slots handed out in arrival order. threading.Semaphore lets a newcomer take a slot ahead of a
+    woken waiter, who then queues again at the back; in order, a call waits at most
+    ceil(queued / n) call times, what the scaled env-call deadline (services.envs.deadlines) counts on."""
+
+    def __init__(self, n: int):
+        self._free = n
+        self._waiters: deque[threading.Event] = deque()
+        self._lock = threading.Lock()
+
+    def acquire(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        if turn.wait(timeout):
+            return True
+        with self._lock:
+            if turn.is_set():  # handed a slot as the wait ran out
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().set()  # the slot passes straight to the first waiter
+            else:
+                self._free += 1
 
 
 class ErrorReply(Internal):
@@ -78,12 +118,13 @@ class Server:
     """/close has answered once (either way); until then closes go one at a time (see `close_probe`)."""
     close_probe: threading.Lock = field(default_factory=threading.Lock)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    slots: threading.Semaphore = field(init=False)
+    slots: FifoSlots = field(init=False)
 
     def __post_init__(self) -> None:
-        self.slots = threading.Semaphore(self.max_concurrent)
+        self.slots = FifoSlots(self.max_concurrent)
         self._open_gauge = REMOTE_OPEN.labels(self.family, self.url)
         self._queued_gauge = QUEUED.labels(self.family, self.url)
+        self._queue_wait = QUEUE_WAIT.labels(self.family, self.url)
 
     def count_live(self, change: int) -> None:
         with self.lock:
@@ -96,10 +137,12 @@ class Server:
         where = f"AgentGym {self.url}{route}"
         left = call_time_left()
         self._queued_gauge.inc()
+        start = time.perf_counter()
         try:
             got = self.slots.acquire(timeout=max(0.0, left - MARGIN_S - MIN_CALL_S) if left is not None else None)
         finally:
             self._queued_gauge.dec()
+            self._queue_wait.observe(time.perf_counter() - start)
         if not got:
             raise no_reply(
                 f"{where}: no free slot within {left:.1f}s ({self.max_concurrent} calls in flight; {what})",
