@@ -358,16 +358,11 @@ def render() -> str:
 
 
 def main() -> int:
+    from services.common.config_cli import add_import_flag
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import this module first, registering its plugins (repeatable): the schema of an image of your own",
-    )
+    add_import_flag(parser, "its plugins register (repeatable): the schema of an image of your own")
     parser.add_argument("--output", type=Path, default=OUT, help=f"the file to write or check (default: {OUT})")
     args = parser.parse_args()
     for module in args.imports:

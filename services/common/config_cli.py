@@ -248,6 +248,14 @@ class ConfigFlags:
         return resolve(self.schema, args.config, args.set, self.flag_layer(args), environ)
 
 
+def add_import_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--import MODULE` (repeatable, dest `imports`): modules whose plugins register on import;
+    `parse_service_args` imports them before the config is validated."""
+    parser.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE", help=f"Import MODULE first: {what}"
+    )
+
+
 def parse_service_args(
     parser: Parser,
     argv: list[str] | None = None,

@@ -5,7 +5,7 @@ an env that serves a limited number of calls at once (services.envs.deadlines)."
 import asyncio
 import logging
 
-from services.common.config_cli import Parser, parse_service_args
+from services.common.config_cli import Parser, add_import_flag, parse_service_args
 from services.common.logs import setup_logging
 
 
@@ -30,14 +30,7 @@ def main() -> None:
         help="Episodes with no call for this long are closed by a periodic reaper",
     )
     parser.add_argument("--workers", type=int, default=32, help="Threads running env calls")
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="Import MODULE first, so its envs registered with @register_env are served",
-    )
+    add_import_flag(parser, "its envs registered with @register_env are served")
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
     parser.add_argument(
         "--replica-id", default=None, help="This replica's id, the prefix of its episode ids (default: random)"
@@ -63,7 +56,7 @@ def main() -> None:
     args, config = parse_service_args(parser)
     setup_logging("envs")
 
-    from services.envs.deadlines import env_call_capacity, env_deadlines
+    from services.envs.deadlines import env_deadlines
     from services.envs.service import EnvService
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per AgentGym call; ours are at DEBUG
@@ -72,7 +65,7 @@ def main() -> None:
         logging.getLogger("services.envs").info(
             "%s serves %d calls at once: env-call deadline %.1fs (%d queue waves)",
             config.env.name,
-            env_call_capacity(config),
+            deadlines.capacity,
             deadlines.service_s,
             deadlines.waves,
         )
@@ -82,7 +75,7 @@ def main() -> None:
         max_episodes=args.max_episodes,
         max_episode_steps=args.max_episode_steps,
         # calls the env can serve at once must not wait for a thread: its own queue is the one the deadline covers
-        workers=max(args.workers, env_call_capacity(config) or 0),
+        workers=max(args.workers, deadlines.capacity or 0),
         replica_id=args.replica_id,
         idle_ttl_s=args.idle_ttl_s,
     )

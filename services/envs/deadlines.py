@@ -32,6 +32,8 @@ deadline fires first, so the caller gets its typed error rather than its own tim
 
 @dataclass(frozen=True)
 class EnvDeadlines:
+    capacity: int | None
+    """Calls the env's backend serves at once (None: no limit)."""
     waves: int
     service_s: float
     routed_s: float
@@ -63,6 +65,7 @@ def env_deadlines(config: TrainConfig, step_timeout_s: float | None = None) -> E
     """The deadlines of one env call for this run; `step_timeout_s` replaces `env.step_timeout_s`
     (the env service's `--step-timeout-s`)."""
     base = step_timeout_s or config.env.step_timeout_s
-    waves = queue_waves(episodes_in_flight(config), config.env.replicas, env_call_capacity(config))
+    capacity = env_call_capacity(config)
+    waves = queue_waves(episodes_in_flight(config), config.env.replicas, capacity)
     service = base * waves
-    return EnvDeadlines(waves, service, service + FORWARD_MARGIN_S, service + 2 * FORWARD_MARGIN_S)
+    return EnvDeadlines(capacity, waves, service, service + FORWARD_MARGIN_S, service + 2 * FORWARD_MARGIN_S)

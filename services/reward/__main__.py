@@ -4,7 +4,7 @@ run-config section is `reward` (`--set reward.components.goal.weight=2`, or a fl
 import asyncio
 import sys
 
-from services.common.config_cli import Parser, parse_service_args
+from services.common.config_cli import Parser, add_import_flag, parse_service_args
 from services.common.logs import setup_logging
 
 
@@ -13,14 +13,7 @@ def main() -> None:
     parser.add_argument("--host", default=None, help="bind address (default $OMRL_BIND_HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50053, help="gRPC port (0 picks a free one)")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="Import MODULE first, so its reward functions registered in REWARDS are served",
-    )
+    add_import_flag(parser, "its reward functions registered in REWARDS are served")
     parser.add_argument("--grace-s", type=float, default=5.0, help="Shutdown grace for in-flight calls")
     args, run_config = parse_service_args(parser)
     setup_logging("reward")

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ServiceError
+from services.common.errors import DeadlineExceeded, Internal, ServiceError
 from services.envs.agentgym.probe import known_range, probed_range
 from services.envs.agentgym.profiles import PROFILES, Profile
 from services.envs.agentgym.servers import ErrorReply, Server, ServerPool
@@ -282,32 +282,12 @@ class AgentGymEnv(TextEnv):
         try:
             if remote_id is not None and self.profile.has_close:
                 if server.close_checked:
-                    self._close_remote(server, remote_id)
+                    server.close_env(self.profile.route("close"), remote_id)
                 else:  # the first closes go one at a time, so a missing /close is called once, not by all
                     with server.close_probe:
-                        self._close_remote(server, remote_id)
+                        server.close_env(self.profile.route("close"), remote_id)
         finally:
             self.pool.release(server)
-
-    def _close_remote(self, server: Server, remote_id: Any) -> None:
-        if server.close_missing:
-            return
-        p = self.profile
-        try:
-            server.call("POST", p.route("close"), f"close env {remote_id}", json={"id": remote_id})
-            server.count_live(-1)
-        except InvalidArgument as exc:  # 404/405: this server has no /close after all; never call it again
-            server.close_missing = True
-            log.warning(
-                "AgentGym %s server %s has no /close (%s); its environments stay open until it restarts",
-                p.family,
-                server.url,
-                exc,
-            )
-        except ServiceError as exc:
-            log.info("closing AgentGym env %s on %s failed: %s", remote_id, server.url, exc)
-            return
-        server.close_checked = True
 
 
 def _remote_id(value: Any) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from services.common.errors import InvalidArgument, ServiceError
+from services.common.errors import ServiceError
 from services.envs.agentgym.profiles import Profile
 from services.envs.agentgym.servers import ErrorReply, Server
 
@@ -72,18 +72,7 @@ def _probe(server: Server, profile: Profile) -> range | None:
         log.warning("AgentGym %s server %s: task range probe failed (%s); set task_range", p.family, server.url, exc)
         return None
     finally:
-        _close(server, profile, remote_id)
+        if profile.has_close:
+            server.close_env(profile.route("close"), remote_id)
     log.info("AgentGym %s server %s serves tasks 0..%d (probed in %d resets)", p.family, server.url, served, resets)
     return range(0, rejected)
-
-
-def _close(server: Server, profile: Profile, remote_id: object) -> None:
-    if not profile.has_close or server.close_missing:
-        return
-    try:
-        server.call("POST", profile.route("close"), f"close env {remote_id} (range probe)", json={"id": remote_id})
-        server.count_live(-1)
-    except InvalidArgument:  # 404/405: no /close on this server, as the episodes will learn too
-        server.close_missing = True
-    except ServiceError as exc:
-        log.info("closing the probe's env %s on %s failed: %s", remote_id, server.url, exc)

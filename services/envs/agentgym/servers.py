@@ -17,7 +17,14 @@ from typing import Any
 import httpx
 
 from services.common import metrics
-from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
+from services.common.errors import (
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
 from services.envs.base import call_time_left
 
 log = logging.getLogger(__name__)
@@ -130,6 +137,27 @@ class Server:
         with self.lock:
             self.live = max(0, self.live + change)
             self._open_gauge.set(self.live)
+
+    def close_env(self, route: str, remote_id: Any) -> None:
+        """POSTs `route` (the family's /close) for one environment. A 404/405 means this server has no /close
+        after all: it is never called again; another failure is logged and left (the reaper retries)."""
+        if self.close_missing:
+            return
+        try:
+            self.call("POST", route, f"close env {remote_id}", json={"id": remote_id})
+            self.count_live(-1)
+        except InvalidArgument as exc:
+            self.close_missing = True
+            log.warning(
+                "AgentGym %s server %s has no /close (%s); its environments stay open until it restarts",
+                self.family,
+                self.url,
+                exc,
+            )
+        except ServiceError as exc:
+            log.info("closing AgentGym env %s on %s failed: %s", remote_id, self.url, exc)
+            return
+        self.close_checked = True
 
     def call(self, method: str, route: str, what: str, **kwargs: Any) -> Any:
         """One HTTP call, once one of the server's `max_concurrent` slots is free and within the
