@@ -135,7 +135,9 @@ def streamed_weights(model: nn.Module, dtype: torch.dtype):
     def gathered():
         for name, t in sharded.items():
             full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            yield name, full.detach().to("cpu", dtype)
+            # kept on the learner's device: the gRPC producer copies each tensor to its host bucket, the
+            # nccl one packs device buckets
+            yield name, full.detach().to(dtype)
 
     return TensorWeights(specs, gathered)
 
