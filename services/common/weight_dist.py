@@ -89,6 +89,7 @@ class Group:
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         self._timeout = timeout
+        self.sessions = 0  # pushes the source started on this group
 
     @classmethod
     def join(cls, rdv: Rendezvous, rank: int, world_size: int) -> Group:
@@ -115,6 +116,25 @@ class Group:
                 raise TimeoutError(f"group {rdv.group}: no receiver joined within {rdv.timeout_s:.0f}s")
             time.sleep(0.005)
         return cls(rdv, store, 0, int(prefixed.get("world_size")))
+
+    def open_session(self) -> None:
+        """A receiver's side: its session is open (counted in the store), buckets may come."""
+        self.store.add("sessions", 1)
+
+    def wait_session(self, give_up: Callable[[], bool] = lambda: False) -> None:
+        """The source's side, before a push's first bucket: waits until the receivers opened one more
+        session than before (the server accepted the push's header), so no broadcast waits on a receiver
+        that refused the push."""
+        self.sessions += 1
+        deadline = time.monotonic() + self.rdv.timeout_s
+        while int(self.store.add("sessions", 0)) < self.sessions:
+            if give_up():
+                raise ConnectionError(f"group {self.rdv.group}: the receiver ended the push before receiving")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"group {self.rdv.group}: the receiver opened no session in {self.rdv.timeout_s:.0f}s"
+                )
+            time.sleep(0.002)
 
     def broadcast(self, buffer: torch.Tensor) -> None:
         import torch.distributed as dist

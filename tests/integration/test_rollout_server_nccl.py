@@ -117,7 +117,7 @@ class _Tampering(NcclWeightPusher):
                 data = bucket.data.clone()
                 data[len(data) // 2] ^= 0xFF
                 bucket = DeviceBucket(bucket.specs, data, bucket.digest)
-            elif i == 1:
+            elif i == 1 and self.how == "truncated":
                 short = bucket.data[:-1]
                 bucket = DeviceBucket(bucket.specs, short, bucket_digest(short))
             yield bucket
@@ -165,7 +165,7 @@ DYING_LEARNER = textwrap.dedent(
             yield pair
 
     weights = TensorWeights([w for w in TensorWeights.of(named).specs], source)
-    pusher = NcclWeightPusher(timeout_s=60, token=token, bucket_mb=1, host="127.0.0.1", port=int(port), dist_timeout_s=20)
+    pusher = NcclWeightPusher(token=token, bucket_mb=1, host="127.0.0.1", port=int(port), dist_timeout_s=20)
     pusher.push(int(version), weights, [address], run=run)
     """
 )

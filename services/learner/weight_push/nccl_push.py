@@ -110,6 +110,7 @@ class NcclWeightPusher(WeightPusher):
             s.call = asyncio.ensure_future(call)
         try:
             await asyncio.gather(*(self._join(s) for s in sessions if s.group is None))
+            await asyncio.gather(*(self._wait_session(s) for s in sessions if s.alive))
             digests = await self._stream(sessions, self._buckets(weights))
             checksum = set_checksum(weights.specs, digests)
             for s in sessions:
@@ -143,6 +144,12 @@ class NcclWeightPusher(WeightPusher):
         except Exception as exc:  # noqa: BLE001 - this server fails, the others go on
             s.fail(f"forming the process group failed: {exc}")
 
+    async def _wait_session(self, s: _Session) -> None:
+        try:
+            await asyncio.to_thread(s.group.wait_session, lambda: s.call.done())
+        except Exception as exc:  # noqa: BLE001 - this server refused the push (its call says why) or hung
+            s.fail(f"the server opened no receive session: {exc}")
+
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
             return pack_buckets(weights.named_tensors(), weights.specs, self.bucket_bytes, self.device)
@@ -166,6 +173,7 @@ class NcclWeightPusher(WeightPusher):
                 try:
                     await asyncio.to_thread(s.group.broadcast, bucket.data)
                 except Exception as exc:  # noqa: BLE001 - the server's side ended (refused, died, timed out)
+                    await asyncio.wait([s.call], timeout=5.0)  # a refusal's reason comes with the call's end
                     s.fail(f"broadcast of bucket {len(digests)} failed: {exc}")
             del bucket
         return digests

@@ -211,6 +211,8 @@ class VllmBackend(RolloutBackend):
             await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(rendezvous)))
             self._dist_group = rendezvous["group"]
         await self.engine.start_weight_update()
+        opened = {"kind": "open", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
+        await self.receive_dist_bucket(opened)
 
     async def receive_dist_bucket(self, info: dict) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest

@@ -40,16 +40,17 @@ class DistInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class DistUpdateInfo(SpoolUpdateInfo):
-    """`kind="receive"`: take the next bucket from the group, check it against `digest` and write it to
-    `path` at `offset` (the first worker only). `kind="load"`: load a staged bucket into the model."""
+    """`kind="open"`: a push was accepted (counted in the group's store; the learner waits for that
+    before its first broadcast). `kind="receive"`: take the next bucket from the group, check it against
+    `digest` and write it to `path` at `offset` (the first worker only). `kind="load"`: load a staged bucket into the model."""
 
     kind: str = "load"
     digest: str = ""
 
     def __post_init__(self):
         super().__post_init__()
-        if self.kind not in ("receive", "load"):
-            raise ValueError(f"update kind must be receive or load, got {self.kind!r}")
+        if self.kind not in ("open", "receive", "load"):
+            raise ValueError(f"update kind must be open, receive or load, got {self.kind!r}")
 
 
 class DistWeightTransferEngine(SpoolWeightTransferEngine):
@@ -82,6 +83,10 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
             return
         if self.receiver is None:
             raise RuntimeError("no process group: init_weight_transfer_engine first")
+        if info.kind == "open":  # the server accepted a push: tell the learner its buckets may come
+            if self.parallel_config.rank == 0:
+                self.group.open_session()
+            return
         tensors = self.receiver.receive(info.specs, sum(info.sizes), info.digest)
         if self.parallel_config.rank == 0 and tensors:
             data = self.receiver._buffer[: sum(info.sizes)]
