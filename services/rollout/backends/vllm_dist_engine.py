@@ -42,7 +42,8 @@ class DistInitInfo(WeightTransferInitInfo):
 class DistUpdateInfo(SpoolUpdateInfo):
     """`kind="open"`: a push was accepted (counted in the group's store; the learner waits for that
     before its first broadcast). `kind="receive"`: take the next bucket from the group, check it against
-    `digest` and write it to `path` at `offset` (the first worker only). `kind="load"`: load a staged bucket into the model."""
+    `digest` and write it to `path` at `offset` (the first worker only). `kind="load"`: load a staged
+    bucket into the model."""
 
     kind: str = "load"
     digest: str = ""
