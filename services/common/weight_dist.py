@@ -156,6 +156,12 @@ def bucket_digest(buffer: torch.Tensor) -> str:
     """`sha256:` on CPU, `sum64:` on a GPU (see the module docstring)."""
     if buffer.device.type == "cpu":
         return "sha256:" + hashlib.sha256(buffer.numpy() if buffer.numel() else b"").hexdigest()
+    return sum64(buffer)
+
+
+def sum64(buffer: torch.Tensor) -> str:
+    """`sum64:` + byte count, wrapping sum and position-weighted wrapping sum of the 8-byte words (zero
+    padded), on the buffer's device."""
     pad = -buffer.numel() % 8
     words = torch.nn.functional.pad(buffer, (0, pad)) if pad else buffer
     words = words.view(torch.int64)

@@ -124,3 +124,16 @@ def test_staging_checks_declarations_digests_and_the_commit(tmp_path):
     assert [b.specs for b in spool.buckets] == [b.specs for b in buckets]
     staging.abort()
     assert not list(tmp_path.iterdir())
+
+
+def test_the_gpu_digest_sees_a_flipped_byte_swapped_words_and_a_shorter_buffer():
+    from services.common.weight_dist import sum64
+
+    data = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    digest = sum64(data)
+    assert digest.startswith("sum64:") and len(digest) == 6 + 48 and sum64(data.clone()) == digest
+    flipped = data.clone()
+    flipped[17] ^= 1
+    swapped = data.clone()
+    swapped[:8], swapped[8:16] = data[8:16].clone(), data[:8].clone()
+    assert len({digest, sum64(flipped), sum64(swapped), sum64(data[:-1])}) == 4
