@@ -84,7 +84,8 @@ class Group:
         timeout = datetime.timedelta(seconds=rdv.timeout_s)
         if rdv.backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
+            if hasattr(opts, "_timeout"):
+                opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
@@ -160,14 +161,31 @@ def bucket_digest(buffer: torch.Tensor) -> str:
 
 
 def sum64(buffer: torch.Tensor) -> str:
-    """`sum64:` + byte count, wrapping sum and position-weighted wrapping sum of the 8-byte words (zero
-    padded), on the buffer's device."""
-    pad = -buffer.numel() % 8
-    words = torch.nn.functional.pad(buffer, (0, pad)) if pad else buffer
-    words = words.view(torch.int64)
-    plain = int(words.sum())
-    weighted = int((words * torch.arange(1, words.numel() + 1, device=words.device, dtype=torch.int64)).sum())
-    return f"sum64:{buffer.numel():016x}{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}"
+    """`sum64:` + byte count, a wrapping int64 sum of the 8-byte words, and an order-sensitive wrapping
+    sum: the words laid out as rows of 1024, their row sums and column sums each weighted by position
+    (a word moved to another row or column changes it). Two reductions over the buffer, no copy of it,
+    one host sync."""
+    n, cols = buffer.numel(), 1024
+    whole = n - n % 8
+    words = buffer[:whole].view(torch.int64)
+    tail = torch.zeros(8, dtype=torch.uint8, device=buffer.device)
+    tail[: n % 8] = buffer[whole:]
+    m = words.numel() // cols * cols
+    grid = words[:m].view(-1, cols)
+    rest = torch.cat([words[m:], tail.view(torch.int64)])
+    rows, columns = grid.sum(dim=1), grid.sum(dim=0)
+
+    def ramp(k: int) -> torch.Tensor:
+        return torch.arange(1, k + 1, device=buffer.device, dtype=torch.int64)
+
+    plain = rows.sum() + rest.sum()
+    weighted = (
+        (rows * ramp(rows.numel())).sum()
+        + (columns * ramp(cols)).sum() * 1000003
+        + (rest * ramp(rest.numel())).sum() * 7
+    )
+    plain, weighted = torch.stack([plain, weighted]).tolist()
+    return f"sum64:{n:016x}{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}"
 
 
 def digest_algorithm(device: str | torch.device) -> str:

@@ -137,3 +137,14 @@ def test_the_gpu_digest_sees_a_flipped_byte_swapped_words_and_a_shorter_buffer()
     swapped = data.clone()
     swapped[:8], swapped[8:16] = data[8:16].clone(), data[:8].clone()
     assert len({digest, sum64(flipped), sum64(swapped), sum64(data[:-1])}) == 4
+
+
+def test_the_gpu_digest_sees_words_moved_between_rows():
+    from services.common.weight_dist import sum64
+
+    data = torch.randint(0, 256, (8 * 3000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    moved = data.clone()
+    a, b = 8 * 5, 8 * (1024 + 5)  # the same column of two rows
+    moved[a : a + 8], moved[b : b + 8] = data[b : b + 8].clone(), data[a : a + 8].clone()
+    assert sum64(moved) != sum64(data)
+    assert sum64(torch.empty(0, dtype=torch.uint8)).startswith("sum64:" + "0" * 16)
