@@ -2,10 +2,11 @@
 GPU0 holds a random-weight bf16 model sharded with FSDP2 (as the learner does, a world of one) and
 pushes it through the sender's code (`fsdp.streamed_weights` -> `weight_dist.pack_buckets` with each
 bucket's on-device digest -> `Group.broadcast`); a receiver process on GPU1 takes each bucket through
-the shared receiving code (`weight_dist.BucketReceiver`: broadcast into a buffer, digest and finite
-check) and copies it into a Hugging Face model's named parameters (`check_against` first, then
-`copy_into`). In the same run, the same two processes time a raw broadcast of buffers of the same
-bucket sizes: the ceiling the push is compared against.
+the shared receiving code (`weight_dist.BucketReceiver.receive_all`: broadcast into one of two
+buffers, the next bucket's transfer overlapping the digest and finite checks of this one) and copies
+it into a Hugging Face model's named parameters (`check_against` first, then `copy_into`). In the same
+run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the ceiling the
+push is compared against.
 
 Per shape: seconds per full sync (median of --repeats, each ended by an all-reduce after the receiver
 applied and synchronized), GB/s, % of the raw broadcast bandwidth, and the GPUs. The per-bucket
@@ -18,6 +19,7 @@ digests go to the receiver through the rendezvous store (the gRPC control stream
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -152,6 +154,10 @@ def _sender(args, port, shape, gpu, results) -> None:
     torch.distributed.destroy_process_group()
 
 
+def _digest_of(group, sync: int, bucket: int) -> str:
+    return group.store.get(f"digest/{sync}/{bucket}").decode()
+
+
 def _receiver(args, port, shape, gpu, results) -> None:
     import torch
 
@@ -181,9 +187,10 @@ def _receiver(args, port, shape, gpu, results) -> None:
     receiver = BucketReceiver(group)
     for i in range(args.repeats + 1):
         _barrier(group, device)
-        for b, bucket_specs in enumerate(plan):
-            digest = group.store.get(f"digest/{i}/{b}").decode()  # the control stream's role
-            copy_into(params, receiver.receive(bucket_specs, sum(s.nbytes for s in bucket_specs), digest))
+        declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
+        digest_of = functools.partial(_digest_of, group, i)  # the control stream's role
+        for tensors in receiver.receive_all(declared, digest_of):
+            copy_into(params, tensors)
         _sync(device)
         _barrier(group, device)
     probe = next(iter(params.values()))

@@ -138,11 +138,16 @@ class Group:
             time.sleep(0.002)
 
     def broadcast(self, buffer: torch.Tensor) -> None:
+        self.post(buffer).wait()
+
+    def post(self, buffer: torch.Tensor):
+        """Starts a broadcast from rank 0 into/out of `buffer`; the returned work's `wait()` ends it (on
+        NCCL: orders the current CUDA stream after it)."""
         import torch.distributed as dist
 
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.timeout = 0, self._timeout
-        self.pg.broadcast([buffer], opts).wait()
+        return self.pg.broadcast([buffer], opts)
 
     def close(self) -> None:
         pg, self.pg = self.pg, None
@@ -254,27 +259,62 @@ class BucketReceiver:
 
     def __init__(self, group: Group):
         self.group = group
-        self._buffer: torch.Tensor | None = None
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self.last: torch.Tensor | None = None
+        """The bytes of the bucket last checked (a view of a reused buffer)."""
 
     def receive(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> list[tuple[str, torch.Tensor]]:
+        """One bucket: broadcast into the buffer, then its checks."""
+        self._check_declared(specs, nbytes)
+        buffer = self._slot(0, nbytes)
+        work = self.group.post(buffer)
+        return self._verified(specs, buffer, work, digest)
+
+    def receive_all(
+        self, declared: Iterable[tuple[Sequence[TensorSpec], int]], digest_of: Callable[[int], str]
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Pipelined: bucket i+1's broadcast is posted (into the other of two buffers) before bucket i is
+        checked and handed out, so on a GPU the transfer of one overlaps the checks and the apply of the
+        previous one. Bucket i's tensors are valid until bucket i+2 is posted (the next iteration but one);
+        `digest_of(i)` is asked for when bucket i is checked."""
+        pending = None
+        for i, (specs, nbytes) in enumerate(declared):
+            self._check_declared(specs, nbytes)
+            buffer = self._slot(i % 2, nbytes)
+            work = self.group.post(buffer)
+            if pending is not None:
+                j, pspecs, pbuffer, pwork = pending
+                yield self._verified(pspecs, pbuffer, pwork, digest_of(j))
+            pending = (i, specs, buffer, work)
+        if pending is not None:
+            j, pspecs, pbuffer, pwork = pending
+            yield self._verified(pspecs, pbuffer, pwork, digest_of(j))
+
+    def _check_declared(self, specs, nbytes: int) -> None:
         if nbytes != sum(s.nbytes for s in specs):
             raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
+
+    def _slot(self, slot: int, nbytes: int) -> torch.Tensor:
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            self._buffers[slot] = None  # release the smaller one first
+            buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.rdv.device)
+        return buffer[:nbytes]
+
+    def _verified(self, specs, buffer: torch.Tensor, work, digest: str) -> list[tuple[str, torch.Tensor]]:
+        work.wait()
         algorithm = digest.split(":", 1)[0]
         if algorithm != digest_algorithm(self.group.rdv.device):
             raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = None  # release the smaller one first
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.group.rdv.device)
-        buffer = self._buffer[:nbytes]
-        self.group.broadcast(buffer)
         if bucket_digest(buffer) != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
         tensors = unpack(specs, buffer)
         check_finite(tensors)
+        self.last = buffer
         return tensors
 
     def release(self) -> None:
-        self._buffer = None
+        self._buffers, self.last = [None, None], None
 
 
 def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) -> None:

@@ -148,3 +148,36 @@ def test_the_gpu_digest_sees_words_moved_between_rows():
     moved[a : a + 8], moved[b : b + 8] = data[b : b + 8].clone(), data[a : a + 8].clone()
     assert sum64(moved) != sum64(data)
     assert sum64(torch.empty(0, dtype=torch.uint8)).startswith("sum64:" + "0" * 16)
+
+
+class _LoopbackGroup:
+    """A group of one: a broadcast leaves the buffer as the sender filled it (here: from a queue)."""
+
+    class _Work:
+        def wait(self):
+            pass
+
+    def __init__(self, payloads):
+        self.rdv = Rendezvous("h", 29600, "g", "gloo", 5.0)
+        self.payloads = list(payloads)
+
+    def post(self, buffer):
+        buffer.copy_(self.payloads.pop(0))
+        return self._Work()
+
+
+def test_the_pipelined_receiver_checks_every_bucket_and_refuses_a_bad_digest():
+    from services.common.weight_dist import BucketReceiver
+
+    named = _named()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    declared = [(b.specs, b.nbytes) for b in buckets]
+    got = {}
+    for tensors in receiver.receive_all(declared, lambda i: buckets[i].digest):
+        got.update((n, t.clone()) for n, t in tensors)
+    assert all(torch.equal(got[n], t) for n, t in named)
+    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    with pytest.raises(WeightSetRejected, match="do not match the digest"):
+        list(receiver.receive_all(declared, lambda i: buckets[1 - i].digest))

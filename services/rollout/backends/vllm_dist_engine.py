@@ -90,7 +90,7 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
             return
         tensors = self.receiver.receive(info.specs, sum(info.sizes), info.digest)
         if self.parallel_config.rank == 0 and tensors:
-            data = self.receiver._buffer[: sum(info.sizes)]
+            data = self.receiver.last
             _write_at(info.path, info.offset, data.cpu().numpy() if data.is_cuda else data.numpy())
 
     def finish_weight_update(self) -> None:
