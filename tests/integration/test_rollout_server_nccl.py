@@ -61,6 +61,16 @@ def _still_serves(server, prompt):
     assert len(out.generation.token_ids) > 0
 
 
+def test_a_push_of_the_set_already_served_is_a_success_without_any_transfer(server, hf, pusher):
+    """First in this module: the server holds the weights it loaded from disk (v0, no checksum). A learner's
+    first push of v0 is answered at the header: no group is formed, the push is a success."""
+    model, _ = hf
+    assert _status(server) == (0, "")
+    (result,) = pusher.push(0, TensorWeights.of(list(model.state_dict().items())), [server.address], run=server.run)
+    assert result.ok and result.policy_version == 0, result.error
+    assert server.address not in pusher._groups and _status(server) == (0, "")
+
+
 def test_every_reply_comes_wholly_from_one_policy_version(server, hf, pusher):
     """Requests in flight while an nccl push lands: each reply's logprobs match the weights of the version
     it is stamped with, never a mix; the served checksum is the one the learner sent."""

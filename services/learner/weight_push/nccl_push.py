@@ -43,6 +43,7 @@ class _Session:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     call: asyncio.Future | None = None
     error: str = ""
+    streamed: bool = False  # the server opened a receive session (else it answered at the header)
     start: float = field(default_factory=time.perf_counter)
 
     @property
@@ -142,13 +143,16 @@ class NcclWeightPusher(WeightPusher):
             s.group = await asyncio.to_thread(Group.host, s.rdv, self._store, lambda: s.call.done())
             self._groups[s.address] = s.group
         except Exception as exc:  # noqa: BLE001 - this server fails, the others go on
-            s.fail(f"forming the process group failed: {exc}")
+            if not _answered_ok(s):
+                s.fail(f"forming the process group failed: {exc}")
 
     async def _wait_session(self, s: _Session) -> None:
         try:
             await asyncio.to_thread(s.group.wait_session, lambda: s.call.done())
+            s.streamed = True
         except Exception as exc:  # noqa: BLE001 - this server refused the push (its call says why) or hung
-            s.fail(f"the server opened no receive session: {exc}")
+            if not _answered_ok(s):
+                s.fail(f"the server opened no receive session: {exc}")
 
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
@@ -184,7 +188,8 @@ class NcclWeightPusher(WeightPusher):
                 raise RuntimeError(s.error)
             reply = await s.call
             seconds = time.perf_counter() - s.start
-            return PushResult(s.address, True, reply.policy_version, reply.checksum, seconds, sent_checksum=checksum)
+            sent = checksum if s.streamed else ""
+            return PushResult(s.address, True, reply.policy_version, reply.checksum, seconds, sent_checksum=sent)
         except BaseException as exc:  # noqa: BLE001 - one failed server must not stop the others' results
             if isinstance(exc, asyncio.CancelledError) and not s.error:
                 raise
@@ -195,3 +200,8 @@ class NcclWeightPusher(WeightPusher):
             if group is not None:
                 group.close()
             return PushResult(s.address, False, seconds=time.perf_counter() - s.start, error=reason or str(exc))
+
+
+def _answered_ok(s: _Session) -> bool:
+    """The server answered before any data: it already serves this set (version and checksum), a success."""
+    return s.call.done() and not s.call.cancelled() and s.call.exception() is None
