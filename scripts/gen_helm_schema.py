@@ -333,7 +333,7 @@ def build() -> dict:
                         )
                     }
                 ),
-                "weightPush": obj({"existingSecret": STRING, "existingSecretKey": STRING}),
+                "weightPush": obj({"existingSecret": STRING, "existingSecretKey": STRING, "socketIfname": STRING}),
                 "networkPolicy": obj(
                     {
                         "enabled": BOOL,

@@ -298,6 +298,16 @@ class LearnerConfig(Section):
     weight_bucket_mb: int = Field(256, ge=1, le=4096)
     """A weight push travels in buckets of at most this many MiB (a larger tensor alone): the learner holds the
     bucket it sends and the one it gathers, a rollout server the one it checks."""
+    weight_dist_host: str = ""
+    """`weight_push: nccl`: the address at which the rollout servers' engine workers reach the learner's
+    rendezvous store (the learner's Service name or host); required with that transport."""
+    weight_dist_port: int = Field(29600, ge=1024, le=65535)
+    """`weight_push: nccl`: TCP port of the rendezvous store the learner's rank 0 hosts."""
+    weight_dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """`weight_push: nccl`: process-group backend the buckets travel on; `auto`: nccl when the learner runs on
+    CUDA, else gloo (CPU). The rollout servers must run on the same kind of device."""
+    weight_dist_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """`weight_push: nccl`: longest wait to form a process group and for one bucket's broadcast."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
     logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)
@@ -322,6 +332,16 @@ class LearnerConfig(Section):
     def _check_attention(self) -> LearnerConfig:
         if self.attention == "varlen" and not self.pack_sequences:
             raise ValueError("learner.attention 'varlen' attends over packed rows: set learner.pack_sequences")
+        if self.weight_push == "nccl":
+            if not self.weight_dist_host:
+                raise ValueError(
+                    "learner.weight_push 'nccl' needs learner.weight_dist_host: the address the rollout servers "
+                    "reach the learner's rendezvous store at"
+                )
+            if self.weight_dist_backend == "nccl" and self.device == "cpu":
+                raise ValueError("learner.weight_dist_backend 'nccl' moves CUDA tensors: the learner runs on CPU")
+            if self.weight_dist_backend == "gloo" and self.device == "cuda":
+                raise ValueError("learner.weight_dist_backend 'gloo' on a CUDA learner: use nccl (or auto)")
         return self
 
 

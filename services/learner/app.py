@@ -37,9 +37,18 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
         if metrics_port:
             register_stream_collector(stream)
             start_http_server(metrics_port, addr=bind_host(host))
+    learner = config.learner
+    dist = (
+        {
+            "host": learner.weight_dist_host,
+            "port": learner.weight_dist_port,
+            "backend": learner.weight_dist_backend,
+            "dist_timeout_s": learner.weight_dist_timeout_s,
+        }
+        if learner.weight_push == "nccl"
+        else {}
+    )
     pusher = PUSHERS.create(
-        config.learner.weight_push,
-        timeout_s=config.learner.push_timeout_s,
-        bucket_mb=config.learner.weight_bucket_mb,
+        learner.weight_push, timeout_s=learner.push_timeout_s, bucket_mb=learner.weight_bucket_mb, **dist
     )
     return LearnerService(config, trainer, pusher, state, stream)

@@ -86,13 +86,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+TOKEN_STATS_METHOD = "token_stats"
+"""The policy's extra FSDP forward method (`services.learner.model` attaches it); named here so that sharding
+a plain model imports nothing of the learner's model code (bench/weight_sync_gpu.py runs without it)."""
+
+
 def shard_model(model: nn.Module, device: torch.device, mixed_precision_bf16: bool = False) -> nn.Module:
     """FSDP2: `fully_shard` on each decoder layer, then on the root (embeddings and head). Moves the
     model to `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-
-    from services.learner.model import TOKEN_STATS_METHOD
 
     mesh = init_device_mesh(device.type, (world_size(),))
     mp = MixedPrecisionPolicy()
@@ -135,7 +138,9 @@ def streamed_weights(model: nn.Module, dtype: torch.dtype):
     def gathered():
         for name, t in sharded.items():
             full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            yield name, full.detach().to("cpu", dtype)
+            # kept on the learner's device: the gRPC producer copies each tensor to its host bucket, the
+            # nccl one packs device buckets
+            yield name, full.detach().to(dtype)
 
     return TensorWeights(specs, gathered)
 

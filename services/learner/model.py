@@ -14,10 +14,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.batch import entropy_from_logits, logprobs_from_logits
+from services.learner.fsdp import TOKEN_STATS_METHOD  # the method that computes chunked logprobs
 from services.learner.packing import pack_rows
-
-TOKEN_STATS_METHOD = "token_stats"
-"""The model method that computes chunked logprobs; FSDP must treat it as a forward (`fsdp.shard_model`)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -264,19 +264,19 @@ class LearnerService:
         previous, self._pushed = self._pushed, weights.spooled() if sharded else weights
         if previous is not None and hasattr(previous, "spool"):
             previous.spool.delete()
-        packed = weights
+        sent = next((r.sent_checksum for r in results if r.sent_checksum), "") or weights.checksum
         for result in results:
             if not result.ok:
                 log.error("weight push v%d to %s failed: %s", self.version, result.address, result.error)
-            elif result.checksum != packed.checksum:
+            elif result.checksum != sent:
                 log.error(
                     "rollout %s applied checksum %s, learner has %s",
                     result.address,
                     result.checksum[:12],
-                    packed.checksum[:12],
+                    sent[:12],
                 )
         self.state.publish_version(self.version)
-        return time.perf_counter() - start, packed.checksum, [vars(r) for r in results]
+        return time.perf_counter() - start, sent, [vars(r) for r in results]
 
     def _checkpoint(self, force: bool) -> float:
         if not force and self.step % self.config.learner.checkpoint_every:

@@ -165,6 +165,55 @@ class GrpcRolloutClient(RolloutClient):
             )
         return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
 
+    async def push_dist(
+        self,
+        version: int,
+        specs: Sequence[TensorSpec],
+        declarations: AsyncIterator,
+        *,
+        rendezvous,
+        rollback: bool = False,
+        run: str = "",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> UpdateResult:
+        """An `nccl` push's control stream: the header naming the process group (`weight_dist.Rendezvous`),
+        then what `declarations` yields (`("bucket", specs, nbytes, digest)` as each bucket is broadcast,
+        then `("commit", checksum)`); the bytes travel in the group."""
+        header = rollout_pb2.WeightUpdateHeader(
+            version=version,
+            rollback=rollback,
+            run=run,
+            total_bytes=sum(s.nbytes for s in specs),
+            bucket_bytes=bucket_bytes,
+            tensors=_specs_to_proto(specs),
+            dist=rollout_pb2.WeightDistRendezvous(
+                host=rendezvous.host,
+                port=rendezvous.port,
+                group=rendezvous.group,
+                backend=rendezvous.backend,
+                timeout_s=rendezvous.timeout_s,
+            ),
+        )
+
+        async def messages():
+            yield rollout_pb2.WeightChunk(header=header)
+            async for item in declarations:
+                if item[0] == "bucket":
+                    _, bucket_specs, nbytes, digest = item
+                    yield rollout_pb2.WeightChunk(
+                        bucket=rollout_pb2.WeightBucket(
+                            tensors=_specs_to_proto(bucket_specs), nbytes=nbytes, digest=digest
+                        )
+                    )
+                else:
+                    yield rollout_pb2.WeightChunk(commit=rollout_pb2.WeightCommit(checksum=item[1]))
+
+        with rpc_errors():
+            reply = await self.stub.UpdateWeights(
+                messages(), timeout=self.push_timeout_s, metadata=auth_metadata(self.weight_token)
+            )
+        return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
+
     async def status(self):
         with rpc_errors():
             reply = await self.stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.timeout_s)

@@ -32,6 +32,7 @@ from services.common.weights import ModelSignature, TensorSpec, WeightSetRejecte
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.rwlock import ReadWriteLock
 from services.rollout.weight_receiver import BucketReceiver
+from services.rollout.weight_receiver_dist import DistStaging
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class RolloutCore:
     """Where verified buckets wait until their set is whole (None: the system temporary folder)."""
     _lock: ReadWriteLock = field(default_factory=ReadWriteLock)
     _version_waiters: set[asyncio.Future] = field(default_factory=set)
+    _dist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def waiting_for_version(self) -> int:
@@ -223,6 +225,59 @@ class RolloutCore:
             spool = await asyncio.to_thread(receiver.commit, checksum)
         except WeightSetRejected as exc:
             receiver.abort()
+            self._refuse(header, exc)
+        try:
+            return await self._apply(dataclasses.replace(header, checksum=checksum), spool)
+        finally:
+            spool.delete()
+
+    async def begin_dist_push(self, header: PushHeader, rendezvous: dict) -> DistStaging | None:
+        """An `nccl` push (buckets by broadcast to the engine's workers): admits the header, then joins the
+        learner's process group (a new group name: the engine leaves the previous group first) and opens a
+        receive session. None: the set is already served. Holds the push slot until `end_dist_push`."""
+        if self.admit(header):
+            return None
+        total = header.declared_bytes if header.total_bytes < 0 else header.total_bytes
+        try:
+            staging = DistStaging(header.specs, header.bucket_bytes, total, self.spool_dir)
+        except WeightSetRejected as exc:
+            self._refuse(header, exc)
+        await self._dist_lock.acquire()
+        try:
+            await self.backend.begin_dist_push(rendezvous)
+        except Exception as exc:
+            self._dist_lock.release()
+            staging.abort()
+            log.warning("weight push v%d: joining the learner's process group failed: %s", header.version, exc)
+            raise Unavailable(f"joining the learner's process group failed, nothing applied: {exc}") from exc
+        return staging
+
+    async def receive_dist(self, header: PushHeader, staging: DistStaging, specs, nbytes: int, digest: str) -> None:
+        try:
+            info = staging.declare(specs, nbytes, digest)
+        except WeightSetRejected as exc:
+            self._refuse(header, exc)
+        try:
+            await self.backend.receive_dist_bucket(info)
+        except Exception as exc:  # a bad digest or non-finite values in the worker, or a broken group
+            self._refuse(header, WeightSetRejected(f"bucket of {specs[0].name!r} not received: {exc}"))
+
+    async def end_dist_push(self, header: PushHeader, staging: DistStaging, checksum: str | None) -> UpdateResult:
+        """`checksum` None: the push failed or ended early (the group is dropped, the spool deleted).
+        Otherwise closes the receive session and applies the set if the checksum verifies."""
+        try:
+            await self.backend.end_dist_push(ok=checksum is not None)
+        finally:
+            self._dist_lock.release()
+        if checksum is None:
+            staging.abort()
+            raise InvalidArgument("weight set rejected, nothing applied: the push ended before its commit")
+        try:
+            if header.checksum and checksum != header.checksum:
+                raise WeightSetRejected("commit checksum differs from the header's")
+            spool = staging.commit(checksum)
+        except WeightSetRejected as exc:
+            staging.abort()
             self._refuse(header, exc)
         try:
             return await self._apply(dataclasses.replace(header, checksum=checksum), spool)

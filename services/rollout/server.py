@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 
@@ -86,10 +87,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if first is None or first.WhichOneof("payload") != "header":
                 raise _invalid("a weight update starts with its header")
             header = header_from_proto(first.header)
-            receiver = self.core.begin_push(header)
+            receiver = None if first.header.HasField("dist") else self.core.begin_push(header)
         except ServiceError:
             await self._discard_rest(request_iterator)
             raise
+        if first.header.HasField("dist"):
+            return await self._update_weights_dist(header, first.header.dist, request_iterator)
         if receiver is None:
             await self._discard_rest(request_iterator)
             return self._reply(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
@@ -112,6 +115,39 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise _invalid("the push ended before its commit")
         finally:
             receiver.abort()  # a no-op once the commit handed the spool over
+
+    async def _update_weights_dist(self, header, dist, request_iterator):
+        """An `nccl` push: this stream carries the control (bucket declarations with their digests, the
+        commit); the bytes come by broadcast to the engine's workers, each bucket received, checked and
+        staged while its declaration is handled."""
+        rendezvous = {
+            "host": dist.host,
+            "port": dist.port,
+            "group": dist.group,
+            "backend": dist.backend,
+            "timeout_s": dist.timeout_s,
+        }
+        staging = await self.core.begin_dist_push(header, rendezvous)
+        if staging is None:
+            return self._reply(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
+        checksum = None
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("payload")
+                if kind == "bucket":
+                    b = message.bucket
+                    await self.core.receive_dist(header, staging, specs_from_proto(b.tensors), b.nbytes, b.digest)
+                elif kind == "commit":
+                    checksum = message.commit.checksum
+                    break
+                else:
+                    raise _invalid(f"an nccl push carries bucket declarations and a commit, not {kind}")
+        except BaseException:  # refused, broken or cancelled: drop the group, delete the spool
+            with contextlib.suppress(ServiceError):
+                await self.core.end_dist_push(header, staging, None)
+            raise
+        result = await self.core.end_dist_push(header, staging, checksum)
+        return self._reply(result.policy_version, result.checksum, result.bytes_received, result.apply_seconds)
 
     async def _discard_rest(self, request_iterator) -> None:
         limit = (self.core.signature.total_bytes if self.core.signature else 0) + CHUNK_BYTES

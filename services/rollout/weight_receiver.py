@@ -23,13 +23,37 @@ MAX_BUCKET_BYTES = 4 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def check_header_sizes(specs: Sequence[TensorSpec], bucket_bytes: int, total_bytes: int) -> None:
+    declared = sum(s.nbytes for s in specs)
+    if not 0 < bucket_bytes <= MAX_BUCKET_BYTES:
+        raise WeightSetRejected(f"bucket size {bucket_bytes} is not in 1..{MAX_BUCKET_BYTES} bytes")
+    if total_bytes != declared:
+        raise WeightSetRejected(f"header declares {total_bytes} bytes, its tensors take {declared}")
+
+
+def check_declaration(
+    header_specs: Sequence[TensorSpec], next_index: int, specs: Sequence[TensorSpec], nbytes: int, bucket_bytes: int
+) -> tuple[TensorSpec, ...]:
+    """A bucket declares exactly the header's next tensors (from `next_index`), their byte count, and at most
+    `bucket_bytes` unless it is one tensor; returns those header specs."""
+    if not specs:
+        raise WeightSetRejected("a bucket declares no tensors")
+    expected = tuple(header_specs[next_index : next_index + len(specs)])
+    for i, spec in enumerate(specs):
+        if i >= len(expected):
+            raise WeightSetRejected(f"bucket declares {spec.name!r} past the end of the header's tensors")
+        if tuple(spec.shape) != tuple(expected[i].shape) or spec != expected[i]:
+            raise WeightSetRejected(f"bucket declares {spec}, the header's next tensor is {expected[i]}")
+    if nbytes != sum(s.nbytes for s in specs):
+        raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
+    if nbytes > bucket_bytes and len(specs) > 1:
+        raise WeightSetRejected(f"bucket of {nbytes} bytes exceeds the header's bucket size {bucket_bytes}")
+    return expected
+
+
 class BucketReceiver:
     def __init__(self, specs: Sequence[TensorSpec], bucket_bytes: int, total_bytes: int, spool_dir: str | None = None):
-        declared = sum(s.nbytes for s in specs)
-        if not 0 < bucket_bytes <= MAX_BUCKET_BYTES:
-            raise WeightSetRejected(f"bucket size {bucket_bytes} is not in 1..{MAX_BUCKET_BYTES} bytes")
-        if total_bytes != declared:
-            raise WeightSetRejected(f"header declares {total_bytes} bytes, its tensors take {declared}")
+        check_header_sizes(specs, bucket_bytes, total_bytes)
         self.specs, self.bucket_bytes = list(specs), bucket_bytes
         self.received = 0
         self._next = 0  # index of the first tensor not yet declared by a bucket
@@ -42,18 +66,7 @@ class BucketReceiver:
 
     def start_bucket(self, specs: Sequence[TensorSpec], nbytes: int, sha256: str) -> None:
         self._close_bucket()
-        if not specs:
-            raise WeightSetRejected("a bucket declares no tensors")
-        expected = tuple(self.specs[self._next : self._next + len(specs)])
-        for i, spec in enumerate(specs):
-            if i >= len(expected):
-                raise WeightSetRejected(f"bucket declares {spec.name!r} past the end of the header's tensors")
-            if tuple(spec.shape) != tuple(expected[i].shape) or spec != expected[i]:
-                raise WeightSetRejected(f"bucket declares {spec}, the header's next tensor is {expected[i]}")
-        if nbytes != sum(s.nbytes for s in specs):
-            raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
-        if nbytes > self.bucket_bytes and len(specs) > 1:
-            raise WeightSetRejected(f"bucket of {nbytes} bytes exceeds the header's bucket size {self.bucket_bytes}")
+        expected = check_declaration(self.specs, self._next, specs, nbytes, self.bucket_bytes)
         if not _SHA256.fullmatch(sha256):
             raise WeightSetRejected("bucket sha256 is not 64 lowercase hex digits")
         self._next += len(specs)

@@ -224,3 +224,14 @@ def test_services_bind_all_addresses_and_rollout_and_learner_share_the_weight_to
         assert env["OMRL_BIND_HOST"] == "0.0.0.0", name
         assert env["OMP_WAIT_POLICY"] == "PASSIVE", name
         assert env.get("OMRL_WEIGHT_TOKEN") == ("weight-token-1" if name in ("rollout", "learner") else None), name
+
+
+def test_the_nccl_weight_push_is_one_variable_away(tmp_path):
+    """OMRL_WEIGHT_PUSH=nccl: the learner's config validates with the rendezvous at the learner container,
+    and both sides bind NCCL/gloo to the compose network's interface."""
+    compose = check_compose().interpolate(yaml.safe_load(COMPOSE.read_text()), {**ENV, "OMRL_WEIGHT_PUSH": "nccl"})
+    learner = command_config(compose["services"]["learner"], tmp_path).learner
+    assert (learner.weight_push, learner.weight_dist_host, learner.weight_dist_port) == ("nccl", "learner", 29600)
+    for name in ("rollout", "learner"):
+        env = compose["services"][name]["environment"]
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"

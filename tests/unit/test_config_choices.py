@@ -38,7 +38,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         ("env.name=corridorr", ("env", "name"), "'corridorr' is not one of: agentgym, babyai, corridor,"),
         ("rollout.action_parser=xml", ("rollout", "action_parser"), "'xml' is not one of: xml_action"),
         ("rollout.backend=sglang", ("rollout", "backend"), "'sglang' is not one of: vllm"),
-        ("learner.weight_push=nccl", ("learner", "weight_push"), "'nccl' is not one of: grpc, none"),
+        ("learner.weight_push=mpi", ("learner", "weight_push"), "'mpi' is not one of: grpc, nccl, none"),
         (
             "reward.components={goall: {}}",
             ("reward", "components", "goall", "[key]"),

@@ -376,7 +376,7 @@ def test_schema_rejects_bad_values_naming_the_field(setting, field):
         (("config.env.options.length=2",), "/config/env/options/length", "want 3"),  # corridor's range
         (("config.env.name=maze", "config.env.options.length=5"), "/config/env/options", "'length' not allowed"),
         (("config.rollout.action_parser=xml",), "/config/rollout/action_parser", "'xml_action'"),
-        (("config.learner.weight_push=nccl",), "/config/learner/weight_push", "'grpc', 'none'"),
+        (("config.learner.weight_push=mpi",), "/config/learner/weight_push", "'grpc', 'nccl', 'none'"),
         (("config.reward.components.goal.params.wieght=2",), "/config/reward/components/goal/params", "'wieght'"),
         (("config.reward.components.goall.weight=2",), "/config/reward/components", "'goall'"),
     ],
@@ -645,3 +645,23 @@ def test_the_job_api_gives_its_jobs_policies_like_the_charts_and_confines_their_
     assert env["OMRL_API_K8S_NETWORK_POLICIES"] == "true"
     assert env["OMRL_API_K8S_MONITORING_NAMESPACE"] == "monitoring"
     assert json.loads(env["OMRL_API_ALLOWED_DATA_ROOTS"]) == ["/data"]
+
+
+def test_nccl_weight_push_opens_the_learner_and_rollout_pods_to_each_other(tmp_path):
+    """`weight_push: nccl`: the rollout servers reach rank 0's rendezvous store through a Service of the
+    learner's pod 0 (the run config names it), and NCCL/gloo connect both ways on ephemeral ports; the
+    socket interface reaches both pods. Without it the policies stay as narrow as before."""
+    docs = render("--set", "config.learner.weight_push=nccl", "--set", "weightPush.socketIfname=eth0")
+    config = run_config_of(docs, "learner", tmp_path)
+    service = objects(docs, "Service")[config.learner.weight_dist_host]
+    assert service["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
+    assert service["spec"]["ports"] == [{"name": "weight-sync", "port": 29600, "targetPort": "weight-sync"}]
+    learner = main_container(workloads(docs)["learner"])
+    assert {"name": "weight-sync", "containerPort": 29600} in learner["ports"]
+    for component in ("learner", "rollout"):
+        env = {e["name"]: e.get("value") for e in main_container(workloads(docs)[component])["env"]}
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
+    for port in (29600, 41234):  # the store, then an ephemeral NCCL/gloo port
+        assert allowed(docs, "rollout", "learner", port) and allowed(docs, "learner", "rollout", port)
+    plain = render()
+    assert not allowed(plain, "rollout", "learner", 29600) and not allowed(plain, "learner", "rollout", 41234)

@@ -19,6 +19,9 @@ class PushResult:
     checksum: str = ""
     seconds: float = 0.0
     error: str = ""
+    sent_checksum: str = ""
+    """The checksum of what was sent when the transport has its own (`nccl`: over the bucket digests);
+    empty: the set's own `checksum`."""
 
 
 class WeightPusher(abc.ABC):

@@ -49,6 +49,18 @@ class RolloutBackend(abc.ABC):
         file without the copies."""
         await self.load_weights(spool.named_tensors(copy=True))
 
+    async def begin_dist_push(self, rendezvous: dict) -> None:
+        """Joins the learner's process group named in `rendezvous` (unless already in it) and opens a
+        receive session for an `nccl` push (`services/common/weight_dist.py`)."""
+        raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
+
+    async def receive_dist_bucket(self, info: dict) -> None:
+        """Receives one bucket by broadcast, checks it and stages it (`DistStaging.declare`'s info)."""
+        raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
+
+    async def end_dist_push(self, ok: bool) -> None:
+        """Closes the receive session; `ok=False` also leaves the group (it may be broken)."""
+
     @abc.abstractmethod
     async def shutdown(self) -> None: ...
 

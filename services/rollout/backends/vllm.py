@@ -117,6 +117,7 @@ class VllmBackend(RolloutBackend):
         # nested configs are converted here; vLLM checks the rest (ranges, combinations) in start()
         self._engine_args = AsyncEngineArgs(**kwargs)
         self._engine: AsyncLLM | None = None
+        self._dist_group: str | None = None  # the learner's process group the workers are in
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -196,6 +197,37 @@ class VllmBackend(RolloutBackend):
         await self.engine.finish_weight_update(weight_version=str(version))
         if not await self.engine.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache after loading weights (requests still running?)")
+
+    async def begin_dist_push(self, rendezvous: dict) -> None:
+        """vLLM's `init_weight_transfer_engine` joins the group (the `omrl_dist` engine in every worker),
+        then `start_weight_update` opens the session that receives into the spool (the model is untouched
+        until the spool is loaded)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if self._dist_group != rendezvous["group"]:
+            if self._dist_group is not None:
+                await self.engine.shutdown_weight_transfer_engine()
+            self._dist_group = None
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(rendezvous)))
+            self._dist_group = rendezvous["group"]
+        await self.engine.start_weight_update()
+        opened = {"kind": "open", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
+        await self.receive_dist_bucket(opened)
+
+    async def receive_dist_bucket(self, info: dict) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
+
+    async def end_dist_push(self, ok: bool) -> None:
+        try:
+            await self.engine.finish_weight_update()
+        except Exception:  # noqa: BLE001 - a failed receive already closed the worker's session
+            if ok:
+                raise
+        if not ok and self._dist_group is not None:
+            self._dist_group = None
+            await self.engine.shutdown_weight_transfer_engine()
 
     async def check_alive(self) -> None:
         # EngineDeadError once the engine core process is gone or its output loop has failed

@@ -114,7 +114,7 @@ def engine_kwargs(
     ram_bytes: int,
     worker_extension: str,
     logprobs_mode: str,
-    weight_transfer_backend: str = "omrl_spool",
+    weight_transfer_backend: str = "omrl_dist",
     engine_args: dict[str, Any],
 ) -> dict[str, Any]:
     """The keyword arguments of `AsyncEngineArgs`: the run config's settings, the backend's own, then

@@ -102,9 +102,10 @@ class WeightReloadExtension:
 
 
 def _register_weight_transfer_engine() -> None:
-    from services.rollout.backends import vllm_spool_engine
+    from services.rollout.backends import vllm_dist_engine, vllm_spool_engine
 
     vllm_spool_engine.register()
+    vllm_dist_engine.register()
 
 
 _register_weight_transfer_engine()  # in the worker, before it builds its weight-transfer engine

@@ -78,6 +78,31 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- .Values.weightPush.existingSecret | default (include "omrl.component" (dict "root" . "component" "weight-token")) -}}
 {{- end -}}
 
+{{/* The nccl weight push (config.learner.weight_push nccl): "true" or "" */}}
+{{- define "omrl.weightDist.enabled" -}}
+{{- if eq ((.Values.config.learner | default dict).weight_push | default "grpc") "nccl" }}true{{ end -}}
+{{- end -}}
+
+{{/* Rendezvous store port the learner's rank 0 hosts for the nccl weight push */}}
+{{- define "omrl.weightDist.port" -}}
+{{- (.Values.config.learner | default dict).weight_dist_port | default 29600 -}}
+{{- end -}}
+
+{{/* Service in front of the learner's pod 0 (rank 0 hosts the rendezvous store) */}}
+{{- define "omrl.weightDist.service" -}}
+{{- printf "%s-weights" (include "omrl.component" (dict "root" . "component" "learner")) -}}
+{{- end -}}
+
+{{/* NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME of learner and rollout pods (nccl weight push) */}}
+{{- define "omrl.weightDist.env" -}}
+{{- if and (eq (include "omrl.weightDist.enabled" .) "true") .Values.weightPush.socketIfname -}}
+- name: NCCL_SOCKET_IFNAME
+  value: {{ .Values.weightPush.socketIfname | quote }}
+- name: GLOO_SOCKET_IFNAME
+  value: {{ .Values.weightPush.socketIfname | quote }}
+{{- end -}}
+{{- end -}}
+
 {{- define "omrl.weightToken.env" -}}
 - name: OMRL_WEIGHT_TOKEN
   valueFrom:
@@ -156,6 +181,9 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ = set $cfg "stream" (merge (dict "redis_url" (include "omrl.redis.url" .)) ($cfg.stream | default dict)) -}}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
 {{- $_ = set $cfg "env" (merge $cfg.env (dict "data_dir" "/datasets/generated")) -}}
+{{- if eq (include "omrl.weightDist.enabled" .) "true" -}}
+{{- $_ = set $cfg "learner" (merge $cfg.learner (dict "weight_dist_host" (include "omrl.weightDist.service" .))) -}}
+{{- end -}}
 {{- /* one number for the GPUs of a rollout pod and its engine's tensor-parallel size */ -}}
 {{- $podGpus := int .Values.rollout.gpus -}}
 {{- $tp := index $cfg.rollout "gpus" -}}

@@ -64,6 +64,7 @@ template:
             value: /tmp
           {{- include "omrl.serviceEnv" $root | nindent 10 }}
           {{- include "omrl.weightToken.env" $root | nindent 10 }}
+          {{- with include "omrl.weightDist.env" $root }}{{ . | nindent 10 }}{{- end }}
           - name: HF_HOME
             value: /cache/hf
           - name: TRITON_CACHE_DIR
@@ -76,6 +77,11 @@ template:
             containerPort: {{ $v.metricsPort }}
           - name: rendezvous
             containerPort: {{ $v.rendezvousPort }}
+          {{- if eq (include "omrl.weightDist.enabled" $root) "true" }}
+          # rank 0's rendezvous store of the nccl weight push (NCCL/gloo then connect on ephemeral ports)
+          - name: weight-sync
+            containerPort: {{ include "omrl.weightDist.port" $root }}
+          {{- end }}
         {{- if eq (int $v.nodes) 1 }}
         # rank 0 (in this pod) serves /metrics once the model is loaded and the run state is read
         startupProbe:

@@ -44,6 +44,7 @@ spec:
           value: /tmp
         {{- include "omrl.serviceEnv" $root | nindent 8 }}
         {{- include "omrl.weightToken.env" $root | nindent 8 }}
+        {{- with include "omrl.weightDist.env" $root }}{{ . | nindent 8 }}{{- end }}
         - name: HF_HOME
           value: /cache/hf
         - name: VLLM_CACHE_ROOT

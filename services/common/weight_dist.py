@@ -1,0 +1,339 @@
+"""Weight buckets over a torch.distributed process group: the data plane of the `nccl` weight push.
+
+One code path for CPU and GPU; only the process-group backend differs (gloo moves CPU tensors, nccl CUDA
+tensors). The learner's rank 0 is rank 0 of a small group per rollout server (itself plus that server's
+engine workers) and broadcasts each bucket to it; the control plane (credential, header, per-bucket
+specs and digest, commit) stays on the authenticated gRPC stream, so every check runs before anything is
+applied.
+
+The groups are not torch's default group (the learner's FSDP world and each vLLM worker's own world
+already are): they are built straight from a store (`ProcessGroupGloo` / `ProcessGroupNCCL`). The learner
+hosts the `TCPStore` on the rendezvous port; every group lives under its own prefix, named by the
+learner, so a broken group is replaced by a fresh one without restarting anything.
+
+Bucket digest: `sha256:<hex>` of the bytes where the bucket is a CPU tensor (the gRPC path's digest), and
+on CUDA `sum64:<hex>`: a wrapping int64 sum and a position-weighted sum of the bucket's 8-byte words,
+computed on the device (two reductions, no host copy). It catches truncation, dropped or reordered
+words and random corruption; it is not a cryptographic hash (the bytes come from an authenticated
+peer over a private network; the digest guards against transport faults, not forgery).
+
+Used by the learner's sender (`services/learner/weight_push/nccl_push.py`), by the vLLM engine
+(`services/rollout/backends/vllm_dist_engine.py`) and by plain Hugging Face receivers
+(`bench/weight_sync_gpu.py`)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from services.common.weight_buckets import plan_buckets
+from services.common.weights import TensorSpec, WeightSetRejected, check_finite, spec_of
+
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a group meets: the learner's store (`host`:`port`), the group's name (its store prefix), the
+    backend, and the timeout of every collective and of joining."""
+
+    host: str
+    port: int
+    group: str
+    backend: str
+    timeout_s: float
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"process-group backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"rendezvous port {self.port} is not a TCP port")
+        if not self.group or "/" in self.group:
+            raise ValueError(f"group name {self.group!r} must be non-empty and hold no '/'")
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
+
+
+def backend_for(device: str | torch.device) -> str:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def open_store(host: str, port: int, *, master: bool, timeout_s: float) -> torch.distributed.Store:
+    return torch.distributed.TCPStore(
+        host, port, None, master, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+class Group:
+    """One process group of a rendezvous: `broadcast` from rank 0. Rank 0 learns the world size from the
+    receivers' rank 1 (`announce`), so the learner needs no knowledge of a server's parallelism."""
+
+    def __init__(self, rdv: Rendezvous, store, rank: int, world_size: int):
+        import torch.distributed as dist
+
+        self.rdv, self.rank, self.world_size = rdv, rank, world_size
+        self.store = dist.PrefixStore(f"omrl/{rdv.group}/", store)
+        timeout = datetime.timedelta(seconds=rdv.timeout_s)
+        if rdv.backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            if hasattr(opts, "_timeout"):
+                opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
+        else:
+            self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        self._timeout = timeout
+        self.sessions = 0  # pushes the source started on this group
+
+    @classmethod
+    def join(cls, rdv: Rendezvous, rank: int, world_size: int) -> Group:
+        """A receiver's side: announces the world size (rank 1), then joins; blocks until rank 0 joins."""
+        import torch.distributed as dist
+
+        store = open_store(rdv.host, rdv.port, master=False, timeout_s=rdv.timeout_s)
+        if rank == 1:
+            dist.PrefixStore(f"omrl/{rdv.group}/", store).set("world_size", str(world_size))
+        return cls(rdv, store, rank, world_size)
+
+    @classmethod
+    def host(cls, rdv: Rendezvous, store, give_up: Callable[[], bool] = lambda: False) -> Group:
+        """The source's side (rank 0) on the store it hosts: waits for the receivers' announcement (or
+        until `give_up()`, or the timeout), then joins."""
+        import torch.distributed as dist
+
+        prefixed = dist.PrefixStore(f"omrl/{rdv.group}/", store)
+        deadline = time.monotonic() + rdv.timeout_s
+        while not prefixed.check(["world_size"]):
+            if give_up():
+                raise ConnectionError(f"group {rdv.group}: the receiver ended the push before joining")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {rdv.group}: no receiver joined within {rdv.timeout_s:.0f}s")
+            time.sleep(0.005)
+        return cls(rdv, store, 0, int(prefixed.get("world_size")))
+
+    def open_session(self) -> None:
+        """A receiver's side: its session is open (counted in the store), buckets may come."""
+        self.store.add("sessions", 1)
+
+    def wait_session(self, give_up: Callable[[], bool] = lambda: False) -> None:
+        """The source's side, before a push's first bucket: waits until the receivers opened one more
+        session than before (the server accepted the push's header), so no broadcast waits on a receiver
+        that refused the push."""
+        self.sessions += 1
+        deadline = time.monotonic() + self.rdv.timeout_s
+        while int(self.store.add("sessions", 0)) < self.sessions:
+            if give_up():
+                raise ConnectionError(f"group {self.rdv.group}: the receiver ended the push before receiving")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"group {self.rdv.group}: the receiver opened no session in {self.rdv.timeout_s:.0f}s"
+                )
+            time.sleep(0.002)
+
+    def broadcast(self, buffer: torch.Tensor) -> None:
+        self.post(buffer).wait()
+
+    def post(self, buffer: torch.Tensor):
+        """Starts a broadcast from rank 0 into/out of `buffer`; the returned work's `wait()` ends it (on
+        NCCL: orders the current CUDA stream after it)."""
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.timeout = 0, self._timeout
+        return self.pg.broadcast([buffer], opts)
+
+    def close(self) -> None:
+        pg, self.pg = self.pg, None
+        if pg is not None and hasattr(pg, "shutdown"):
+            try:
+                pg.shutdown()
+            except Exception:  # noqa: BLE001 - a group whose peer died may not shut down cleanly
+                pass
+
+
+def bucket_digest(buffer: torch.Tensor) -> str:
+    """`sha256:` on CPU, `sum64:` on a GPU (see the module docstring)."""
+    if buffer.device.type == "cpu":
+        return "sha256:" + hashlib.sha256(buffer.numpy() if buffer.numel() else b"").hexdigest()
+    return sum64(buffer)
+
+
+def sum64(buffer: torch.Tensor) -> str:
+    """`sum64:` + byte count, a wrapping int64 sum of the 8-byte words, and an order-sensitive wrapping
+    sum: the words laid out as rows of 1024, their row sums and column sums each weighted by position
+    (a word moved to another row or column changes it). Two reductions over the buffer, no copy of it,
+    one host sync."""
+    n, cols = buffer.numel(), 1024
+    whole = n - n % 8
+    words = buffer[:whole].view(torch.int64)
+    tail = torch.zeros(8, dtype=torch.uint8, device=buffer.device)
+    tail[: n % 8] = buffer[whole:]
+    m = words.numel() // cols * cols
+    grid = words[:m].view(-1, cols)
+    rest = torch.cat([words[m:], tail.view(torch.int64)])
+    rows, columns = grid.sum(dim=1), grid.sum(dim=0)
+
+    def ramp(k: int) -> torch.Tensor:
+        return torch.arange(1, k + 1, device=buffer.device, dtype=torch.int64)
+
+    plain = rows.sum() + rest.sum()
+    weighted = (
+        (rows * ramp(rows.numel())).sum()
+        + (columns * ramp(cols)).sum() * 1000003
+        + (rest * ramp(rest.numel())).sum() * 7
+    )
+    plain, weighted = torch.stack([plain, weighted]).tolist()
+    return f"sum64:{n:016x}{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}"
+
+
+def digest_algorithm(device: str | torch.device) -> str:
+    return "sha256" if torch.device(device).type == "cpu" else "sum64"
+
+
+def set_checksum(specs: Sequence[TensorSpec], digests: Sequence[str]) -> str:
+    """The checksum a `nccl` push reports: sha256 over every tensor's name, dtype and shape and every
+    bucket's digest, in order. Both sides compute it from the control plane alone (the data was checked
+    bucket by bucket against those digests)."""
+    h = hashlib.sha256()
+    for s in specs:
+        h.update(f"{s.name}\0{s.dtype}\0{','.join(map(str, s.shape))}\0".encode())
+    for d in digests:
+        h.update(d.encode() + b"\n")
+    return h.hexdigest()
+
+
+@dataclass
+class DeviceBucket:
+    specs: tuple[TensorSpec, ...]
+    data: torch.Tensor  # uint8, on the group's device
+    digest: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def pack_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], specs: Sequence[TensorSpec], bucket_bytes: int, device
+) -> Iterator[DeviceBucket]:
+    """Buckets of `named_tensors` (which must yield exactly `specs` in order) packed on `device`, each
+    with its digest. One bucket is alive at a time unless the caller keeps them."""
+    it = iter(named_tensors)
+    for planned in plan_buckets(specs, bucket_bytes):
+        buffer = torch.empty(sum(s.nbytes for s in planned), dtype=torch.uint8, device=device)
+        offset = 0
+        for spec in planned:
+            name, t = next(it, (None, None))
+            if name is None or spec_of(name, t) != spec:
+                raise ValueError(f"weight source yielded {name!r}, expected {spec}")
+            if spec.nbytes:
+                buffer[offset : offset + spec.nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+            offset += spec.nbytes
+        yield DeviceBucket(planned, buffer, bucket_digest(buffer))
+    if next(it, None) is not None:
+        raise ValueError("weight source yielded more tensors than its specs declare")
+
+
+def unpack(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of a bucket as views of its buffer."""
+    out, offset = [], 0
+    for s in specs:
+        dtype = getattr(torch, s.dtype)
+        view = buffer[offset : offset + s.nbytes].view(dtype) if s.nbytes else torch.empty(0, dtype=dtype)
+        out.append((s.name, view.reshape(tuple(s.shape))))
+        offset += s.nbytes
+    return out
+
+
+class BucketReceiver:
+    """The receiving end shared by the vLLM engine and plain Hugging Face receivers: receive a bucket
+    into a reused buffer, check its digest and finite values, hand back its tensors. Nothing is applied
+    here; a bucket that fails a check raises WeightSetRejected."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self.last: torch.Tensor | None = None
+        """The bytes of the bucket last checked (a view of a reused buffer)."""
+
+    def receive(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> list[tuple[str, torch.Tensor]]:
+        """One bucket: broadcast into the buffer, then its checks."""
+        self._check_declared(specs, nbytes)
+        buffer = self._slot(0, nbytes)
+        work = self.group.post(buffer)
+        return self._verified(specs, buffer, work, digest)
+
+    def receive_all(
+        self, declared: Iterable[tuple[Sequence[TensorSpec], int]], digest_of: Callable[[int], str]
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Pipelined: bucket i+1's broadcast is posted (into the other of two buffers) before bucket i is
+        checked and handed out, so on a GPU the transfer of one overlaps the checks and the apply of the
+        previous one. Bucket i's tensors are valid until bucket i+2 is posted (the next iteration but one);
+        `digest_of(i)` is asked for when bucket i is checked."""
+        pending = None
+        for i, (specs, nbytes) in enumerate(declared):
+            self._check_declared(specs, nbytes)
+            buffer = self._slot(i % 2, nbytes)
+            work = self.group.post(buffer)
+            if pending is not None:
+                j, pspecs, pbuffer, pwork = pending
+                yield self._verified(pspecs, pbuffer, pwork, digest_of(j))
+            pending = (i, specs, buffer, work)
+        if pending is not None:
+            j, pspecs, pbuffer, pwork = pending
+            yield self._verified(pspecs, pbuffer, pwork, digest_of(j))
+
+    def _check_declared(self, specs, nbytes: int) -> None:
+        if nbytes != sum(s.nbytes for s in specs):
+            raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
+
+    def _slot(self, slot: int, nbytes: int) -> torch.Tensor:
+        buffer = self._buffers[slot]
+        if buffer is None or buffer.numel() < nbytes:
+            self._buffers[slot] = None  # release the smaller one first
+            buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.rdv.device)
+        return buffer[:nbytes]
+
+    def _verified(self, specs, buffer: torch.Tensor, work, digest: str) -> list[tuple[str, torch.Tensor]]:
+        work.wait()
+        algorithm = digest.split(":", 1)[0]
+        if algorithm != digest_algorithm(self.group.rdv.device):
+            raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
+        if bucket_digest(buffer) != digest:
+            raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
+        tensors = unpack(specs, buffer)
+        check_finite(tensors)
+        self.last = buffer
+        return tensors
+
+    def release(self) -> None:
+        self._buffers, self.last = [None, None], None
+
+
+def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) -> None:
+    """Every spec names a parameter of `params` with its shape and dtype (checked before any data moves)."""
+    for s in specs:
+        p = params.get(s.name)
+        if p is None:
+            raise WeightSetRejected(f"unknown tensor {s.name!r}")
+        if tuple(p.shape) != tuple(s.shape) or str(p.dtype).removeprefix("torch.") != s.dtype:
+            raise WeightSetRejected(f"{s.name!r}: {s.dtype}{list(s.shape)}, the model has {p.dtype}{list(p.shape)}")
+
+
+def copy_into(params: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Applies received tensors into named parameters (a Hugging Face model's `state_dict()`)."""
+    with torch.no_grad():
+        for name, t in tensors:
+            params[name].copy_(t, non_blocking=True)
+
+
+def socket_ifname_hint() -> str:
+    """The interface NCCL/gloo bind to, for error messages: set by the deployment (NCCL_SOCKET_IFNAME)."""
+    return os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or "(default)"

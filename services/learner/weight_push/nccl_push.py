@@ -1,0 +1,207 @@
+"""The `nccl` weight push: bytes by broadcast in a process group per rollout server (the learner's rank
+0 and that server's engine workers; gloo on CPU, NCCL on GPU), control on the authenticated gRPC stream
+(header naming the group, per-bucket specs and digest, commit). See `services/common/weight_dist.py`.
+
+Each bucket is packed once on the learner's device and broadcast to every live server's group in turn;
+memory beyond the learner's shards is one bucket. The pass runs to its end even when every server
+failed (an FSDP source gathers collectively). A group that failed in any way is closed and replaced by
+a new one (a new name) at the next push to that server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.weight_buckets import MiB, WeightSet
+from services.common.weight_dist import (
+    DeviceBucket,
+    Group,
+    Rendezvous,
+    backend_for,
+    bucket_digest,
+    open_store,
+    pack_buckets,
+    set_checksum,
+)
+from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+@dataclass
+class _Session:
+    address: str
+    rdv: Rendezvous
+    group: Group | None
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    call: asyncio.Future | None = None
+    error: str = ""
+    streamed: bool = False  # the server opened a receive session (else it answered at the header)
+    start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def alive(self) -> bool:
+        return not self.error and self.call is not None and not self.call.done()
+
+    def fail(self, error: str) -> None:
+        self.error = self.error or error
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
+
+
+@PUSHERS.register("nccl")
+class NcclWeightPusher(WeightPusher):
+    def __init__(
+        self,
+        timeout_s: float = 120.0,
+        token: str | None = None,
+        bucket_mb: int = 256,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 29600,
+        backend: str = "auto",
+        dist_timeout_s: float = 60.0,
+        device: str | None = None,
+    ):
+        from services.rollout.push_auth import token_from_env
+
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_mb * MiB
+        self.token = token if token is not None else token_from_env()
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.host, self.port, self.backend, self.dist_timeout_s = host, port, backend, dist_timeout_s
+        self.device = torch.device(device or ("cuda" if backend == "nccl" else "cpu"))
+        if backend_for(self.device) != backend:
+            raise ValueError(f"process-group backend {backend} cannot move tensors on {self.device}")
+        self._store = None
+        self._groups: dict[str, Group] = {}
+
+    def push(
+        self, version, weights: WeightSet, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
+    ) -> list[PushResult]:
+        if self._store is None:  # the learner's rank 0 hosts the rendezvous store for the run's lifetime
+            self._store = open_store("0.0.0.0", self.port, master=True, timeout_s=self.dist_timeout_s)
+        return asyncio.run(self._push_all(version, weights, list(addresses), rollback, run))
+
+    def close(self) -> None:
+        for group in self._groups.values():
+            group.close()
+        self._groups.clear()
+
+    def _rendezvous(self, address: str) -> tuple[Rendezvous, Group | None]:
+        group = self._groups.get(address)
+        if group is not None:
+            return group.rdv, group
+        name = f"{address.replace('/', '_')}-{uuid.uuid4().hex[:12]}"
+        return Rendezvous(self.host, self.port, name, self.backend, self.dist_timeout_s), None
+
+    async def _push_all(self, version, weights, addresses, rollback, run) -> list[PushResult]:
+        sessions = [_Session(a, *self._rendezvous(a)) for a in addresses]
+        clients = []
+        for s in sessions:
+            client, call = self._start_call(s, version, weights.specs, rollback, run)
+            clients.append(client)
+            s.call = asyncio.ensure_future(call)
+        try:
+            await asyncio.gather(*(self._join(s) for s in sessions if s.group is None))
+            await asyncio.gather(*(self._wait_session(s) for s in sessions if s.alive))
+            digests = await self._stream(sessions, self._buckets(weights))
+            checksum = set_checksum(weights.specs, digests)
+            for s in sessions:
+                s.queue.put_nowait(("commit", checksum))
+                s.queue.put_nowait(_END)
+            return [await self._result(s, checksum) for s in sessions]
+        finally:
+            for s in sessions:
+                s.fail("push abandoned")
+            for client in clients:
+                await client.close()
+
+    def _start_call(self, s: _Session, version, specs, rollback, run):
+        from services.rollout.client import GrpcRolloutClient
+
+        client = GrpcRolloutClient(s.address, push_timeout_s=self.timeout_s, weight_token=self.token)
+
+        async def declarations():
+            while (item := await s.queue.get()) is not _END:
+                yield item
+
+        call = client.push_dist(
+            version, specs, declarations(), rendezvous=s.rdv, rollback=rollback, run=run, bucket_bytes=self.bucket_bytes
+        )
+        return client, call
+
+    async def _join(self, s: _Session) -> None:
+        try:
+            s.group = await asyncio.to_thread(Group.host, s.rdv, self._store, lambda: s.call.done())
+            self._groups[s.address] = s.group
+        except Exception as exc:  # noqa: BLE001 - this server fails, the others go on
+            if not _answered_ok(s):
+                s.fail(f"forming the process group failed: {exc}")
+
+    async def _wait_session(self, s: _Session) -> None:
+        try:
+            await asyncio.to_thread(s.group.wait_session, lambda: s.call.done())
+            s.streamed = True
+        except Exception as exc:  # noqa: BLE001 - this server refused the push (its call says why) or hung
+            if not _answered_ok(s):
+                s.fail(f"the server opened no receive session: {exc}")
+
+    def _buckets(self, weights) -> Iterator[DeviceBucket]:
+        if hasattr(weights, "named_tensors"):
+            return pack_buckets(weights.named_tensors(), weights.specs, self.bucket_bytes, self.device)
+        return self._from_host_buckets(weights)
+
+    def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
+        """A set that only streams host buckets (a spooled re-push): moved to the group's device."""
+        for b in weights.buckets(self.bucket_bytes):
+            data = torch.frombuffer(b.data, dtype=torch.uint8) if b.nbytes else torch.empty(0, dtype=torch.uint8)
+            data = data.to(self.device)
+            yield DeviceBucket(b.specs, data, bucket_digest(data))
+
+    async def _stream(self, sessions: list[_Session], source: Iterator[DeviceBucket]) -> list[str]:
+        digests = []
+        while (bucket := await asyncio.to_thread(next, source, None)) is not None:
+            digests.append(bucket.digest)
+            live = [s for s in sessions if s.alive]
+            for s in live:
+                s.queue.put_nowait(("bucket", bucket.specs, bucket.nbytes, bucket.digest))
+            for s in live:
+                try:
+                    await asyncio.to_thread(s.group.broadcast, bucket.data)
+                except Exception as exc:  # noqa: BLE001 - the server's side ended (refused, died, timed out)
+                    await asyncio.wait([s.call], timeout=5.0)  # a refusal's reason comes with the call's end
+                    s.fail(f"broadcast of bucket {len(digests)} failed: {exc}")
+            del bucket
+        return digests
+
+    async def _result(self, s: _Session, checksum: str) -> PushResult:
+        try:
+            if s.error:
+                raise RuntimeError(s.error)
+            reply = await s.call
+            seconds = time.perf_counter() - s.start
+            sent = checksum if s.streamed else ""
+            return PushResult(s.address, True, reply.policy_version, reply.checksum, seconds, sent_checksum=sent)
+        except BaseException as exc:  # noqa: BLE001 - one failed server must not stop the others' results
+            if isinstance(exc, asyncio.CancelledError) and not s.error:
+                raise
+            reason = s.error
+            if s.call is not None and s.call.done() and not s.call.cancelled() and s.call.exception():
+                reason = f"{s.call.exception()}" + (f" ({s.error})" if s.error else "")
+            group = self._groups.pop(s.address, None)
+            if group is not None:
+                group.close()
+            return PushResult(s.address, False, seconds=time.perf_counter() - s.start, error=reason or str(exc))
+
+
+def _answered_ok(s: _Session) -> bool:
+    """The server answered before any data: it already serves this set (version and checksum), a success."""
+    return s.call.done() and not s.call.cancelled() and s.call.exception() is None

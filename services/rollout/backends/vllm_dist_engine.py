@@ -1,0 +1,121 @@
+"""The vLLM weight-transfer engine of the `nccl` weight push, registered in vLLM's factory as `omrl_dist`:
+the worker joins a process group with the learner's rank 0 (`init_weight_transfer_engine`) and receives
+each bucket by broadcast (`update_weights` with `kind="receive"`), on gloo (CPU) or NCCL (GPU): the same
+code, only the backend differs (`services/common/weight_dist.py`).
+
+A received bucket is checked (digest, finite values) by the shared `weight_dist.BucketReceiver` and
+staged in the rollout server's spool file at the offset the server chose; nothing reaches the model
+while the push streams. The server applies the spool once the commit verified, as for a gRPC push
+(`kind="load"`, the `omrl_spool` engine's path this class inherits). So a receive session does not
+start vLLM's layerwise reload: it starts at the first `load`, and `finish_weight_update` finalizes only
+a session that loaded."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from vllm.distributed.weight_transfer.base import WeightTransferInitInfo
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from services.common.weight_dist import BucketReceiver, Group, Rendezvous
+from services.rollout.backends.vllm_spool_engine import SpoolUpdateInfo, SpoolWeightTransferEngine
+
+BACKEND = "omrl_dist"
+
+
+@dataclass
+class DistInitInfo(WeightTransferInitInfo):
+    host: str = ""
+    port: int = 0
+    group: str = ""
+    backend: str = "gloo"
+    timeout_s: float = 60.0
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        return Rendezvous(self.host, self.port, self.group, self.backend, self.timeout_s)
+
+
+@dataclass
+class DistUpdateInfo(SpoolUpdateInfo):
+    """`kind="open"`: a push was accepted (counted in the group's store; the learner waits for that
+    before its first broadcast). `kind="receive"`: take the next bucket from the group, check it against
+    `digest` and write it to `path` at `offset` (the first worker only). `kind="load"`: load a staged
+    bucket into the model."""
+
+    kind: str = "load"
+    digest: str = ""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.kind not in ("open", "receive", "load"):
+            raise ValueError(f"update kind must be open, receive or load, got {self.kind!r}")
+
+
+class DistWeightTransferEngine(SpoolWeightTransferEngine):
+    init_info_cls = DistInitInfo
+    update_info_cls = DistUpdateInfo
+
+    group: Group | None = None
+    receiver: BucketReceiver | None = None
+    _reloading = False
+
+    def init_transfer_engine(self, init_info: DistInitInfo) -> None:
+        self.shutdown()
+        rdv = init_info.rendezvous
+        if rdv.backend == "nccl":
+            torch.cuda.set_device(self.device)
+        rank = self.parallel_config.rank  # this worker among the engine's workers; the learner is 0
+        self.group = Group.join(rdv, rank + 1, self.parallel_config.world_size + 1)
+        self.receiver = BucketReceiver(self.group)
+
+    def start_weight_update(self) -> None:
+        self._reloading = False
+
+    def update_weights(self, update_info: dict) -> None:
+        info = self.parse_update_info(update_info)
+        if info.kind == "load" and not self._reloading:
+            super().start_weight_update()
+            self._reloading = True
+        if info.kind == "load":
+            super().update_weights(update_info)
+            return
+        if self.receiver is None:
+            raise RuntimeError("no process group: init_weight_transfer_engine first")
+        if info.kind == "open":  # the server accepted a push: tell the learner its buckets may come
+            if self.parallel_config.rank == 0:
+                self.group.open_session()
+            return
+        tensors = self.receiver.receive(info.specs, sum(info.sizes), info.digest)
+        if self.parallel_config.rank == 0 and tensors:
+            data = self.receiver.last
+            _write_at(info.path, info.offset, data.cpu().numpy() if data.is_cuda else data.numpy())
+
+    def finish_weight_update(self) -> None:
+        if self._reloading:
+            self._reloading = False
+            super().finish_weight_update()
+
+    def shutdown(self) -> None:
+        if self.receiver is not None:
+            self.receiver.release()
+        if self.group is not None:
+            self.group.close()
+        self.group, self.receiver = None, None
+
+
+def _write_at(path: str, offset: int, data) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view, at = memoryview(data).cast("B"), 0
+        while at < len(view):
+            at += os.pwrite(fd, view[at:], offset + at)
+    finally:
+        os.close(fd)
+
+
+def register() -> None:
+    if BACKEND not in WeightTransferEngineFactory._registry:  # one registration per process
+        WeightTransferEngineFactory.register_engine(BACKEND, DistWeightTransferEngine)

@@ -1,0 +1,200 @@
+"""The `nccl` weight push against a real rollout server process (vLLM on CPU): the same vLLM
+weight-transfer calls as on GPU (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`,
+`finish_weight_update`) with the `omrl_dist` engine, the process group on gloo. Replies agree with the
+version they are stamped with across a live update; malformed pushes (wrong shape, unknown name, a
+corrupted or truncated bucket) are refused with nothing applied and the engine serving; a push whose
+learner dies midway leaves the previous version served, and the next push lands."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from services.common.grpc_server import free_port
+from services.common.weight_buckets import TensorWeights
+from services.common.weight_dist import DeviceBucket, bucket_digest
+from services.learner.weight_push.nccl_push import NcclWeightPusher
+from services.rollout.backends.base import SamplingSpec
+from tests.integration.test_rollout_server import perturbed, reference_logprobs
+from tests.rollout_server import start_rollout
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    rollout = start_rollout(tmp_path_factory.mktemp("rollout"))
+    yield rollout
+    rollout.kill()
+
+
+@pytest.fixture(scope="module")
+def hf(server):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(server.model)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "You are in cell 3."}], add_generation_prompt=True, tokenize=False
+    )
+    return model, tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def pusher(server):
+    p = NcclWeightPusher(
+        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), dist_timeout_s=20
+    )
+    yield p
+    p.close()
+
+
+def _status(server):
+    s = server.call(lambda c: c.status())
+    return s["policy_version"], s["weights_checksum"]
+
+
+def _still_serves(server, prompt):
+    out = server.call(lambda c: c.generate("probe", prompt, SamplingSpec(max_tokens=4, seed=1)))
+    assert len(out.generation.token_ids) > 0
+
+
+def test_a_push_of_the_set_already_served_is_a_success_without_any_transfer(server, hf, pusher):
+    """First in this module: the server holds the weights it loaded from disk (v0, no checksum). A learner's
+    first push of v0 is answered at the header: no group is formed, the push is a success."""
+    model, _ = hf
+    assert _status(server) == (0, "")
+    (result,) = pusher.push(0, TensorWeights.of(list(model.state_dict().items())), [server.address], run=server.run)
+    assert result.ok and result.policy_version == 0, result.error
+    assert server.address not in pusher._groups and _status(server) == (0, "")
+
+
+def test_every_reply_comes_wholly_from_one_policy_version(server, hf, pusher):
+    """Requests in flight while an nccl push lands: each reply's logprobs match the weights of the version
+    it is stamped with, never a mix; the served checksum is the one the learner sent."""
+    model, prompt = hf
+    versions = {0: model.state_dict(), 1: dict(perturbed(model, 0.5, seed=3))}
+    sampling = SamplingSpec(max_tokens=16, seed=None)
+    weights = TensorWeights.of(list(versions[1].items()))
+
+    async def scenario(client):
+        requests = [asyncio.create_task(client.generate(f"r{i}", prompt, sampling)) for i in range(24)]
+        await asyncio.sleep(0.05)
+        results = await asyncio.to_thread(pusher.push, 1, weights, [server.address], run=server.run)
+        requests += [asyncio.create_task(client.generate(f"s{i}", prompt, sampling)) for i in range(8)]
+        return results, await asyncio.gather(*requests)
+
+    (result,), replies = server.call(scenario)
+    assert result.ok, result.error
+    assert result.policy_version == 1 and result.checksum == result.sent_checksum
+    assert {r.policy_version for r in replies[-8:]} == {1}
+    assert {r.policy_version for r in replies} == {0, 1}, "the update landed while requests were in flight"
+    for version, state in versions.items():
+        model.load_state_dict(state)
+        for reply in (r for r in replies if r.policy_version == version):
+            ref = reference_logprobs(model, prompt, reply.generation.token_ids)
+            assert torch.allclose(torch.tensor(reply.generation.logprobs), ref, atol=1e-3), f"v{version} reply"
+    assert _status(server) == (1, result.checksum)
+
+
+def _wrong(model, change):
+    named = list(perturbed(model, 0.1, seed=11))
+    name, t = named[1]
+    named[1] = (name + ".extra", t) if change == "name" else (name, t[..., :-1].contiguous())
+    return TensorWeights.of(named)
+
+
+@pytest.mark.parametrize("change", ["shape", "name"])
+def test_a_header_that_does_not_match_the_served_model_is_refused(server, hf, pusher, change):
+    model, prompt = hf
+    before = _status(server)
+    (result,) = pusher.push(before[0] + 1, _wrong(model, change), [server.address], run=server.run)
+    assert not result.ok and "nothing applied" in result.error
+    assert _status(server) == before
+    _still_serves(server, prompt)
+
+
+class _Tampering(NcclWeightPusher):
+    """Sends one bucket (the second) altered after its digest was computed, or declared one byte short."""
+
+    how = "corrupt"
+
+    def _buckets(self, weights):
+        for i, bucket in enumerate(super()._buckets(weights)):
+            if i == 1 and self.how == "corrupt":
+                data = bucket.data.clone()
+                data[len(data) // 2] ^= 0xFF
+                bucket = DeviceBucket(bucket.specs, data, bucket.digest)
+            elif i == 1 and self.how == "truncated":
+                short = bucket.data[:-1]
+                bucket = DeviceBucket(bucket.specs, short, bucket_digest(short))
+            yield bucket
+
+
+@pytest.mark.parametrize("how", ["corrupt", "truncated"])
+def test_a_bad_bucket_is_refused_with_nothing_applied_and_the_next_push_lands(server, hf, how):
+    model, prompt = hf
+    before = _status(server)
+    tampering = _Tampering(
+        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), dist_timeout_s=20
+    )
+    tampering.how = how
+    try:
+        weights = TensorWeights.of(list(perturbed(model, 0.1, seed=5)))
+        (result,) = tampering.push(before[0] + 1, weights, [server.address], run=server.run)
+        assert not result.ok and "nothing applied" in result.error, result
+        assert _status(server) == before
+        _still_serves(server, prompt)
+        tampering.how = "none"
+        (result,) = tampering.push(before[0] + 1, weights, [server.address], run=server.run)
+        assert result.ok, result.error
+        assert _status(server) == (before[0] + 1, result.sent_checksum)
+    finally:
+        tampering.close()
+
+
+DYING_LEARNER = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    from services.common.weight_buckets import TensorWeights
+    from services.learner.weight_push.nccl_push import NcclWeightPusher
+    from transformers import AutoModelForCausalLM
+
+    address, token, run, port, version = sys.argv[1:6]
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[6], dtype=torch.float32)
+    named = [(n, t + 0.3) for n, t in model.state_dict().items()]
+    half = len(named) // 2
+
+    def source():  # the learner dies while it gathers the second half of the set
+        for i, pair in enumerate(named):
+            if i == half:
+                os._exit(3)
+            yield pair
+
+    weights = TensorWeights([w for w in TensorWeights.of(named).specs], source)
+    pusher = NcclWeightPusher(token=token, bucket_mb=1, host="127.0.0.1", port=int(port), dist_timeout_s=20)
+    pusher.push(int(version), weights, [address], run=run)
+    """
+)
+
+
+def test_a_push_whose_learner_dies_midway_leaves_the_previous_version_served(server, hf, pusher):
+    model, prompt = hf
+    before = _status(server)
+    proc = subprocess.run(
+        [sys.executable, "-c", DYING_LEARNER, server.address, server.token, server.run, str(free_port())]
+        + [str(before[0] + 1), str(server.model)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr.decode()[-2000:]
+    _still_serves(server, prompt)  # answered after the server dropped the broken push
+    assert _status(server) == before
+    weights = TensorWeights.of(list(perturbed(model, 0.2, seed=9)))
+    (result,) = pusher.push(before[0] + 1, weights, [server.address], run=server.run)
+    assert result.ok, result.error
+    assert _status(server) == (before[0] + 1, result.sent_checksum)

@@ -1,0 +1,183 @@
+"""The `nccl` weight push's settings and its pure pieces: config validation, the rendezvous, bucket
+digests (CPU), the set checksum over digests, and the server's staging rules (declarations, digest format,
+commit) without any process group."""
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from services.common.config import load_config
+from services.common.weight_dist import (
+    Rendezvous,
+    bucket_digest,
+    check_against,
+    copy_into,
+    pack_buckets,
+    set_checksum,
+    unpack,
+)
+from services.common.weights import WeightSetRejected, spec_of
+from services.learner.weight_push import PUSHERS
+from services.rollout.weight_receiver_dist import DistStaging
+
+
+def _learner(*overrides):
+    return load_config(None, [f"learner.{o}" for o in overrides]).learner
+
+
+def test_nccl_is_a_registered_transport_with_its_defaults():
+    cfg = _learner("weight_push=nccl", "weight_dist_host=omrl-learner")
+    assert PUSHERS.get("nccl").__name__ == "NcclWeightPusher"
+    assert (cfg.weight_dist_port, cfg.weight_dist_backend, cfg.weight_dist_timeout_s) == (29600, "auto", 60.0)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["weight_push=nccl"], "needs learner.weight_dist_host"),
+        (["weight_push=nccl", "weight_dist_host=h", "weight_dist_backend=nccl", "device=cpu"], "learner runs on CPU"),
+        (["weight_push=nccl", "weight_dist_host=h", "weight_dist_backend=gloo", "device=cuda"], "use nccl"),
+        (["weight_dist_port=80"], "greater than or equal to 1024"),
+        (["weight_dist_backend=mpi"], "'auto', 'gloo' or 'nccl'"),
+        (["weight_dist_timeout_s=0"], "greater than 0"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(overrides, words):
+    with pytest.raises(ValidationError, match=words):
+        _learner(*overrides)
+
+
+def test_the_grpc_transport_needs_no_rendezvous():
+    assert _learner("weight_push=grpc").weight_dist_host == ""
+
+
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        (dict(backend="mpi"), "backend"),
+        (dict(port=0), "not a TCP port"),
+        (dict(group="a/b"), "group name"),
+    ],
+)
+def test_a_bad_rendezvous_is_refused(kw, words):
+    args = dict(host="h", port=29600, group="g", backend="gloo", timeout_s=5.0) | kw
+    with pytest.raises(ValueError, match=words):
+        Rendezvous(**args)
+
+
+def _named():
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("a", torch.randn(3, 4, generator=g)),
+        ("b", torch.randn(5, generator=g)),
+        ("c", torch.randn(700, generator=g)),
+    ]
+
+
+def test_cpu_buckets_carry_the_sha256_of_their_bytes_and_unpack_to_the_tensors():
+    named = _named()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    assert [len(b.specs) for b in buckets] == [2, 1]  # 48 + 20 bytes, then 2800 alone
+    for b in buckets:
+        assert b.digest.startswith("sha256:") and b.digest == bucket_digest(b.data.clone())
+    got = dict(t for b in buckets for t in unpack(b.specs, b.data))
+    assert all(torch.equal(got[n], t) for n, t in named)
+
+
+def test_set_checksum_covers_specs_and_digests_in_order():
+    specs = [spec_of(n, t) for n, t in _named()]
+    assert set_checksum(specs, ["d1", "d2"]) != set_checksum(specs, ["d2", "d1"])
+    assert set_checksum(specs, ["d1"]) != set_checksum(specs[:2], ["d1"])
+
+
+def test_check_against_refuses_an_unknown_name_or_another_shape_and_copy_into_applies():
+    params = {n: torch.zeros_like(t) for n, t in _named()}
+    named = _named()
+    with pytest.raises(WeightSetRejected, match="unknown tensor"):
+        check_against(params, [spec_of("z", named[0][1])])
+    with pytest.raises(WeightSetRejected, match="'a'"):
+        check_against(params, [spec_of("a", named[0][1].T.contiguous())])
+    check_against(params, [spec_of(n, t) for n, t in named])
+    copy_into(params, named)
+    assert torch.equal(params["c"], named[2][1])
+
+
+def test_staging_checks_declarations_digests_and_the_commit(tmp_path):
+    named = _named()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    staging = DistStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path))
+    with pytest.raises(WeightSetRejected, match="digest"):
+        staging.declare(buckets[0].specs, buckets[0].nbytes, "md5:00")
+    with pytest.raises(WeightSetRejected, match="header's next tensor"):
+        staging.declare(buckets[1].specs, buckets[1].nbytes, buckets[1].digest)
+    info = staging.declare(buckets[0].specs, buckets[0].nbytes, buckets[0].digest)
+    assert info["kind"] == "receive" and info["offset"] == 0 and info["names"] == ["a", "b"]
+    with pytest.raises(WeightSetRejected, match="after 2 of 3 tensors"):
+        staging.commit(set_checksum(specs, [buckets[0].digest]))
+    info = staging.declare(buckets[1].specs, buckets[1].nbytes, buckets[1].digest)
+    assert info["offset"] > 0 and info["offset"] % 4096 == 0  # each bucket mapped on its own
+    with pytest.raises(WeightSetRejected, match="checksum"):
+        staging.commit("0" * 64)
+    spool = staging.commit(set_checksum(specs, [b.digest for b in buckets]))
+    assert [b.specs for b in spool.buckets] == [b.specs for b in buckets]
+    staging.abort()
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_gpu_digest_sees_a_flipped_byte_swapped_words_and_a_shorter_buffer():
+    from services.common.weight_dist import sum64
+
+    data = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    digest = sum64(data)
+    assert digest.startswith("sum64:") and len(digest) == 6 + 48 and sum64(data.clone()) == digest
+    flipped = data.clone()
+    flipped[17] ^= 1
+    swapped = data.clone()
+    swapped[:8], swapped[8:16] = data[8:16].clone(), data[:8].clone()
+    assert len({digest, sum64(flipped), sum64(swapped), sum64(data[:-1])}) == 4
+
+
+def test_the_gpu_digest_sees_words_moved_between_rows():
+    from services.common.weight_dist import sum64
+
+    data = torch.randint(0, 256, (8 * 3000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    moved = data.clone()
+    a, b = 8 * 5, 8 * (1024 + 5)  # the same column of two rows
+    moved[a : a + 8], moved[b : b + 8] = data[b : b + 8].clone(), data[a : a + 8].clone()
+    assert sum64(moved) != sum64(data)
+    assert sum64(torch.empty(0, dtype=torch.uint8)).startswith("sum64:" + "0" * 16)
+
+
+class _LoopbackGroup:
+    """A group of one: a broadcast leaves the buffer as the sender filled it (here: from a queue)."""
+
+    class _Work:
+        def wait(self):
+            pass
+
+    def __init__(self, payloads):
+        self.rdv = Rendezvous("h", 29600, "g", "gloo", 5.0)
+        self.payloads = list(payloads)
+
+    def post(self, buffer):
+        buffer.copy_(self.payloads.pop(0))
+        return self._Work()
+
+
+def test_the_pipelined_receiver_checks_every_bucket_and_refuses_a_bad_digest():
+    from services.common.weight_dist import BucketReceiver
+
+    named = _named()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    declared = [(b.specs, b.nbytes) for b in buckets]
+    got = {}
+    for tensors in receiver.receive_all(declared, lambda i: buckets[i].digest):
+        got.update((n, t.clone()) for n, t in tensors)
+    assert all(torch.equal(got[n], t) for n, t in named)
+    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    with pytest.raises(WeightSetRejected, match="do not match the digest"):
+        list(receiver.receive_all(declared, lambda i: buckets[1 - i].digest))
