@@ -6,6 +6,7 @@ that computed the same value hold the same weights."""
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -190,14 +191,19 @@ def _nbytes(dtype: str, shape: Sequence[int]) -> int:
 def check_finite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Raises WeightSetRejected naming the first tensor holding a NaN or an infinity.
 
-    A float32 sum first: any NaN or infinity makes it non-finite (IEEE arithmetic propagates them), so a
-    finite sum clears the tensor in one fast pass; a non-finite sum (or an overflow of huge finite
+    A float32 sum per tensor first, stacked and read once: any NaN or infinity makes a sum non-finite
+    (IEEE arithmetic propagates them), so finite sums clear every tensor with one read back (one host
+    sync per bucket on a GPU, not one per tensor); a non-finite sum (or an overflow of huge finite
     values) is confirmed element by element. `isfinite(t).all()` alone writes a bool per element and is
     several times slower."""
-    for name, t in named_tensors:
-        if not t.is_floating_point() or bool(torch.isfinite(t.sum(dtype=torch.float32))):
-            continue
-        if not bool(torch.isfinite(t).all()):
+    floats = [(name, t) for name, t in named_tensors if t.is_floating_point() and t.numel()]
+    if not floats:
+        return
+    sums = torch.stack([t.sum(dtype=torch.float32) for _, t in floats])
+    if bool(torch.isfinite(sums).all()):
+        return
+    for (name, t), total in zip(floats, sums.tolist(), strict=True):
+        if not math.isfinite(total) and not bool(torch.isfinite(t).all()):
             raise WeightSetRejected(f"tensor {name!r} holds NaN or Inf values")
 
 

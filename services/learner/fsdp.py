@@ -137,12 +137,24 @@ def streamed_weights(model: nn.Module, dtype: torch.dtype):
 
     def gathered():
         for name, t in sharded.items():
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            full = _whole(t)
             # kept on the learner's device: the gRPC producer copies each tensor to its host bucket, the
             # nccl one packs device buckets
             yield name, full.detach().to(dtype)
 
     return TensorWeights(specs, gathered)
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value: gathered over its mesh, or, on a mesh of one process, its local tensor
+    as it is (a gather there costs a collective call and a copy per tensor for nothing)."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    if t.device_mesh.size() == 1:
+        local = t.to_local()
+        if local.shape == t.shape:
+            return local
+    return t.full_tensor()
 
 
 def walk_for_push(weights) -> None:

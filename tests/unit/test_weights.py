@@ -126,3 +126,13 @@ def test_finite_check_tells_huge_finite_values_from_nan_and_inf():
         t[500] = bad
         with pytest.raises(WeightSetRejected, match="'t' holds NaN or Inf"):
             check_finite([("t", t)])
+
+
+def test_finite_check_of_many_tensors_names_the_bad_one_past_huge_finite_ones():
+    bad = torch.zeros(16)
+    bad[3] = float("nan")
+    named = [("ok", torch.ones(4)), ("huge", torch.full((4,), 3e38)), ("ints", torch.arange(3)), ("bad", bad)]
+    with pytest.raises(WeightSetRejected, match="'bad' holds NaN or Inf"):
+        check_finite(named)
+    check_finite(named[:3])
+    check_finite([])
