@@ -91,7 +91,7 @@ class PolicyTrainer:
         load_dtype = "float32" if mixed else config.model.dtype
         self.model_path = model_path
         self.pack = config.learner.pack_sequences
-        self.model = load_model(model_path, load_dtype, config.learner.attention)
+        self.model = load_model(model_path, load_dtype, config.learner.attention, config.learner.logprob_head)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(
             self.model,
@@ -116,6 +116,7 @@ class PolicyTrainer:
                 config.learner.logprob_chunk_tokens,
                 pack=self.pack,
                 attention=config.learner.attention,
+                head=config.learner.logprob_head,
             )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
