@@ -306,6 +306,9 @@ class LearnerConfig(Section):
     """How the chunked head computes them: `fused`, one autograd node that takes each chunk's logprob and entropy
     in one fp32 pass and forms the logits' gradient analytically (compiled with `compile`); `recompute`,
     autograd through each chunk's log-softmax, recomputed in the backward pass (activation checkpointing)."""
+    fused_optimizer: bool = False
+    """AdamW's fused kernel (torch's `fused=True`: one kernel per step over all of a device's parameters) for the
+    policy and critic, instead of the default foreach kernels; the same update up to float rounding."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
     compile: bool = False

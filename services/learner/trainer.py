@@ -31,7 +31,7 @@ from services.learner.model import DTYPES, load_model, token_logprobs, token_log
 from services.learner.packing import token_budget_chunks
 from services.learner.parallelize import parallelize
 from services.learner.reference import ReferencePolicy
-from services.learner.schedule import build_scheduler, restore_scheduler
+from services.learner.schedule import build_optimizer, build_scheduler, restore_scheduler
 
 # per-token sums (divided by the token count in the metrics) and loss sums (already normalised)
 _TOKEN_SUMS = (
@@ -100,7 +100,7 @@ class PolicyTrainer:
             activation_checkpointing=config.learner.activation_checkpointing,
             compile_layers=config.learner.compile,
         )
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
+        self.optimizer = build_optimizer(self.model, algo.lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
         self.critic = None
