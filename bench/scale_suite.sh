@@ -7,7 +7,8 @@
 #       with fused AdamW; --profile adds one profiled learner and bare step (GPU-busy time, kernel count).
 #   (b) the Qwen2.5-7B shape (random weights), FSDP over the 4 GPUs (torchrun), 128 sequences, activation
 #       checkpointing, 32k-token micro-batches, fused head; if it fails and time is left, again without compile
-#       and with 16k-token micro-batches.
+#       and with 16k-token micro-batches; if it ran and time is left, without activation checkpointing (no
+#       recompute, which MFU does not count) on 6k-token micro-batches (what the activations allow in 80 GB).
 # Prints one table; writes ${OUT:-bench-out}/scale_suite.json (every row's result) and scale_suite.log (each
 # row's log tail). TINY=1: the same rows with a tiny model on CPU (2 processes for (b)), to check the script.
 set -uo pipefail
@@ -76,6 +77,10 @@ if [ ! -s "$work/b_7b_fsdp.json" ] && [ "$left" -gt 150 ]; then
   echo "retrying (b) without compile, 16k-token micro-batches ($left s left)"
   row b_7b_fsdp_nocompile_16k "$left" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" \
     "${b_sets[@]}" --set learner.compile=false --set algorithm.micro_batch_tokens=16384
+elif [ "$left" -gt 170 ]; then
+  echo "(b) without activation checkpointing, 6k-token micro-batches ($left s left)"
+  row b_7b_fsdp_noac_6k "$left" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" \
+    --set learner.logprob_head=fused --set algorithm.micro_batch_tokens=6144
 fi
 
 "$PY" - "$work" "$out" <<'PY'
