@@ -47,10 +47,14 @@ row() {  # name, timeout, command...: runs one row, its JSON and log in $work
   return $rc
 }
 
-# the models first: the (a) rows would race to build the same directory; the 7B one on the GPU (a) leaves free
+# the models first: the (a) rows would race to build the same directory; the 7B one, and the gpu tests of the
+# fused head and varlen attention, on the GPU (a) leaves free
 "$PY" bench/learner_step.py "${a_args[@]}" --build-only
 env $(a_env 3) "$PY" bench/learner_step.py "${b_args[@]}" --build-only > "$work/build_7b.txt" 2>&1 &
 build_7b=$!
+env $(a_env 3) "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_fused_head_gpu.py \
+  tests/integration/test_varlen_attention_gpu.py > "$work/gpu_tests.txt" 2>&1 &
+gpu_tests=$!
 
 # (a) side by side, one GPU each
 a_row() {  # name, gpu, overrides...
@@ -68,7 +72,10 @@ wait "${a_pids[@]}"
 
 # (b) 7B shape, FSDP over every GPU, in the time left
 wait "$build_7b" || tail -5 "$work/build_7b.txt"
+wait "$gpu_tests"
+tail -4 "$work/gpu_tests.txt"
 b_timeout=$((BUDGET - SECONDS))
+[ "$b_timeout" -ge 60 ] || b_timeout=60  # timeout 0 would mean none
 b_sets=(--set learner.activation_checkpointing=true --set learner.logprob_head=fused)
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # the 7B rows only: (a) is done
 row b_7b_fsdp "$b_timeout" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" "${b_sets[@]}"
