@@ -4,10 +4,14 @@ transformers only (no vLLM, no Redis).
 
     python bench/learner_step.py --out result.json                                  # 1 GPU
     torchrun --standalone --nproc_per_node 2 bench/learner_step.py --out result.json  # 2 GPUs, FSDP
+    torchrun --standalone --nproc_per_node 4 bench/learner_step.py --shape 7b --bare \
+        --set learner.activation_checkpointing=true                                  # Qwen2.5-7B shape
+    python bench/learner_step.py --tiny --bare --steps 1 --warmup 1                  # CPU: checks the script
 
 Step time is the wall time of `PolicyTrainer.train_step` (collate, scoring forward, advantages, update),
 the median over `--steps` timed steps after `--warmup` untimed ones. FLOPs per step (dense, causal
-attention; N = parameters that take part in matmuls, the tied embedding counted once as the LM head):
+attention; N = parameters that take part in matmuls: the LM head, not the input embedding, which is a lookup
+(a tied embedding is counted once, as the head); recomputed activations are not counted):
   forward of one sequence of S tokens = 2 * N * S + 2 * L * d * S^2
   step = (1 + 3 * ppo_epochs) * sum over sequences of that forward      (scoring pass + fwd/bwd per epoch)
   (+ the critic's (1 + 3 * ppo_epochs) forwards for gae, + one reference forward when a KL term is on)
@@ -42,6 +46,16 @@ QWEN25_05B = dict(
     pad_token_id=151643,
     eos_token_id=151645,
 )
+QWEN25_7B = dict(
+    QWEN25_05B,
+    hidden_size=3584,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    intermediate_size=18944,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
 TINY = dict(
     QWEN25_05B,
     hidden_size=64,
@@ -53,6 +67,7 @@ TINY = dict(
     pad_token_id=0,
     eos_token_id=1,
 )
+SHAPES = {"0.5b": QWEN25_05B, "7b": QWEN25_7B, "tiny": TINY}
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}
 
 
@@ -66,6 +81,10 @@ def build_model(path: Path, shape: dict) -> Path:
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
     return path
+
+
+def default_model_dir(shape: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"omrl-bench-qwen25-{shape}"
 
 
 def trajectories(num: int, group_size: int, seq_len: int, vocab: int, seed: int, min_len: int = 0) -> list:
@@ -105,8 +124,12 @@ def trajectories(num: int, group_size: int, seq_len: int, vocab: int, seed: int,
 
 
 def matmul_params(model) -> int:
-    """Parameters used in matmuls: everything but norms, the embedding counted once (it is the LM head)."""
+    """Parameters used in matmuls: everything but norms and an untied input embedding (a lookup); a tied
+    embedding is counted once, as the LM head."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     seen, total = set(), 0
+    if head is not None and embedding.weight is not head.weight:
+        seen.add(id(embedding.weight))
     for name, p in model.named_parameters():
         if id(p) in seen or p.dim() < 2:
             continue
@@ -213,7 +236,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one extra step")
-    parser.add_argument("--tiny", action="store_true", help="a tiny Qwen2 on CPU: checks the script, measures nothing")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b", help="the random model's Qwen2.5 shape")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny Qwen2 on CPU (any world size): checks the script, measures nothing"
+    )
+    parser.add_argument("--build-only", action="store_true", help="build the random model directory, then exit")
+    parser.add_argument(
+        "--bare-warmup", type=int, help="untimed bare steps (default --warmup; the layers are compiled by then)"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -222,6 +252,15 @@ def main() -> None:
         help="a run-config override, e.g. learner.activation_checkpointing=true (repeatable)",
     )
     args = parser.parse_args()
+    if args.tiny:
+        args.shape = "tiny"
+    tiny = args.shape == "tiny"
+
+    if args.build_only:  # one process, before rows that share the directory start at once
+        path = Path(args.model or default_model_dir(args.shape))
+        if not (path / "config.json").is_file():
+            build_model(path, SHAPES[args.shape])
+        return
 
     import torch
 
@@ -230,20 +269,20 @@ def main() -> None:
     from services.learner.batch import collate
     from services.learner.trainer import PolicyTrainer
 
-    device_name = "cpu" if args.tiny else "cuda"
+    device_name = "cpu" if tiny else "cuda"
     device = fsdp.resolve_device(device_name)
     fsdp.init_distributed(device)
     model_dir = args.model
     if not model_dir:
-        model_dir = str(Path(tempfile.gettempdir()) / ("omrl-bench-tiny" if args.tiny else "omrl-bench-qwen25-05b"))
+        model_dir = str(default_model_dir(args.shape))
         if fsdp.is_rank0() and not (Path(model_dir) / "config.json").is_file():
-            build_model(Path(model_dir), TINY if args.tiny else QWEN25_05B)
+            build_model(Path(model_dir), SHAPES[args.shape])
         fsdp.barrier()
     config = load_config(
         None,
         [
             "seed=0",
-            f"model.dtype={'float32' if args.tiny else 'bfloat16'}",
+            f"model.dtype={'float32' if tiny else 'bfloat16'}",
             f"rollout.group_size={args.group_size}",
             f"learner.device={device_name}",
             "learner.steps=1000",
@@ -299,6 +338,7 @@ def main() -> None:
     world = fsdp.world_size()
     mem = fsdp.all_gather_object(torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0)
     result = {
+        "shape": args.shape,
         "gpu": gpu,
         "gpus": world,
         "advantage": args.advantage,
@@ -329,7 +369,8 @@ def main() -> None:
         "overrides": args.set,
     }
     if args.bare:
-        bare_s = bare_loop(trainer, batches, args.warmup, sync)
+        bare_warmup = args.warmup if args.bare_warmup is None else min(args.bare_warmup, args.warmup)
+        bare_s = bare_loop(trainer, batches[args.warmup - bare_warmup :], bare_warmup, sync)
         bare_flops = 3 * forward_flops(n_policy, layers, width, lengths)
         result.update(
             bare_step_seconds_median=bare_s,

@@ -24,6 +24,7 @@ for row in ${ROWS:-packed16k}; do
     packed32k_varlen) run packed32k_varlen learner.pack_sequences=true algorithm.micro_batch_tokens=32768 learner.attention=varlen ;;
     packed16k_varlen_compile) run packed16k_varlen_compile learner.pack_sequences=true algorithm.micro_batch_tokens=16384 learner.attention=varlen learner.compile=true ;;
     packed32k_varlen_compile) run packed32k_varlen_compile learner.pack_sequences=true algorithm.micro_batch_tokens=32768 learner.attention=varlen learner.compile=true ;;
+    packed32k_varlen_compile_recompute) run packed32k_varlen_compile_recompute learner.pack_sequences=true algorithm.micro_batch_tokens=32768 learner.attention=varlen learner.compile=true learner.logprob_head=recompute ;;
     packed64k_varlen_compile) run packed64k_varlen_compile learner.pack_sequences=true algorithm.micro_batch_tokens=65536 learner.attention=varlen learner.compile=true ;;
     packed16k_noent) run packed16k_noent learner.pack_sequences=true algorithm.micro_batch_tokens=16384 learner.fuse_scoring=false ;;
   esac

@@ -312,6 +312,13 @@ class LearnerConfig(Section):
     """Longest wait for one step's trajectories before the learner gives up."""
     logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)
     """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense."""
+    logprob_head: Literal["fused", "recompute"] = "fused"
+    """How the chunked head computes them: `fused`, one autograd node that takes each chunk's logprob and entropy
+    in one fp32 pass and forms the logits' gradient analytically (compiled with `compile`); `recompute`,
+    autograd through each chunk's log-softmax, recomputed in the backward pass (activation checkpointing)."""
+    fused_optimizer: bool = False
+    """AdamW's fused kernel (torch's `fused=True`: one kernel per step over all of a device's parameters) for the
+    policy and critic, instead of the default foreach kernels; the same update up to float rounding."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
     compile: bool = False

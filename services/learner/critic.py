@@ -14,7 +14,7 @@ from services.learner import fsdp
 from services.learner.losses import value_loss
 from services.learner.model import load_value_model, token_values
 from services.learner.parallelize import parallelize
-from services.learner.schedule import build_scheduler
+from services.learner.schedule import build_optimizer, build_scheduler
 
 
 class Critic:
@@ -30,7 +30,7 @@ class Critic:
             activation_checkpointing=config.learner.activation_checkpointing,
             compile_layers=config.learner.compile,
         )
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=algo.weight_decay)
+        self.optimizer = build_optimizer(self.model, algo.critic_lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
 
     @torch.no_grad()

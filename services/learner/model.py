@@ -2,8 +2,10 @@
 
 Two paths to the logprobs: dense (the model's [B, T, V] logits, then log-softmax in fp32) and chunked
 (`chunk_tokens` > 0: the final hidden states, then the LM head and an fp32 log-softmax on `chunk_tokens`
-positions at a time, each chunk recomputed in the backward pass rather than kept), so no [B, T, V]
-fp32 tensor ever exists. Both give the same values and gradients up to float rounding."""
+positions at a time), so no [B, T, V] fp32 tensor ever exists. The chunked head is either `fused`
+(`fused_head`: one autograd node, logprob and entropy in one pass, the logits' gradient formed
+analytically) or `recompute` (autograd through each chunk's log-softmax, the chunk recomputed in the
+backward pass by activation checkpointing). All give the same values and gradients up to float rounding."""
 
 from __future__ import annotations
 
@@ -15,19 +17,31 @@ from torch.utils.checkpoint import checkpoint
 
 from services.learner.batch import entropy_from_logits, logprobs_from_logits
 from services.learner.fsdp import TOKEN_STATS_METHOD  # the method that computes chunked logprobs
+from services.learner.fused_head import head_token_stats
 from services.learner.packing import pack_rows
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HEADS = ("fused", "recompute")
 
 
-def load_model(path: str, dtype: str = "float32", attention: str = "sdpa") -> torch.nn.Module:
-    """Loads on CPU with dropout off (eval mode), so PPO's first-epoch ratio is exactly 1."""
+def load_model(path: str, dtype: str = "float32", attention: str = "sdpa", head: str = "fused") -> torch.nn.Module:
+    """Loads on CPU with dropout off (eval mode), so PPO's first-epoch ratio is exactly 1. `head`: how the
+    chunked logprobs are computed (`HEADS`)."""
     from transformers import AutoModelForCausalLM
 
+    if head not in HEADS:
+        raise ValueError(f"unknown logprob head {head!r}: one of {HEADS}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_name(attention))
     model.config.use_cache = False
-    setattr(model, TOKEN_STATS_METHOD, functools.partial(_chunked_token_stats, model))
+    setattr(model, TOKEN_STATS_METHOD, functools.partial(_chunked_token_stats, model, head=head))
     return model.eval()
+
+
+def compile_head(model: torch.nn.Module) -> None:
+    """The fused head's elementwise kernels through torch.compile (`parallelize` with `compile`)."""
+    stats = getattr(model, TOKEN_STATS_METHOD, None)
+    if isinstance(stats, functools.partial):
+        setattr(model, TOKEN_STATS_METHOD, functools.partial(stats, compiled=True))
 
 
 def attn_name(attention: str) -> str:
@@ -114,31 +128,36 @@ def _chunked_token_stats(
     chunk_tokens: int,
     with_entropy: bool,
     position_ids=None,
+    head: str = "fused",
+    compiled: bool = False,
     **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
     hidden = model.get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
     ).last_hidden_state
-    head = model.get_output_embeddings()
+    lm_head = model.get_output_embeddings()
     b, t = input_ids.shape
     flat = hidden.reshape(b * t, -1)
     # position t's hidden state predicts token t + 1; the last column's target is a placeholder, dropped below
     targets = F.pad(input_ids[:, 1:], (0, 1)).reshape(-1)
+
+    def unflatten(parts: list[torch.Tensor]) -> torch.Tensor:
+        return F.pad(torch.cat(parts).reshape(b, t)[:, :-1], (1, 0))
+
+    if head == "fused":
+        lp, ent = head_token_stats(flat, lm_head.weight, lm_head.bias, targets, chunk_tokens, with_entropy, compiled)
+        return unflatten([lp]), unflatten([ent])
     logps, ents = [], []
     for start in range(0, b * t, chunk_tokens):
         rows = slice(start, start + chunk_tokens)
-        args = (flat[rows], head.weight, head.bias, targets[rows], with_entropy)
+        args = (flat[rows], lm_head.weight, lm_head.bias, targets[rows], with_entropy)
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
         else:
             lp, ent = _head_chunk(*args)
         logps.append(lp)
         ents.append(ent)
-
-    def unflatten(parts: list[torch.Tensor]) -> torch.Tensor:
-        return F.pad(torch.cat(parts).reshape(b, t)[:, :-1], (1, 0))
-
     return unflatten(logps), unflatten(ents)
 
 

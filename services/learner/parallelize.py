@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from services.learner import fsdp
+from services.learner.model import compile_head
 
 
 def parallelize(
@@ -21,7 +22,8 @@ def parallelize(
     activation_checkpointing: bool = False,
     compile_layers: bool = False,
 ) -> nn.Module:
-    """Applies the levers to `model` in place and returns it sharded on `device`."""
+    """Applies the levers to `model` in place and returns it sharded on `device`. `compile_layers` also
+    compiles the fused logprob head's elementwise kernels."""
     for layer in fsdp.decoder_layers(model):
         if activation_checkpointing:
             checkpoint_activations(layer)
@@ -29,6 +31,8 @@ def parallelize(
             # per layer, not the whole model: FSDP's hooks between layers stay outside the compiled graphs,
             # and identical layers reuse one compiled graph
             layer.compile()
+    if compile_layers:
+        compile_head(model)
     return fsdp.shard_model(model, device, mixed_precision_bf16=mixed_precision_bf16)
 
 

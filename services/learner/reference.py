@@ -21,10 +21,11 @@ class ReferencePolicy:
         chunk_tokens: int = 0,
         pack: bool = False,
         attention: str = "sdpa",
+        head: str = "fused",
     ):
         from services.common.weights import checksum
 
-        self.model = load_model(model_path, dtype, attention)
+        self.model = load_model(model_path, dtype, attention, head)
         self.chunk_tokens, self.pack = chunk_tokens, pack
         self.model.requires_grad_(False)
         digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None

@@ -1,4 +1,5 @@
-"""Learning-rate schedule: linear warm-up, then constant or cosine decay over the run's steps."""
+"""The optimizer and its learning-rate schedule: AdamW; linear warm-up, then constant or cosine decay over the
+run's steps."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import math
 import torch
 
 from services.common.config import AlgorithmConfig
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW over the (sharded) parameters; `fused`: torch's single-kernel implementation instead of foreach."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=fused or None)
 
 
 def lr_factor(step: int, algo: AlgorithmConfig, total_steps: int) -> float:

@@ -31,7 +31,7 @@ from services.learner.model import DTYPES, load_model, token_logprobs, token_log
 from services.learner.packing import token_budget_chunks
 from services.learner.parallelize import parallelize
 from services.learner.reference import ReferencePolicy
-from services.learner.schedule import build_scheduler, restore_scheduler
+from services.learner.schedule import build_optimizer, build_scheduler, restore_scheduler
 
 # per-token sums (divided by the token count in the metrics) and loss sums (already normalised)
 _TOKEN_SUMS = (
@@ -91,7 +91,7 @@ class PolicyTrainer:
         load_dtype = "float32" if mixed else config.model.dtype
         self.model_path = model_path
         self.pack = config.learner.pack_sequences
-        self.model = load_model(model_path, load_dtype, config.learner.attention)
+        self.model = load_model(model_path, load_dtype, config.learner.attention, config.learner.logprob_head)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(
             self.model,
@@ -100,7 +100,7 @@ class PolicyTrainer:
             activation_checkpointing=config.learner.activation_checkpointing,
             compile_layers=config.learner.compile,
         )
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.lr, weight_decay=algo.weight_decay)
+        self.optimizer = build_optimizer(self.model, algo.lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
         self.critic = None
@@ -116,6 +116,7 @@ class PolicyTrainer:
                 config.learner.logprob_chunk_tokens,
                 pack=self.pack,
                 attention=config.learner.attention,
+                head=config.learner.logprob_head,
             )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0

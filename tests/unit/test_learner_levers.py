@@ -331,3 +331,20 @@ def test_train_step_same_with_compiled_layers(model_dir):
     ]
     for key, value in plain.items():
         assert compiled[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+
+
+def test_fused_adamw_takes_the_foreach_steps_and_its_checkpoint_resumes_either_way(model_dir, tmp_path):
+    batches = [synthetic_trajectories(8, 4, seed=s) for s in (5, 6, 7)]
+    foreach = PolicyTrainer(make_config(), model_dir)
+    fused = PolicyTrainer(make_config({"fused_optimizer": True}), model_dir)
+    assert fused.optimizer.defaults["fused"] and not foreach.optimizer.defaults["fused"]
+    for trajs in batches[:2]:
+        want, got = untimed(foreach.train_step(trajs)), untimed(fused.train_step(trajs))
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    path = fused.save_checkpoint(tmp_path / "ckpt")
+    resumed = PolicyTrainer(make_config(), model_dir)  # foreach from a fused checkpoint
+    resumed.load_checkpoint(path)
+    want, got = untimed(fused.train_step(batches[2])), untimed(resumed.train_step(batches[2]))
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key

@@ -1,0 +1,124 @@
+"""Fused LM head + per-token logprob + entropy over vocabulary chunks.
+
+`head_token_stats(hidden [N, d], weight [V, d], bias, targets [N])` -> (logprobs [N], entropies [N]), both
+float32, equal (to float rounding) to log_softmax(hidden @ weight.T + bias) at the targets and its entropy.
+One autograd node for the whole head: the forward pass computes each chunk's logits (a matmul in the
+weight's dtype), then the logsumexp, the target logit and the entropy in one float32 pass over the chunk,
+and keeps only the inputs and two floats a token (logsumexp, entropy). The backward pass recomputes a
+chunk's logits and forms the logits' gradient analytically,
+
+    dL/dz = g_lp * (onehot(target) - p) - g_ent * p * (log p + H),   p = softmax(z), H = -sum p log p,
+
+then the two matmuls of the head's backward. No [N, V] tensor outlives its chunk, and neither pass runs
+autograd over the [chunk, V] elementwise ops. The elementwise parts are plain functions so that
+torch.compile can fuse each into a few kernels (`compiled=True`)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def _stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return lse, logp, torch.zeros_like(logp)
+    p = torch.exp(z - lse.unsqueeze(-1))
+    return lse, logp, lse - (p * z).sum(-1)
+
+
+def _logits_grad(logits, targets, lse, ent, g_lp, g_ent, out_dtype: torch.dtype):
+    z = logits.float()
+    log_p = z - lse.unsqueeze(-1)
+    p = torch.exp(log_p)
+    if g_ent is None:
+        grad = -p * g_lp.unsqueeze(-1)
+    else:
+        grad = -p * (g_lp.unsqueeze(-1) + g_ent.unsqueeze(-1) * (log_p + ent.unsqueeze(-1)))
+    return grad.scatter_add(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1)).to(out_dtype)
+
+
+@functools.cache
+def _kernels(compiled: bool):
+    """The elementwise functions, compiled once per process when asked (shapes vary: the last chunk is shorter,
+    packed micro-batches have any length), so every head of the process shares the compiled graphs."""
+    if not compiled:
+        return _stats, _logits_grad
+    return (
+        torch.compile(_stats, dynamic=True, fullgraph=True),
+        torch.compile(_logits_grad, dynamic=True, fullgraph=True),
+    )
+
+
+class _FusedHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_tokens: int, with_entropy: bool, compiled: bool):
+        stats, _ = _kernels(compiled)
+        n = hidden.shape[0]
+        lse = hidden.new_empty(n, dtype=torch.float32)
+        logp = torch.empty_like(lse)
+        ent = torch.empty_like(lse)
+        for start in range(0, n, chunk_tokens):
+            rows = slice(start, start + chunk_tokens)
+            lse[rows], logp[rows], ent[rows] = stats(F.linear(hidden[rows], weight, bias), targets[rows], with_entropy)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
+        ctx.chunk_tokens, ctx.with_entropy, ctx.compiled = chunk_tokens, with_entropy, compiled
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        if g_lp is None and g_ent is None:
+            return None, None, None, None, None, None, None
+        _, logits_grad = _kernels(ctx.compiled)
+        if g_lp is None:
+            g_lp = torch.zeros_like(lse)
+        if not ctx.with_entropy:
+            g_ent = None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        # the weight's gradient summed over chunks in float32: a bf16 running sum would drop low bits chunk by chunk
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b and bias is not None else None
+        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
+            rows = slice(start, start + ctx.chunk_tokens)
+            h = hidden[rows]
+            dz = logits_grad(
+                F.linear(h, weight, bias),
+                targets[rows],
+                lse[rows],
+                ent[rows],
+                g_lp[rows],
+                None if g_ent is None else g_ent[rows],
+                hidden.dtype,
+            )
+            if grad_h is not None:
+                grad_h[rows] = dz @ weight
+            if grad_w is not None:
+                grad_w += (dz.t() @ h).float()
+            if grad_b is not None:
+                grad_b += dz.float().sum(0)
+        grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
+        grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def head_token_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    with_entropy: bool = True,
+    compiled: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N] logprob of each target, [N] entropy, zeros unless `with_entropy`), float32. The entropy is
+    differentiable only when `with_entropy`."""
+    return _FusedHead.apply(hidden, weight, bias, targets, max(int(chunk_tokens), 1), with_entropy, compiled)
