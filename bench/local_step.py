@@ -348,7 +348,18 @@ def median_stages(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(row.get(k, 0.0) for row in rows), 4) for k in keys}
 
 
-SHOWN = ("generate", "detokenize", "parse", "tokenize", "env_create", "env_step", "env_close", "reward", "publish")
+SHOWN = (
+    "generate",
+    "weights_wait",
+    "detokenize",
+    "parse",
+    "tokenize",
+    "env_create",
+    "env_step",
+    "env_close",
+    "reward",
+    "publish",
+)
 
 
 def print_stages(rows: list[dict[str, float]], steps_timeline: list[dict]) -> None:

@@ -30,6 +30,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, Unavaila
 from services.common.weight_spool import WeightSpool
 from services.common.weights import ModelSignature, TensorSpec, WeightSetRejected
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
+from services.rollout.loop_stages import LOOP_STAGE_SECONDS
 from services.rollout.rwlock import ReadWriteLock
 from services.rollout.weight_receiver import BucketReceiver
 
@@ -118,8 +119,8 @@ class RolloutCore:
         return not self.engine_dead and not self.waiting_for_version
 
     async def wait_until_serving(self, poll_s: float = 0.2) -> None:
-        while not self.serving:
-            await asyncio.sleep(poll_s)
+        while not self.serving:  # a push makes it serve; a dead engine never does
+            await self.wait_for_new_version(self.policy_version, poll_s)
 
     async def wait_for_new_version(self, seen: int, timeout_s: float) -> None:
         """Returns once the served version is no longer `seen` (a push landed), or after `timeout_s`."""
@@ -142,7 +143,9 @@ class RolloutCore:
                 f"waiting for weights v{self.required_version}: this rollout server (re)started "
                 f"while the run is at that version and holds v{self.policy_version}"
             )
+        queued = time.perf_counter()
         async with self._lock.read():
+            LOOP_STAGE_SECONDS.labels("weights_wait").observe(time.perf_counter() - queued)
             version = self.policy_version
             ACTIVE_REQUESTS.inc()
             start = time.perf_counter()

@@ -2,7 +2,8 @@
 one histogram, `omrl_rollout_loop_stage_seconds{stage}`, observed by the agent loop and the producer.
 
 Stages (each observation is one call, so `_sum` is busy time summed over concurrent episodes, not wall time):
-- generate: an episode waiting on the engine for one model turn (queueing inside vLLM included);
+- generate: an episode waiting on the engine for one model turn (queueing inside vLLM included, and
+  weights_wait: the time the request waited for a weight update to finish before entering the engine);
 - detokenize, parse, tokenize: the reply's text, its action, the next observation's tokens;
 - env_create, env_step, env_close: calls to the environment service;
 - reward: one scoring call per group; publish: the group's encoding and its Redis write;
@@ -31,6 +32,7 @@ STAGES = (
     "reward",
     "publish",
     "slot_wait",
+    "weights_wait",
 )
 # sub-millisecond stages (parsing, detokenising a short reply) need buckets below the latency ones
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, *metrics.LATENCY_BUCKETS)
