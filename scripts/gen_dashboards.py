@@ -452,6 +452,23 @@ b.panel(
 )
 b.panel(
     "timeseries",
+    "Agent-loop stages",
+    "Seconds per second spent in each stage of the agent loop and the producer, summed over episodes (so: "
+    "episodes in that stage on average): generate is waiting on the engine; the rest is the path from an "
+    "engine output to the next request (detokenise, parse, env calls, observation tokens) and around each "
+    "group (reward, Redis publish, waiting for a group slot).",
+    [(rate("omrl_rollout_loop_stage_seconds_sum", by="stage"), "{{stage}}")],
+)
+b.panel(
+    "timeseries",
+    "Engine idle",
+    "Share of time a rollout server's engine had no generation request in flight (counted when the next "
+    "request arrives). In a synchronous run (max_staleness 0) the engine idles while the learner trains.",
+    [(f"sum by (instance) (rate(omrl_rollout_engine_idle_seconds_total{R}[$__rate_interval]))", "{{instance}}")],
+    unit="percentunit",
+)
+b.panel(
+    "timeseries",
     "Weight update duration",
     "Time a rollout server takes to swap in a pushed weight set.",
     [

@@ -77,6 +77,9 @@ class EnvConfig(Section):
     """Env-service processes the local launcher starts; they route each episode's calls to its owner."""
     max_turns: int = Field(6, ge=1, le=1000)
     """Turns after which an episode is cut off (stop_reason max_turns)."""
+    batch_steps: bool = True
+    """The rollout sends the steps of episodes that are ready together as one StepBatch call (fewer calls, the
+    same per-step semantics); false: one Step call per episode turn."""
     step_timeout_s: float = Field(10.0, gt=0, le=600)
     """Deadline of one environment call that does not queue; times the queue waves of an env that serves a
     limited number of calls at once (AgentGym: servers x max_concurrent; see services/envs/deadlines.py)."""

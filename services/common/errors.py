@@ -66,12 +66,17 @@ _BY_CODE = {
 }
 
 
+def error_for(code: grpc.StatusCode, message: str) -> ServiceError:
+    """The typed error for a status code; codes without a subclass give a plain ServiceError."""
+    cls = _BY_CODE.get(code)
+    return cls(message) if cls else ServiceError(message, code=code)
+
+
 def from_rpc_error(err: grpc.RpcError) -> ServiceError:
-    """The typed error for a failed call; codes without a subclass give a plain ServiceError."""
+    """The typed error for a failed call."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = (err.details() if hasattr(err, "details") else "") or str(code)
-    cls = _BY_CODE.get(code)
-    error = cls(message) if cls else ServiceError(message, code=code)
+    error = error_for(code, message)
     error.__cause__ = err
     return error
 

@@ -9,7 +9,7 @@ Conventions every service follows (docs/operations.md lists the whole catalogue)
 - latencies are histograms; per-step learner statistics are gauges holding the last step's value;
 - label names mean the same everywhere: `env` (environment name), `op` (env call), `kind` (error
   class), `component` (reward function), `outcome`, `reason`, `term` (loss term), `against` (what a
-  KL is measured against), `method`/`code` (gRPC), `state` (job state);
+  KL is measured against), `method`/`code` (gRPC), `state` (job state), `stage` (agent-loop stage);
 - the scraper adds `job` (the service: envs, reward, rollout, learner, jobs-api), `run` and `instance`;
 - a labelled counter whose label values are known up front is created with every child at zero
   (`preset`), so rates read 0 rather than "no data" before the first event.

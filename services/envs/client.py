@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 from typing import Any
 
 import grpc
 
-from services.common.errors import InvalidArgument, rpc_errors
+from services.common import metrics
+from services.common.errors import Internal, InvalidArgument, ServiceError, error_for, rpc_errors
 from services.common.protos import envs_pb2, envs_pb2_grpc
 from services.envs.messages import EnvInfo, EpisodeState, to_struct
 from services.envs.service import EnvService
+
+log = logging.getLogger(__name__)
+STEP_BATCH_SIZE = metrics.histogram(
+    "rollout",
+    "env_step_batch_size",
+    "Episode steps sent in one StepBatch call to the env service",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class EnvClient(abc.ABC):
@@ -65,14 +77,19 @@ class InProcessEnvClient(EnvClient):
 
 
 class GrpcEnvClient(EnvClient):
-    def __init__(self, address: str, timeout_s: float = 30.0):
+    def __init__(self, address: str, timeout_s: float = 30.0, batch_steps: bool = False):
         """`timeout_s` bounds every call; keep it above the server's step timeout so a slow env is
         reported by the server (DEADLINE_EXCEEDED with the env's name) rather than cut off here.
         `address` may name several replicas (`ipv4:h1:p1,h2:p2`, or a DNS name with several records):
-        calls are spread round-robin, and the replicas route each episode's calls to its owner."""
-        self.address, self.timeout_s = address, timeout_s
+        calls are spread round-robin, and the replicas route each episode's calls to its owner.
+        `batch_steps`: the steps asked for in one pass of the event loop (episodes whose replies came out
+        of the same engine step) travel as one StepBatch call; a server without StepBatch gets single
+        Steps from then on."""
+        self.address, self.timeout_s, self.batch_steps = address, timeout_s, batch_steps
         self._channel: grpc.aio.Channel | None = None
         self._stub: envs_pb2_grpc.EnvServiceStub | None = None
+        self._queued: list[tuple[envs_pb2.StepRequest, asyncio.Future]] = []
+        self._senders: set[asyncio.Task] = set()
 
     @property
     def stub(self) -> envs_pb2_grpc.EnvServiceStub:
@@ -99,8 +116,67 @@ class GrpcEnvClient(EnvClient):
 
     async def step(self, episode_id: str, action: str) -> EpisodeState:
         request = _request(envs_pb2.StepRequest, episode_id=episode_id, action=action)
-        with rpc_errors():
-            return EpisodeState.from_proto(await self.stub.Step(request, timeout=self.timeout_s))
+        if not self.batch_steps:
+            with rpc_errors():
+                return EpisodeState.from_proto(await self.stub.Step(request, timeout=self.timeout_s))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self._queued:  # runs after every episode that is ready in this pass has queued its step
+            loop.call_soon(self._start_batch)
+        self._queued.append((request, future))
+        return await future
+
+    def _start_batch(self) -> None:
+        task = asyncio.ensure_future(self._send_batch())
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
+
+    async def _send_batch(self) -> None:
+        batch, self._queued = self._queued, []
+        STEP_BATCH_SIZE.observe(len(batch))
+        try:
+            with rpc_errors():
+                reply = await self.stub.StepBatch(
+                    envs_pb2.StepBatchRequest(steps=[request for request, _ in batch]), timeout=self.timeout_s
+                )
+        except ServiceError as exc:
+            if exc.code == grpc.StatusCode.UNIMPLEMENTED:
+                log.warning("the env service at %s has no StepBatch: single steps from now on", self.address)
+                self.batch_steps = False
+                await asyncio.gather(*(self._single(request, future) for request, future in batch))
+                return
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        except BaseException as exc:  # cancelled, or a bug: no episode may wait forever on its step
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else ServiceError(str(exc)))
+            raise
+        if len(reply.results) != len(batch):
+            error = Internal(f"StepBatch answered {len(reply.results)} results for {len(batch)} steps")
+            results = [envs_pb2.StepResult(code=error.code.value[0], error=error.message)] * len(batch)
+        else:
+            results = list(reply.results)
+        for (_, future), result in zip(batch, results):
+            if future.done():  # the episode was cancelled meanwhile
+                continue
+            if result.code:
+                future.set_exception(error_for(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.error))
+            else:
+                future.set_result(EpisodeState.from_proto(result.state))
+
+    async def _single(self, request: envs_pb2.StepRequest, future: asyncio.Future) -> None:
+        try:
+            with rpc_errors():
+                state = EpisodeState.from_proto(await self.stub.Step(request, timeout=self.timeout_s))
+        except Exception as exc:  # noqa: BLE001 - handed to the episode that asked
+            if not future.done():
+                future.set_exception(exc)
+            return
+        if not future.done():
+            future.set_result(state)
 
     async def close(self, episode_id: str) -> bool:
         with rpc_errors():

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 
 import grpc
 
+from services.common.errors import ServiceError
 from services.common.protos import envs_pb2, envs_pb2_grpc
 from services.envs.messages import from_struct
 from services.envs.replicas import FORWARDED, RoutedEnvService
 from services.envs.service import EnvService
+
+log = logging.getLogger(__name__)
 
 
 def _forwarded(context) -> bool:
@@ -33,8 +38,28 @@ class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
     async def Step(self, request: envs_pb2.StepRequest, context) -> envs_pb2.EpisodeState:
         return (await self.service.step(request.episode_id, request.action, _forwarded(context))).to_proto()
 
+    async def StepBatch(self, request: envs_pb2.StepBatchRequest, context) -> envs_pb2.StepBatchResponse:
+        """Every step runs as its own Step would (concurrently, each with its episode's lock and deadline)."""
+        forwarded = _forwarded(context)
+        results = await asyncio.gather(
+            *(self.service.step(step.episode_id, step.action, forwarded) for step in request.steps),
+            return_exceptions=True,
+        )
+        return envs_pb2.StepBatchResponse(results=[_step_result(result) for result in results])
+
     async def Close(self, request: envs_pb2.CloseRequest, context) -> envs_pb2.CloseResponse:
         return envs_pb2.CloseResponse(closed=await self.service.close(request.episode_id, _forwarded(context)))
+
+
+def _step_result(result) -> envs_pb2.StepResult:
+    if isinstance(result, ServiceError):
+        return envs_pb2.StepResult(code=result.code.value[0], error=result.message)
+    if isinstance(result, BaseException):
+        if isinstance(result, asyncio.CancelledError):
+            raise result
+        log.error("step in a batch failed: %s: %s", type(result).__name__, result)
+        return envs_pb2.StepResult(code=grpc.StatusCode.INTERNAL.value[0], error=f"{type(result).__name__}: {result}")
+    return envs_pb2.StepResult(state=result.to_proto())
 
 
 def add_env_service(service: EnvService | RoutedEnvService) -> Callable[[grpc.aio.Server], None]:

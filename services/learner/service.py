@@ -321,10 +321,11 @@ class LearnerService:
             log.info("policy exported as a Hugging Face model to %s (%.1fs)", out, time.perf_counter() - start)
 
     def run_step(self) -> dict[str, Any]:
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         stats = None
         while stats is None:  # None: every group of the batch made the step fail and was dead-lettered
             batch = self._collect() if fsdp.is_rank0() else None
+            collected = time.perf_counter()
             batch = fsdp.broadcast_object(batch)
             stats = self.guard.train(self.trainer, batch)
         self.step += 1
@@ -344,6 +345,8 @@ class LearnerService:
             "checkpoint_seconds": ckpt_s,
             "staleness": self.step - 1 - sum(versions) / max(len(versions), 1),
             "step_seconds": time.perf_counter() - start,
+            "collect_seconds": collected - start,
+            "started_at": started_at,  # epoch seconds: lines the step up against other processes' clocks
             "trajectories": len(batch.trajectories),
             "groups": len(batch.groups),
             "entry_ids": batch.entry_ids,

@@ -18,6 +18,7 @@ from services.common.errors import InvalidArgument, ServiceError
 from services.common.trajectory import Trajectory, TrajectoryBuilder
 from services.rollout.action_parsers import ActionParser
 from services.rollout.backends.base import SamplingSpec
+from services.rollout.loop_stages import StageClock
 from services.rollout.prompting import ChatFormatter
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class AgentLoop:
         self.server_name = server_name
         self.stats: Counter[str] = Counter()
         """episode_retries and episodes_failed (infrastructure failures of single attempts), for the producer."""
+        self.clock = StageClock()
 
     def _sampling(self, budget: int, seed: int | None) -> SamplingSpec:
         r = self.rollout
@@ -138,7 +140,8 @@ class AgentLoop:
         ACTIVE_EPISODES.inc()
         episode_id = None
         try:
-            state = await self.envs.create(self.env.name, task_index, self.env.options)
+            with self.clock.time("env_create"):
+                state = await self.envs.create(self.env.name, task_index, self.env.options)
             episode_id = state.episode_id
             traj = await self._play(state, task_index, group_id, seed)
             EPISODES.labels(outcome="success" if traj.success else "failure").inc()
@@ -166,14 +169,18 @@ class AgentLoop:
             budget = min(lim.max_new_tokens, lim.max_model_len - builder.length)
             if budget <= 0:
                 return builder.finish(env_return=env_return, success=False, stop_reason="max_length")
-            out = await self.generator.generate(
-                f"{builder.record.trajectory_id}-{turn}",
-                builder.record.token_ids,
-                self._sampling(budget, None if seed is None else seed + turn),
-            )
+            clock = self.clock
+            with clock.time("generate"):
+                out = await self.generator.generate(
+                    f"{builder.record.trajectory_id}-{turn}",
+                    builder.record.token_ids,
+                    self._sampling(budget, None if seed is None else seed + turn),
+                )
             gen = out.generation
-            text = self.formatter.decode(gen.token_ids)
-            parsed = self.parser.parse(text)
+            with clock.time("detokenize"):
+                text = self.formatter.decode(gen.token_ids)
+            with clock.time("parse"):
+                parsed = self.parser.parse(text)
             builder.add_model_turn(
                 gen.token_ids,
                 gen.logprobs,
@@ -184,7 +191,8 @@ class AgentLoop:
                 finish_reason=gen.finish_reason,
             )
             if parsed.valid:
-                state = await self.envs.step(state.episode_id, parsed.action)
+                with clock.time("env_step"):
+                    state = await self.envs.step(state.episode_id, parsed.action)
                 env_return += state.reward
                 if state.done:
                     builder.record.turns[-1].env_reward = state.reward
@@ -192,7 +200,8 @@ class AgentLoop:
                 observation, reward = state.observation, state.reward
             else:
                 observation, reward = f"{self.parser.format_hint()} ({parsed.error})", 0.0
-            obs_ids = self.formatter.observation(observation)
+            with clock.time("tokenize"):
+                obs_ids = self.formatter.observation(observation)
             if builder.length + len(obs_ids) >= lim.max_model_len:
                 return builder.finish(env_return=env_return, success=False, stop_reason="max_length")
             builder.add_observation(obs_ids, env_reward=reward)
@@ -200,6 +209,7 @@ class AgentLoop:
 
     async def _close_quietly(self, episode_id: str) -> None:
         try:
-            await self.envs.close(episode_id)
+            with self.clock.time("env_close"):
+                await self.envs.close(episode_id)
         except Exception as exc:  # closing is best effort: the env service may be the thing that failed
             log.debug("close of episode %s failed: %s", episode_id, exc)

@@ -90,7 +90,9 @@ async def run_server(
     if produce:
         loop = AgentLoop(
             core,
-            GrpcEnvClient(config.env.address, timeout_s=env_deadlines(config).client_s),
+            GrpcEnvClient(
+                config.env.address, timeout_s=env_deadlines(config).client_s, batch_steps=config.env.batch_steps
+            ),
             ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
             PARSERS.create(config.rollout.action_parser),
             config.rollout,

@@ -30,6 +30,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, Unavaila
 from services.common.weight_spool import WeightSpool
 from services.common.weights import ModelSignature, TensorSpec, WeightSetRejected
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
+from services.rollout.loop_stages import LOOP_STAGE_SECONDS
 from services.rollout.rwlock import ReadWriteLock
 from services.rollout.weight_receiver import BucketReceiver
 from services.rollout.weight_receiver_dist import DistStaging
@@ -41,6 +42,9 @@ GENERATE_LATENCY = metrics.histogram(
     "rollout", "generate_latency_seconds", "Latency of one generation call", buckets=metrics.DURATION_BUCKETS
 )
 ACTIVE_REQUESTS = metrics.gauge("rollout", "active_requests", "Generation requests in flight")
+ENGINE_IDLE = metrics.counter(
+    "rollout", "engine_idle_seconds_total", "Time with no generation request in flight (counted when one arrives)"
+)
 POLICY_VERSION = metrics.gauge("rollout", "policy_version", "Policy version being served")
 WEIGHT_UPDATE_SECONDS = metrics.histogram(
     "rollout", "weight_update_seconds", "Time to apply a weight set", buckets=metrics.DURATION_BUCKETS
@@ -100,6 +104,10 @@ class RolloutCore:
     engine_dead: bool = False
     spool_dir: str | None = None
     """Where verified buckets wait until their set is whole (None: the system temporary folder)."""
+    engine_idle_s: float = 0.0
+    """Seconds with no request in flight, up to the last request's arrival (ENGINE_IDLE)."""
+    _in_flight: int = 0
+    _idle_since: float | None = None
     _lock: ReadWriteLock = field(default_factory=ReadWriteLock)
     _version_waiters: set[asyncio.Future] = field(default_factory=set)
     _dist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -113,8 +121,8 @@ class RolloutCore:
         return not self.engine_dead and not self.waiting_for_version
 
     async def wait_until_serving(self, poll_s: float = 0.2) -> None:
-        while not self.serving:
-            await asyncio.sleep(poll_s)
+        while not self.serving:  # a push makes it serve; a dead engine never does
+            await self.wait_for_new_version(self.policy_version, poll_s)
 
     async def wait_for_new_version(self, seen: int, timeout_s: float) -> None:
         """Returns once the served version is no longer `seen` (a push landed), or after `timeout_s`."""
@@ -137,18 +145,31 @@ class RolloutCore:
                 f"waiting for weights v{self.required_version}: this rollout server (re)started "
                 f"while the run is at that version and holds v{self.policy_version}"
             )
+        queued = time.perf_counter()
         async with self._lock.read():
+            LOOP_STAGE_SECONDS.labels("weights_wait").observe(time.perf_counter() - queued)
             version = self.policy_version
             ACTIVE_REQUESTS.inc()
             start = time.perf_counter()
+            self._request_starts(start)
             try:
                 generation = await self.backend.generate(request_id, list(prompt_ids), sampling)
             finally:
                 ACTIVE_REQUESTS.dec()
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle_since = time.perf_counter()
         GENERATE_LATENCY.observe(time.perf_counter() - start)
         self.generated_tokens += len(generation.token_ids)
         GENERATED_TOKENS.inc(len(generation.token_ids))
         return VersionedGeneration(generation, version)
+
+    def _request_starts(self, now: float) -> None:
+        if not self._in_flight and self._idle_since is not None:
+            idle = now - self._idle_since
+            self.engine_idle_s += idle
+            ENGINE_IDLE.inc(idle)
+        self._in_flight += 1
 
     def admit(self, header: PushHeader) -> bool:
         """Checks a push's header before any of its data is read. True: the server already holds exactly

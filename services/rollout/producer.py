@@ -33,6 +33,7 @@ from services.common.run_state import AsyncRunState, Lease, LeaseOutcome
 from services.common.stream import entry_fields
 from services.envs.datasets import TaskSplit
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
+from services.rollout.loop_stages import StageClock
 from services.rollout.supervision import TRANSIENT_REDIS
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Producer:
         self.published = 0
         self._tasks: TaskSplit | None = None
         self._reported: Counter[str] = Counter()
+        self.clock: StageClock = getattr(loop, "clock", None) or StageClock()
 
     def task_of(self, claim: int, attempt: int = 1) -> int:
         """A train-split task; a group replaced after an infrastructure failure gets a fresh one, so one
@@ -140,7 +142,11 @@ class Producer:
             log.warning("could not record rollout counters: %s", exc)
 
     async def _worker(self, holder: str) -> None:
-        while (lease := await self._next_lease(holder)) is not None:
+        while True:
+            with self.clock.time("slot_wait"):
+                lease = await self._next_lease(holder)
+            if lease is None:
+                return
             await self._produce(lease)
 
     async def _next_lease(self, holder: str) -> Lease | None:
@@ -209,17 +215,19 @@ class Producer:
                     group_id=group_id,
                     seed=self.config.seed * 1_000_003 + lease.slot,
                 )
-                scores = await self.rewards.score(group)
+                with self.clock.time("reward"):
+                    scores = await self.rewards.score(group)
             except (EpisodeFailed, ServiceError) as exc:
                 await self._release(lease, exc)
                 return
             for traj, (total, components) in zip(group, scores):
                 traj.reward = total
                 traj.reward_components.update(components)
-            fields = entry_fields(group, group_id)
-            entry_id = await self._redis(
-                self.state.leases.publish, lease, self.state.trajectories_key, self.config.stream.max_len, fields
-            )
+            with self.clock.time("publish"):
+                fields = entry_fields(group, group_id)
+                entry_id = await self._redis(
+                    self.state.leases.publish, lease, self.state.trajectories_key, self.config.stream.max_len, fields
+                )
         finally:
             renewal.cancel()
         if entry_id is None:  # also when a publish whose reply was lost is retried: it ended the lease

@@ -132,6 +132,23 @@ def test_every_call_reaches_the_replica_that_holds_the_episode(cluster):
     assert sum(r.metric("omrl_envs_active_episodes") for r in replicas) == 0
 
 
+def test_a_step_batch_reaches_each_episode_on_its_own_replica(cluster):
+    config, replicas = cluster
+
+    async def main():
+        async with GrpcEnvClient(config.env.address, timeout_s=10, batch_steps=True) as client:
+            states = [await client.create("corridor", i) for i in range(13)]
+            stepped = await asyncio.gather(*(client.step(s.episode_id, "left") for s in states))  # one StepBatch
+            closed = [await client.close(s.episode_id) for s in stepped]
+        return states, stepped, closed
+
+    states, stepped, closed = asyncio.run(main())
+    assert {s.episode_id.rpartition(".")[0] for s in states} == {"replica-a", "replica-b"}
+    assert [s.episode_id for s in stepped] == [s.episode_id for s in states] and all(closed)
+    forwarded = sum(r.metric('omrl_envs_forwarded_calls_total{op="Step",outcome="ok"}') for r in replicas)
+    assert forwarded > 0, "the batch's steps of the other replica's episodes were forwarded to their owner"
+
+
 class SlowPolicy(ScriptedPolicy):
     async def generate(self, request_id, prompt_ids, sampling):
         await asyncio.sleep(0.1)  # keeps episodes in flight when the replica dies

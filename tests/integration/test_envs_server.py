@@ -169,6 +169,74 @@ def test_error_status_codes(server):
         call(f"127.0.0.1:{free_port()}", lambda client: client.list_envs())
 
 
+def test_concurrent_steps_travel_as_one_batch_and_fail_one_by_one(server):
+    from prometheus_client import REGISTRY
+
+    def batches():
+        return REGISTRY.get_sample_value("omrl_rollout_env_step_batch_size_count") or 0.0
+
+    async def play():
+        async with (
+            GrpcEnvClient(server.address, timeout_s=10) as single,
+            GrpcEnvClient(server.address, timeout_s=10, batch_steps=True) as batched,
+        ):
+            tasks = range(17, 22)
+            pairs = [
+                (
+                    await single.create("corridor", t, {"hint": True}),
+                    await batched.create("corridor", t, {"hint": True}),
+                )
+                for t in tasks
+            ]
+            faulty, sleepy = await batched.create("faulty"), await batched.create("sleepy")
+            before = batches()
+            results = await asyncio.gather(
+                *(batched.step(b.episode_id, "left") for _, b in pairs),
+                batched.step(faulty.episode_id, "jump"),
+                batched.step("0" * 32, "left"),
+                batched.step(sleepy.episode_id, "1.5"),
+                return_exceptions=True,
+            )
+            assert batches() - before == 1  # one StepBatch call for all eight steps
+            expected = [await single.step(s.episode_id, "left") for s, _ in pairs]
+            for got, want in zip(results[:5], expected):
+                assert (got.observation, got.reward, got.done) == (want.observation, want.reward, want.done)
+            assert isinstance(results[5], Internal) and "cannot jump" in str(results[5])
+            assert isinstance(results[6], NotFound) and "unknown episode" in str(results[6])
+            assert isinstance(results[7], DeadlineExceeded)
+            state = await batched.step(pairs[0][1].episode_id, "right")  # a batch of one still works
+            assert state.episode_id == pairs[0][1].episode_id
+
+    asyncio.run(play())
+
+
+def test_batched_steps_fall_back_to_single_calls_on_a_server_without_step_batch():
+    import grpc
+
+    from services.common.protos import envs_pb2_grpc
+    from services.envs.server import EnvServicer
+    from services.envs.service import EnvService
+
+    class OldServicer(EnvServicer):
+        StepBatch = envs_pb2_grpc.EnvServiceServicer.StepBatch  # answers UNIMPLEMENTED
+
+    async def play():
+        grpc_server = grpc.aio.server()
+        envs_pb2_grpc.add_EnvServiceServicer_to_server(OldServicer(EnvService()), grpc_server)
+        port = grpc_server.add_insecure_port("127.0.0.1:0")
+        await grpc_server.start()
+        try:
+            async with GrpcEnvClient(f"127.0.0.1:{port}", timeout_s=10, batch_steps=True) as client:
+                states = [await client.create("corridor", t) for t in range(3)]
+                stepped = await asyncio.gather(*(client.step(s.episode_id, "left") for s in states))
+                assert [s.episode_id for s in stepped] == [s.episode_id for s in states]
+                assert not client.batch_steps
+        finally:
+            await grpc_server.stop(None)
+
+    asyncio.run(play())
+
+
 def test_metrics_endpoint(server):
     call(server.address, lambda client: client.create("corridor"))
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()

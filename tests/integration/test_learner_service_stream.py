@@ -110,6 +110,9 @@ def test_each_step_takes_its_groups_and_acks_after_the_checkpoint(setup):
     assert [m["policy_version"] for m in history] == [1, 2, 3]
     assert state.policy_version() == 3 and state.done() == "finished"
     assert stream.pending_count() == 0
+    for before, after in zip(history, history[1:]):  # the timeline the local bench lines rollout up against
+        assert 0 <= before["collect_seconds"] <= before["step_seconds"]
+        assert before["started_at"] + before["step_seconds"] <= after["started_at"] + 0.01
 
 
 def test_crash_between_checkpoint_and_ack_applies_every_batch_exactly_once(setup, monkeypatch):

@@ -99,3 +99,19 @@ def test_infrastructure_failure_fails_the_whole_group(tokenizer):
     loop, _ = make_loop(tokenizer, toward_exit, env_client=BrokenEnvClient(EnvService()))
     with pytest.raises(EpisodeFailed, match="env replica gone"):
         asyncio.run(loop.run_group(task_index=2, group_id="g"))
+
+
+def test_every_stage_between_two_engine_requests_is_timed(tokenizer):
+    from prometheus_client import REGISTRY
+
+    def observed(stage):
+        return REGISTRY.get_sample_value("omrl_rollout_loop_stage_seconds_count", {"stage": stage}) or 0.0
+
+    before = {stage: observed(stage) for stage in ("generate", "env_step", "tokenize")}
+    loop, _ = make_loop(tokenizer, toward_exit)
+    asyncio.run(loop.run_group(task_index=5, group_id="g"))
+    calls = loop.clock.calls  # 3 episodes of 3 turns; the last turn ends the episode before any new observation
+    assert calls["generate"] == calls["detokenize"] == calls["parse"] == calls["env_step"] == 9
+    assert calls["tokenize"] == 6 and calls["env_create"] == calls["env_close"] == 3
+    assert all(loop.clock.seconds[stage] >= 0 for stage in calls)
+    assert {stage: observed(stage) - before[stage] for stage in before} == {"generate": 9, "env_step": 9, "tokenize": 6}

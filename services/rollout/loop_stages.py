@@ -1,0 +1,70 @@
+"""Where a rollout server's time goes between two engine requests of an episode, and around each group:
+one histogram, `omrl_rollout_loop_stage_seconds{stage}`, observed by the agent loop and the producer.
+
+Stages (each observation is one call, so `_sum` is busy time summed over concurrent episodes, not wall time):
+- generate: an episode waiting on the engine for one model turn (queueing inside vLLM included, and
+  weights_wait: the time the request waited for a weight update to finish before entering the engine);
+- detokenize, parse, tokenize: the reply's text, its action, the next observation's tokens;
+- env_create, env_step, env_close: calls to the environment service;
+- reward: one scoring call per group; publish: the group's encoding and its Redis write;
+- slot_wait: a producer worker waiting for a group slot it may start (a fresh enough policy, a free slot).
+
+`omrl_rollout_engine_idle_seconds_total` (services.rollout.core) is the other side: time in which the
+engine had no request at all."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from services.common import metrics
+
+STAGES = (
+    "generate",
+    "detokenize",
+    "parse",
+    "tokenize",
+    "env_create",
+    "env_step",
+    "env_close",
+    "reward",
+    "publish",
+    "slot_wait",
+    "weights_wait",
+)
+# sub-millisecond stages (parsing, detokenising a short reply) need buckets below the latency ones
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, *metrics.LATENCY_BUCKETS)
+LOOP_STAGE_SECONDS = metrics.preset(
+    metrics.histogram(
+        "rollout",
+        "loop_stage_seconds",
+        "Time in each stage of the agent loop and the producer (engine wait, detokenise, parse, env and "
+        "reward calls, Redis writes, waits for a group slot)",
+        ["stage"],
+        buckets=STAGE_BUCKETS,
+    ),
+    *((stage,) for stage in STAGES),
+)
+
+
+class StageClock:
+    """Observes stage durations into the histogram and keeps this process's totals (for tests and logs)."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    def record(self, stage: str, seconds: float) -> None:
+        LOOP_STAGE_SECONDS.labels(stage).observe(seconds)
+        self.seconds[stage] += seconds
+        self.calls[stage] += 1
+
+    @contextmanager
+    def time(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record(stage, time.perf_counter() - start)
