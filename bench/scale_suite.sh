@@ -10,7 +10,8 @@
 #       and with 16k-token micro-batches; if it ran and time is left, without activation checkpointing (no
 #       recompute, which MFU does not count) on 6k-token micro-batches (what the activations allow in 80 GB).
 # Prints one table; writes ${OUT:-bench-out}/scale_suite.json (every row's result) and scale_suite.log (each
-# row's log tail). TINY=1: the same rows with a tiny model on CPU (2 processes for (b)), to check the script.
+# row's log tail). A_ONLY=1: the (a) rows alone, one after another on GPU 0, and no (b). TINY=1: the same
+# rows with a tiny model on CPU (2 processes for (b)), to check the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -50,11 +51,15 @@ row() {  # name, timeout, command...: runs one row, its JSON and log in $work
 # the models first: the (a) rows would race to build the same directory; the 7B one, and the gpu tests of the
 # fused head and varlen attention, on the GPU (a) leaves free
 "$PY" bench/learner_step.py "${a_args[@]}" --build-only
-env $(a_env 3) "$PY" bench/learner_step.py "${b_args[@]}" --build-only > "$work/build_7b.txt" 2>&1 &
-build_7b=$!
-env $(a_env 3) "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_fused_head_gpu.py \
-  tests/integration/test_varlen_attention_gpu.py > "$work/gpu_tests.txt" 2>&1 &
-gpu_tests=$!
+if [ "${A_ONLY:-0}" = 1 ]; then
+  build_7b="" gpu_tests=""
+else
+  env $(a_env 3) "$PY" bench/learner_step.py "${b_args[@]}" --build-only > "$work/build_7b.txt" 2>&1 &
+  build_7b=$!
+  env $(a_env 3) "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/integration/test_fused_head_gpu.py \
+    tests/integration/test_varlen_attention_gpu.py > "$work/gpu_tests.txt" 2>&1 &
+  gpu_tests=$!
+fi
 
 # (a) side by side, one GPU each
 a_row() {  # name, gpu, overrides...
@@ -62,15 +67,22 @@ a_row() {  # name, gpu, overrides...
   local sets=(); for s in "$@"; do sets+=(--set "$s"); done
   row "$name" "$a_timeout" env $(a_env "$gpu") "$PY" bench/learner_step.py "${common[@]}" "${a_args[@]}" "${sets[@]}"
 }
-a_row a_05b_fused_head 0 learner.logprob_head=fused &
-a_pids=($!)
-a_row a_05b_recompute_head 1 learner.logprob_head=recompute &
-a_pids+=($!)
-a_row a_05b_fused_head_fused_adamw 2 learner.logprob_head=fused learner.fused_optimizer=true &
-a_pids+=($!)
-wait "${a_pids[@]}"
+if [ "${A_ONLY:-0}" = 1 ]; then  # (a) alone, one row after another on GPU 0: no neighbour shares the host
+  a_row a_05b_fused_head 0 learner.logprob_head=fused
+  a_row a_05b_recompute_head 0 learner.logprob_head=recompute
+  a_row a_05b_fused_head_fused_adamw 0 learner.logprob_head=fused learner.fused_optimizer=true
+else
+  a_row a_05b_fused_head 0 learner.logprob_head=fused &
+  a_pids=($!)
+  a_row a_05b_recompute_head 1 learner.logprob_head=recompute &
+  a_pids+=($!)
+  a_row a_05b_fused_head_fused_adamw 2 learner.logprob_head=fused learner.fused_optimizer=true &
+  a_pids+=($!)
+  wait "${a_pids[@]}"
+fi
 
 # (b) 7B shape, FSDP over every GPU, in the time left
+if [ "${A_ONLY:-0}" != 1 ]; then
 wait "$build_7b" || tail -5 "$work/build_7b.txt"
 wait "$gpu_tests"
 tail -4 "$work/gpu_tests.txt"
@@ -88,6 +100,7 @@ elif [ "$left" -gt 170 ]; then
   echo "(b) without activation checkpointing, 6k-token micro-batches ($left s left)"
   row b_7b_fsdp_noac_6k "$left" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" \
     --set learner.logprob_head=fused --set algorithm.micro_batch_tokens=6144
+fi
 fi
 
 "$PY" - "$work" "$out" <<'PY'

@@ -228,17 +228,31 @@ def pack_buckets(
     it = iter(named_tensors)
     for planned in plan_buckets(specs, bucket_bytes):
         buffer = torch.empty(sum(s.nbytes for s in planned), dtype=torch.uint8, device=device)
-        offset = 0
-        for spec in planned:
+        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        held = 0
+        for spec, (_, target) in zip(planned, unpack(planned, buffer), strict=True):
             name, t = next(it, (None, None))
             if name is None or spec_of(name, t) != spec:
                 raise ValueError(f"weight source yielded {name!r}, expected {spec}")
             if spec.nbytes:
-                buffer[offset : offset + spec.nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-            offset += spec.nbytes
+                pending.append((target, t.detach().to(device)))
+                held += spec.nbytes
+            if held * 4 >= bucket_bytes:  # gathered sources held at most a quarter of a bucket
+                _copy_pending(pending)
+                held = 0
+        _copy_pending(pending)
         yield DeviceBucket(planned, buffer, bucket_digest(buffer))
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
+
+
+def _copy_pending(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """One multi-tensor copy of the gathered tensors into their places in the bucket (not a kernel
+    launch per tensor); empties `pending`."""
+    if pending:
+        targets, sources = zip(*pending, strict=True)
+        torch._foreach_copy_(list(targets), list(sources))
+        pending.clear()
 
 
 def unpack(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -309,12 +323,26 @@ class BucketReceiver:
         if bucket_digest(buffer) != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
         tensors = unpack(specs, buffer)
-        check_finite(tensors)
+        check_finite_bucket(specs, buffer, tensors)
         self.last = buffer
         return tensors
 
     def release(self) -> None:
         self._buffers, self.last = [None, None], None
+
+
+def check_finite_bucket(
+    specs: Sequence[TensorSpec], buffer: torch.Tensor, tensors: Sequence[tuple[str, torch.Tensor]]
+) -> None:
+    """`check_finite` for one bucket: a bucket of one floating dtype (the usual case) is summed as a
+    whole, one kernel and one read back however many tensors it holds; a non-finite or overflowing
+    sum, or a bucket of mixed dtypes, is checked tensor by tensor to name the culprit."""
+    dtypes = {s.dtype for s in specs}
+    if len(dtypes) == 1 and buffer.numel():
+        dtype = getattr(torch, dtypes.pop())
+        if dtype.is_floating_point and bool(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32))):
+            return
+    check_finite(tensors)
 
 
 def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) -> None:
@@ -329,9 +357,11 @@ def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) 
 
 def copy_into(params: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Applies received tensors into named parameters (a Hugging Face model's `state_dict()`)."""
-    with torch.no_grad():
-        for name, t in tensors:
-            params[name].copy_(t, non_blocking=True)
+    pairs = list(tensors)
+    if not pairs:
+        return
+    with torch.no_grad():  # one multi-tensor copy, not a kernel launch per tensor
+        torch._foreach_copy_([params[name] for name, _ in pairs], [t for _, t in pairs], non_blocking=True)
 
 
 def socket_ifname_hint() -> str:
