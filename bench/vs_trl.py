@@ -299,7 +299,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["tiny", "85m"], default="tiny")
     ap.add_argument("--model-dir", help="use this model directory instead of building one")
-    ap.add_argument("--warmstart-steps", type=int, default=40, help="85m only: warm-start steps (tiny: the config's)")
+    ap.add_argument(
+        "--warmstart-steps",
+        type=int,
+        default=0,
+        help="85m only: warm-start steps (tiny: the config's). 0: random weights (85M warm-starts slowly on 2 cores)",
+    )
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--runs", type=int, default=1, help="rounds; each runs every side once")
     ap.add_argument("--sides", default="project,trl-hf,trl-vllm")
