@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--options", default='{"distance": 1, "max_turns": 1}', help="corridor options (JSON)")
+    ap.add_argument("--vllm-memory", type=float, default=0.05, help="vLLM's share of RAM (weights and KV cache)")
     ap.add_argument("--settings", default="{}", help="shared RL settings from vs_trl.py (JSON)")
     ap.add_argument("--out-dir", required=True)
     args = ap.parse_args()
@@ -119,7 +120,7 @@ def main() -> None:
         dataloader_num_workers=0,
         use_vllm=args.mode == "vllm",
         vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.05,
+        vllm_gpu_memory_utilization=args.vllm_memory,
         vllm_max_model_length=512,
         vllm_enable_sleep_mode=False,
         disable_tqdm=True,

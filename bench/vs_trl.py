@@ -164,6 +164,7 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
         cmd += ["--mode", side.removeprefix("trl-"), "--prompts", str(args.prompts)]
         cmd += ["--generations", str(args.generations), "--options", json.dumps(OPTIONS)]
         cmd += ["--settings", json.dumps(settings), "--out-dir", str(work / f"trl-{side}-{index}")]
+        cmd += ["--vllm-memory", str(args.trl_vllm_memory)]
         pattern = TRL_LINE
     start = time.monotonic()
     steps: list[tuple[int, float, float]] = []  # (step, seconds since start, reward mean)
@@ -317,6 +318,12 @@ def main() -> int:
         default="passive",
         help="TRL sides: passive = the thread environment the project's launcher gives its learner (OpenMP pools "
         "sized to the cores, idle threads asleep); default = the libraries' own (idle OpenMP threads spin)",
+    )
+    ap.add_argument(
+        "--trl-vllm-memory",
+        type=float,
+        default=0.05,
+        help="trl-vllm: vLLM's share of RAM (0.05 is too small for 85m: the in-process trainer counts against it)",
     )
     ap.add_argument("--venv", default=str(ROOT / ".venv-trl"))
     ap.add_argument("--work-dir", default=str(ROOT / "runs" / "bench-vs-trl"))
