@@ -174,7 +174,9 @@ class RolloutCore:
     def admit(self, header: PushHeader) -> bool:
         """Checks a push's header before any of its data is read. True: the server already holds exactly
         this set (nothing to do). Raises FailedPrecondition (version) or InvalidArgument (set)."""
-        if header.version == self.policy_version and header.checksum == self.weights_checksum:
+        # An empty checksum matches nothing: a first-pass header ("") on a server that has served no push
+        # yet ("") would otherwise skip the learner's first push of v0 and leave the disk weights served.
+        if header.checksum and header.version == self.policy_version and header.checksum == self.weights_checksum:
             return True
         maybe_served_set = not header.checksum and header.version == self.policy_version
         if self._behind(header) and not maybe_served_set:  # the commit's checksum decides that case

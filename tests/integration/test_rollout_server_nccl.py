@@ -61,14 +61,20 @@ def _still_serves(server, prompt):
     assert len(out.generation.token_ids) > 0
 
 
-def test_a_push_of_the_set_already_served_is_a_success_without_any_transfer(server, hf, pusher):
+def test_the_first_push_of_v0_installs_the_learners_set_and_the_same_set_again_is_a_success(server, hf, pusher):
     """First in this module: the server holds the weights it loaded from disk (v0, no checksum). A learner's
-    first push of v0 is answered at the header: no group is formed, the push is a success."""
+    first push of v0 installs its own set (the disk weights may not be the learner's); pushing that set
+    again succeeds and changes nothing."""
     model, _ = hf
     assert _status(server) == (0, "")
-    (result,) = pusher.push(0, TensorWeights.of(list(model.state_dict().items())), [server.address], run=server.run)
-    assert result.ok and result.policy_version == 0, result.error
-    assert server.address not in pusher._groups and _status(server) == (0, "")
+    weights = TensorWeights.of(list(model.state_dict().items()))
+    (first,) = pusher.push(0, weights, [server.address], run=server.run)
+    assert first.ok and first.policy_version == 0, first.error
+    assert first.checksum and first.checksum == first.sent_checksum
+    assert _status(server) == (0, first.checksum)
+    (again,) = pusher.push(0, weights, [server.address], run=server.run)
+    assert again.ok and again.policy_version == 0 and again.checksum == first.checksum, again.error
+    assert _status(server) == (0, first.checksum)
 
 
 def test_every_reply_comes_wholly_from_one_policy_version(server, hf, pusher):

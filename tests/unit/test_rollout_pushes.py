@@ -213,3 +213,13 @@ def test_a_push_wakes_workers_waiting_for_a_new_version_at_once():
         assert not core._version_waiters
 
     run(scenario())
+
+
+def test_a_first_push_whose_checksum_comes_at_the_commit_is_not_taken_for_the_served_set():
+    from services.rollout.core import PushHeader
+
+    core, _ = make_core()
+    specs = [s for s in weights(0.5).specs]
+    assert (core.policy_version, core.weights_checksum) == (0, "")
+    assert core.admit(PushHeader(0, specs, checksum="")) is False  # the disk weights are not the learner's v0
+    assert core.admit(PushHeader(0, specs, checksum=weights(0.5).checksum)) is False
