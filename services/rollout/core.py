@@ -289,9 +289,13 @@ class RolloutCore:
         """`checksum` None: the push failed or ended early (the group is dropped, the spool deleted).
         Otherwise closes the receive session and applies the set if the checksum verifies."""
         try:
-            await self.backend.end_dist_push(ok=checksum is not None)
-        finally:
-            self._dist_lock.release()
+            try:
+                await self.backend.end_dist_push(ok=checksum is not None)
+            finally:
+                self._dist_lock.release()
+        except BaseException:  # a broken group (the learner died midway): the spool goes too
+            staging.abort()
+            raise
         if checksum is None:
             staging.abort()
             raise InvalidArgument("weight set rejected, nothing applied: the push ended before its commit")

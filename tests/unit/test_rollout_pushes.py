@@ -223,3 +223,34 @@ def test_a_first_push_whose_checksum_comes_at_the_commit_is_not_taken_for_the_se
     assert (core.policy_version, core.weights_checksum) == (0, "")
     assert core.admit(PushHeader(0, specs, checksum="")) is False  # the disk weights are not the learner's v0
     assert core.admit(PushHeader(0, specs, checksum=weights(0.5).checksum)) is False
+
+
+class BrokenGroupEngine(FakeEngine):
+    """Joins the process group, then finds it broken when the push ends (a learner that died midway)."""
+
+    async def begin_dist_push(self, rendezvous):
+        pass
+
+    async def end_dist_push(self, ok):
+        raise RuntimeError("the process group is broken")
+
+
+def test_a_broken_group_at_the_end_of_an_nccl_push_deletes_the_spool_and_frees_the_push_slot(tmp_path):
+    from services.rollout.core import PushHeader
+
+    engine = BrokenGroupEngine()
+    signature = ModelSignature.of([("w", torch.zeros(2, 3)), ("b", torch.zeros(3))])
+    core = RolloutCore(engine, "fake", signature=signature, run="run-a", spool_dir=str(tmp_path))
+    header = PushHeader(1, list(weights(1.0).specs), checksum="", bucket_bytes=1 << 20)
+
+    async def scenario():
+        for checksum in (None, "0" * 64):  # the stream broke / the commit came
+            staging = await core.begin_dist_push(header, {})
+            assert list(tmp_path.iterdir())
+            with pytest.raises(RuntimeError, match="broken"):
+                await core.end_dist_push(header, staging, checksum)
+            assert not list(tmp_path.iterdir())
+            assert not core._dist_lock.locked()
+
+    run(scenario())
+    assert (core.policy_version, engine.loads) == (0, [])
