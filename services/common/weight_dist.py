@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.weight_buckets import plan_buckets
-from services.common.weights import TensorSpec, WeightSetRejected, check_finite, spec_of
+from services.common.weights import TensorSpec, WeightSetRejected, check_finite, spec_of, tensor_views
 
 BACKENDS = ("gloo", "nccl")
 
@@ -230,7 +230,7 @@ def pack_buckets(
         buffer = torch.empty(sum(s.nbytes for s in planned), dtype=torch.uint8, device=device)
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         held = 0
-        for spec, (_, target) in zip(planned, unpack(planned, buffer), strict=True):
+        for spec, (_, target) in zip(planned, tensor_views(planned, buffer), strict=True):
             name, t = next(it, (None, None))
             if name is None or spec_of(name, t) != spec:
                 raise ValueError(f"weight source yielded {name!r}, expected {spec}")
@@ -253,17 +253,6 @@ def _copy_pending(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         targets, sources = zip(*pending, strict=True)
         torch._foreach_copy_(list(targets), list(sources))
         pending.clear()
-
-
-def unpack(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """The tensors of a bucket as views of its buffer."""
-    out, offset = [], 0
-    for s in specs:
-        dtype = getattr(torch, s.dtype)
-        view = buffer[offset : offset + s.nbytes].view(dtype) if s.nbytes else torch.empty(0, dtype=dtype)
-        out.append((s.name, view.reshape(tuple(s.shape))))
-        offset += s.nbytes
-    return out
 
 
 class BucketReceiver:
@@ -322,7 +311,7 @@ class BucketReceiver:
             raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
         if bucket_digest(buffer) != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
-        tensors = unpack(specs, buffer)
+        tensors = tensor_views(specs, buffer)
         check_finite_bucket(specs, buffer, tensors)
         self.last = buffer
         return tensors

@@ -69,6 +69,8 @@ def mapped_bucket(path: str, offset: int, specs) -> Iterator[list]:
     """The tensors of one bucket as views of a private (copy-on-write) map of the spool file."""
     import torch
 
+    from services.common.weights import tensor_views
+
     size = sum(s.nbytes for s in specs)
     with open(path, "rb") as f:
         if size == 0:
@@ -79,13 +81,7 @@ def mapped_bucket(path: str, offset: int, specs) -> Iterator[list]:
     # tensors until the layer is complete), and closing unmaps under them. The map goes with its last view.
     flat = torch.frombuffer(region, dtype=torch.uint8)
     del region
-    out, at = [], 0
-    for s in specs:
-        dtype = getattr(torch, s.dtype)
-        view = flat[at : at + s.nbytes].view(dtype) if s.nbytes else torch.empty(0, dtype=dtype)
-        out.append((s.name, view.reshape(tuple(s.shape))))
-        at += s.nbytes
-    yield out
+    yield tensor_views(specs, flat)
 
 
 class SpoolWriter:

@@ -188,6 +188,17 @@ def _nbytes(dtype: str, shape: Sequence[int]) -> int:
     return numel * torch.empty(0, dtype=torch_dtype).element_size()
 
 
+def tensor_views(specs: Sequence[TensorSpec], flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The tensors laid end to end in `flat` (uint8) as views of it, no copy."""
+    out, offset = [], 0
+    for s in specs:
+        dtype = getattr(torch, s.dtype)
+        view = flat[offset : offset + s.nbytes].view(dtype) if s.nbytes else torch.empty(0, dtype=dtype)
+        out.append((s.name, view.reshape(tuple(s.shape))))
+        offset += s.nbytes
+    return out
+
+
 def check_finite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Raises WeightSetRejected naming the first tensor holding a NaN or an infinity.
 

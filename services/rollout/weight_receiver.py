@@ -16,7 +16,7 @@ import torch
 
 from services.common.weight_buckets import hash_specs, sha256_while
 from services.common.weight_spool import SpoolWriter, WeightSpool
-from services.common.weights import SetHasher, TensorSpec, WeightSetRejected, check_finite
+from services.common.weights import SetHasher, TensorSpec, WeightSetRejected, check_finite, tensor_views
 
 MAX_BUCKET_BYTES = 4 << 30
 """Largest bucket a header may declare: the bound on what one push holds in this process's memory."""
@@ -93,7 +93,8 @@ class BucketReceiver:
         digest = sha256_while(buffer, lambda: hash_specs(self._hasher, specs, buffer))
         if digest != sha256:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: sha256 does not match its bytes")
-        check_finite(_views(specs, buffer))
+        flat = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
+        check_finite(tensor_views(specs, flat))
         self._spool.add(specs, buffer)
         self.received += len(buffer)
         self._bucket, self._buffer = None, None
@@ -111,12 +112,3 @@ class BucketReceiver:
     def abort(self) -> None:
         self._buffer, self._reusable = None, bytearray()
         self._spool.discard()
-
-
-def _views(specs: Sequence[TensorSpec], buffer: memoryview):
-    flat = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
-    offset = 0
-    for spec in specs:
-        dtype = getattr(torch, spec.dtype)
-        yield spec.name, flat[offset : offset + spec.nbytes].view(dtype).reshape(tuple(spec.shape))
-        offset += spec.nbytes

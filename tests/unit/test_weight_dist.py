@@ -15,9 +15,8 @@ from services.common.weight_dist import (
     copy_into,
     pack_buckets,
     set_checksum,
-    unpack,
 )
-from services.common.weights import WeightSetRejected, spec_of
+from services.common.weights import WeightSetRejected, spec_of, tensor_views
 from services.learner.weight_push import PUSHERS
 from services.rollout.weight_receiver_dist import DistStaging
 
@@ -82,7 +81,7 @@ def test_cpu_buckets_carry_the_sha256_of_their_bytes_and_unpack_to_the_tensors()
     assert [len(b.specs) for b in buckets] == [2, 1]  # 48 + 20 bytes, then 2800 alone
     for b in buckets:
         assert b.digest.startswith("sha256:") and b.digest == bucket_digest(b.data.clone())
-    got = dict(t for b in buckets for t in unpack(b.specs, b.data))
+    got = dict(t for b in buckets for t in tensor_views(b.specs, b.data))
     assert all(torch.equal(got[n], t) for n, t in named)
 
 
@@ -187,7 +186,7 @@ def test_the_pipelined_receiver_checks_every_bucket_and_refuses_a_bad_digest():
 def _bucket_of(named):
     specs = [spec_of(n, t) for n, t in named]
     buffer = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in named])
-    return specs, buffer, unpack(specs, buffer)
+    return specs, buffer, tensor_views(specs, buffer)
 
 
 def test_a_bucket_finite_check_names_the_tensor_with_a_nan_and_passes_huge_finite_values():
@@ -210,6 +209,6 @@ def test_copy_into_applies_every_tensor_and_pack_buckets_round_trips():
     assert len(buckets) > 1
     params = {n: torch.zeros_like(t) for n, t in named}
     for b in buckets:
-        copy_into(params, unpack(b.specs, b.data))
+        copy_into(params, tensor_views(b.specs, b.data))
     for n, t in named:
         assert torch.equal(params[n], t)
