@@ -20,19 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.learner_step import QWEN25_05B, TINY, build_model, trajectories  # noqa: E402
-
-QWEN25_7B = dict(
-    QWEN25_05B,
-    hidden_size=3584,
-    num_hidden_layers=28,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    intermediate_size=18944,
-    vocab_size=152064,
-    tie_word_embeddings=False,
-)
-SHAPES = {"tiny": TINY, "0.5b": QWEN25_05B, "7b": QWEN25_7B}
+from bench.learner_step import SHAPES, build_model, trajectories  # noqa: E402
 
 
 def folder_bytes(path: Path) -> int:

