@@ -18,7 +18,7 @@
 # logprob_chunk_tokens=16384; `mb40k`: micro_batch_tokens=40960, 2 micro-batches where 32k gives 3), `all`
 # (the three, --profile), `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and
 # `all_fused_adamw`; each row gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped
-# under 60 s, in that order.
+# under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -85,6 +85,7 @@ if [ "${LEVERS:-0}" = 1 ]; then
   plain=(); for a in "${a_args[@]}"; do [ "$a" = --profile ] || plain+=("$a"); done
   lever_row() {  # name, profile (0/1), overrides...: each row gets what is left of the budget, at most 180 s
     local name=$1 prof=$2 left=$((BUDGET - SECONDS)); shift 2
+    [ -z "${LEVER_ROWS:-}" ] || [[ " $LEVER_ROWS " == *" $name "* ]] || return 0
     [ "$left" -ge 60 ] || { echo "skipped $name: $left s left"; return; }
     a_timeout=$((left < 180 ? left : 180))
     [ "${TINY:-0}" = 1 ] && a_timeout=400
