@@ -15,7 +15,10 @@ attention; N = parameters that take part in matmuls: the LM head, not the input 
   forward of one sequence of S tokens = 2 * N * S + 2 * L * d * S^2
   step = (1 + 3 * ppo_epochs) * sum over sequences of that forward      (scoring pass + fwd/bwd per epoch)
   (+ the critic's (1 + 3 * ppo_epochs) forwards for gae, + one reference forward when a KL term is on)
-MFU = FLOPs per step / step time / (GPUs * peak), peak = 989.4 TFLOP/s (H100 SXM dense bf16, datasheet).
+MFU = FLOPs / time / (GPUs * peak) over the timed steps, each batch's FLOPs from its own real (unpadded)
+sequence lengths, summed, over their times summed (the batches are ragged: 62k-79k tokens at the defaults);
+peak = 989.4 TFLOP/s (H100 SXM dense bf16, datasheet). `mfu_batch0_median` is the earlier figure (the first
+batch's FLOPs over the median step), kept to compare with older results.
 """
 
 from __future__ import annotations
@@ -142,9 +145,10 @@ def forward_flops(n_params: int, layers: int, width: int, lengths: list[int]) ->
     return float(sum(2 * n_params * s + 2 * layers * width * s * s for s in lengths))
 
 
-def bare_loop(trainer, batches: list, warmup: int, sync) -> float:
-    """Median seconds of a plain step on each batch: the trainer's own model, optimizer and micro-batches
-    (so the same packing, attention kernel, chunked head and FSDP), a mean token NLL, one optimizer step."""
+def bare_loop(trainer, batches: list, warmup: int, sync) -> list[float]:
+    """Seconds of a plain step on each batch after the first `warmup`: the trainer's own model, optimizer and
+    micro-batches (so the same packing, attention kernel, chunked head and FSDP), a mean token NLL, one optimizer
+    step."""
     import torch
 
     from services.learner.batch import collate
@@ -167,10 +171,24 @@ def bare_loop(trainer, batches: list, warmup: int, sync) -> float:
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
-def profile_step(step, sync, rows: int = 25) -> dict:
+def dynamo_counts() -> dict:
+    """torch.compile's running totals (graphs captured, recompiles, graph breaks): equal before and after the
+    timed steps when nothing was compiled during them."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {}
+    return {
+        "stats": dict(counters["stats"]),
+        "recompiles": sum(counters["recompiles"].values()),
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
+def profile_step(step, sync, rows: int = 40) -> dict:
     """One profiled call of `step`: wall time, GPU-busy time, kernel launches, and the top operators by
     GPU time and by CPU time (printed on rank 0), to see where a step is launch-bound."""
     from torch.profiler import ProfilerActivity, profile
@@ -307,7 +325,10 @@ def main() -> None:
     times, metrics, phases = [], {}, {}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    compiles = {}
     for i, batch in enumerate(batches):
+        if i == args.warmup:
+            compiles["after_warmup"] = dynamo_counts()
         sync()
         start = time.perf_counter()
         metrics = trainer.train_step(batch)
@@ -317,9 +338,12 @@ def main() -> None:
             for key, value in metrics.items():
                 if key.startswith("time/"):
                     phases.setdefault(key, []).append(value)
+    compiles["after_timed_steps"] = dynamo_counts()
     step_s = statistics.median(times)
     lengths = [len(t.token_ids) for t in batches[0]]
     tokens = sum(lengths)
+    timed_lengths = [[len(t.token_ids) for t in b] for b in batches[args.warmup :]]
+    timed_tokens = sum(map(sum, timed_lengths))
     n_policy = matmul_params(trainer.model)
     layers, width = (
         hf_config.num_hidden_layers,
@@ -328,11 +352,18 @@ def main() -> None:
     )
     fused = trainer._fused_scoring(len(trainer._mini_batches(collate(batches[0], trainer.pad_id))))
     per_pass = (0 if fused else 1) + 3 * args.ppo_epochs
-    flops = per_pass * forward_flops(n_policy, layers, width, lengths)
-    if trainer.critic is not None:
-        flops += per_pass * forward_flops(matmul_params(trainer.critic.model), layers, width, lengths)
-    if trainer.reference is not None:
-        flops += forward_flops(n_policy, layers, width, lengths)
+    n_critic = matmul_params(trainer.critic.model) if trainer.critic is not None else 0
+
+    def step_flops(lens: list[int]) -> float:
+        f = per_pass * forward_flops(n_policy, layers, width, lens)
+        if n_critic:
+            f += per_pass * forward_flops(n_critic, layers, width, lens)
+        if trainer.reference is not None:
+            f += forward_flops(n_policy, layers, width, lens)
+        return f
+
+    flops = step_flops(lengths)
+    timed_flops = sum(step_flops(lens) for lens in timed_lengths)
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in gpu), 989.4)
     world = fsdp.world_size()
@@ -348,16 +379,22 @@ def main() -> None:
         "seq_len": args.seq_len,
         "micro_batch_per_gpu": args.micro_batch,
         "tokens_per_step": tokens,
+        "timed_tokens_per_step": [sum(lens) for lens in timed_lengths],
+        "timed_micro_batches_per_step": [
+            sum(len(m.micro) for m in trainer._mini_batches(collate(b, trainer.pad_id))) for b in batches[args.warmup :]
+        ],
+        "dynamo_counts": compiles,
         "trained_tokens_per_step": metrics["num_tokens"],
         "matmul_params": n_policy,
         "step_seconds_median": step_s,
         "step_seconds": times,
-        "tokens_per_second": tokens / step_s,
-        "tokens_per_second_per_gpu": tokens / step_s / world,
+        "tokens_per_second": timed_tokens / sum(times),
+        "tokens_per_second_per_gpu": timed_tokens / sum(times) / world,
         "tflops_per_step": flops / 1e12,
-        "achieved_tflops_per_gpu": flops / step_s / world / 1e12,
+        "achieved_tflops_per_gpu": timed_flops / sum(times) / world / 1e12,
         "peak_tflops_per_gpu": peak,
-        "mfu": flops / step_s / world / (peak * 1e12),
+        "mfu": timed_flops / sum(times) / world / (peak * 1e12),
+        "mfu_batch0_median": flops / step_s / world / (peak * 1e12),
         "max_memory_gib_per_rank": mem,
         "loss": metrics["loss"],
         "grad_norm": metrics["grad_norm"],
@@ -370,12 +407,14 @@ def main() -> None:
     }
     if args.bare:
         bare_warmup = args.warmup if args.bare_warmup is None else min(args.bare_warmup, args.warmup)
-        bare_s = bare_loop(trainer, batches[args.warmup - bare_warmup :], bare_warmup, sync)
-        bare_flops = 3 * forward_flops(n_policy, layers, width, lengths)
+        # the same timed batches as the learner's steps
+        bare_times = bare_loop(trainer, batches[args.warmup - bare_warmup :], bare_warmup, sync)
+        bare_flops = sum(3 * forward_flops(n_policy, layers, width, lens) for lens in timed_lengths)
         result.update(
-            bare_step_seconds_median=bare_s,
-            bare_mfu=bare_flops / bare_s / world / (peak * 1e12),
-            learner_over_bare=step_s / bare_s,
+            bare_step_seconds_median=statistics.median(bare_times),
+            bare_step_seconds=bare_times,
+            bare_mfu=bare_flops / sum(bare_times) / world / (peak * 1e12),
+            learner_over_bare=sum(times) / sum(bare_times),
         )
     if args.profile and cuda:
         result["profile"] = {"learner": profile_step(lambda: trainer.train_step(batches[-1]), sync)}

@@ -12,6 +12,13 @@
 # Prints one table; writes ${OUT:-bench-out}/scale_suite.json (every row's result) and scale_suite.log (each
 # row's log tail). A_ONLY=1: the (a) rows alone, one after another on GPU 0, and no (b). TINY=1: the same
 # rows with a tiny model on CPU (2 processes for (b)), to check the script.
+# LEVERS=1 (one GPU, under 8 minutes; implies A_ONLY): the 0.5B shape's MFU levers instead of the (a) rows, one
+# row after another on GPU 0, each with its bare loop: `base` (the levers off: per-layer FSDP units, 4k-token
+# head chunks, 32k-token micro-batches, foreach AdamW), each lever alone (`root`: fsdp_wrap=root; `chunk16k`:
+# logprob_chunk_tokens=16384; `mb40k`: micro_batch_tokens=40960, 2 micro-batches where 32k gives 3), `all`
+# (the three, --profile), `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and
+# `all_fused_adamw`; each row gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped
+# under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -21,6 +28,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET_S:-530}  # the whole suite's seconds; the device call allows 600
+[ "${LEVERS:-0}" = 1 ] && A_ONLY=1 BUDGET=${BUDGET_S:-450}
 common=(--bare --bare-warmup 1 --min-len 256 --set learner.pack_sequences=true --set learner.attention=varlen
   --set learner.compile=true)
 if [ "${TINY:-0}" = 1 ]; then
@@ -67,7 +75,31 @@ a_row() {  # name, gpu, overrides...
   local sets=(); for s in "$@"; do sets+=(--set "$s"); done
   row "$name" "$a_timeout" env $(a_env "$gpu") "$PY" bench/learner_step.py "${common[@]}" "${a_args[@]}" "${sets[@]}"
 }
-if [ "${A_ONLY:-0}" = 1 ]; then  # (a) alone, one row after another on GPU 0: no neighbour shares the host
+if [ "${LEVERS:-0}" = 1 ]; then
+  base=(learner.logprob_head=fused learner.fsdp_wrap=layers learner.logprob_chunk_tokens=4096
+    learner.fused_optimizer=false)
+  levers=(learner.fsdp_wrap=root learner.logprob_chunk_tokens=16384 algorithm.micro_batch_tokens=40960)
+  # TINY: uncompiled (inductor takes minutes a row on a small CPU; tests/unit covers the compiled levers)
+  [ "${TINY:-0}" = 1 ] && levers=(learner.fsdp_wrap=root learner.logprob_chunk_tokens=64 \
+    algorithm.micro_batch_tokens=320) base+=(learner.compile=false)
+  plain=(); for a in "${a_args[@]}"; do [ "$a" = --profile ] || plain+=("$a"); done
+  lever_row() {  # name, profile (0/1), overrides...: each row gets what is left of the budget, at most 180 s
+    local name=$1 prof=$2 left=$((BUDGET - SECONDS)); shift 2
+    [ -z "${LEVER_ROWS:-}" ] || [[ " $LEVER_ROWS " == *" $name "* ]] || return 0
+    [ "$left" -ge 60 ] || { echo "skipped $name: $left s left"; return; }
+    a_timeout=$((left < 180 ? left : 180))
+    [ "${TINY:-0}" = 1 ] && a_timeout=400
+    a_args=("${plain[@]}"); [ "$prof" = 1 ] && a_args+=(--profile)
+    a_row "$name" 0 "${base[@]}" "$@"
+  }
+  lever_row l0_base 0
+  lever_row l1_all 1 "${levers[@]}"
+  lever_row l2_root 0 "${levers[0]}"
+  lever_row l3_chunk16k 0 "${levers[1]}"
+  lever_row l4_mb40k 0 "${levers[2]}"
+  lever_row l5_all_decoder_compile 0 "${levers[@]}" learner.compile_scope=decoder
+  lever_row l6_all_fused_adamw 0 "${levers[@]}" learner.fused_optimizer=true
+elif [ "${A_ONLY:-0}" = 1 ]; then  # (a) alone, one row after another on GPU 0: no neighbour shares the host
   a_row a_05b_fused_head 0 learner.logprob_head=fused
   a_row a_05b_recompute_head 0 learner.logprob_head=recompute
   a_row a_05b_fused_head_fused_adamw 0 learner.logprob_head=fused learner.fused_optimizer=true
@@ -115,7 +147,7 @@ gpus = (work / "gpus.txt").read_text() if (work / "gpus.txt").is_file() else ""
 (out / "scale_suite.json").write_text(json.dumps({"gpus": gpus, "rows": rows}, indent=1))
 (out / "scale_suite.log").write_text("\n\n".join(logs))
 print(f"\n{'row':30s} {'GPU':22s} GPUs {'step s':>7s} {'bare s':>7s} {'ratio':>6s} {'tok/s':>9s} {'MFU':>6s} "
-      f"{'bare MFU':>8s} {'peak GiB/GPU':>14s}  kernels learner/bare")
+      f"{'bare MFU':>8s} {'MFU b0':>6s} {'peak GiB/GPU':>14s}  kernels learner/bare")
 for name, r in rows.items():
     if r is None:
         print(f"{name:30s} (no result: see scale_suite.log)")
@@ -126,6 +158,6 @@ for name, r in rows.items():
     print(f"{name:30s} {r['gpu'][:22]:22s} {r['gpus']:4d} {r['step_seconds_median']:7.3f} "
           f"{r.get('bare_step_seconds_median', float('nan')):7.3f} {r.get('learner_over_bare', float('nan')):6.3f} "
           f"{r['tokens_per_second']:9.0f} {100 * r['mfu']:5.1f}% {100 * r.get('bare_mfu', float('nan')):7.1f}% "
-          f"{mem:>14s}  {kernels}")
+          f"{100 * r.get('mfu_batch0_median', float('nan')):5.1f}% {mem:>14s}  {kernels}")
 PY
 rm -rf "$work"

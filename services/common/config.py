@@ -324,8 +324,17 @@ class LearnerConfig(Section):
     policy and critic, instead of the default foreach kernels; the same update up to float rounding."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
+    fsdp_wrap: Literal["auto", "layers", "root"] = "auto"
+    """FSDP2's units for the policy, critic and reference: `layers`, each decoder layer gathered before it runs and
+    freed after it (the memory that sharding over GPUs is for); `root`, the whole model one unit, gathered once a
+    forward pass and kept through its backward pass (no per-layer hooks; one all-gather and bf16 cast of the
+    weights a micro-batch); `auto`: `root` on one process, where sharding saves nothing, `layers` otherwise."""
     compile: bool = False
     """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP)."""
+    compile_scope: Literal["layers", "decoder"] = "layers"
+    """With `compile`: `layers`, each decoder layer its own graph (one compiled graph shared by identical layers);
+    `decoder`, the whole decoder stack one graph (kernels fuse across layers; longer compile); `decoder` needs
+    `fsdp_wrap` root (or auto on one process)."""
     fuse_scoring: bool = True
     """With one optimizer step per batch (one epoch, one mini-batch) and no KL in the reward, take the pre-update
     logprobs from the update's own forward pass instead of a separate scoring pass (the same values)."""

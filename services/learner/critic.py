@@ -29,6 +29,8 @@ class Critic:
             mixed_precision_bf16=mixed,
             activation_checkpointing=config.learner.activation_checkpointing,
             compile_layers=config.learner.compile,
+            wrap=config.learner.fsdp_wrap,
+            compile_scope=config.learner.compile_scope,
         )
         self.optimizer = build_optimizer(self.model, algo.critic_lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)

@@ -91,9 +91,26 @@ TOKEN_STATS_METHOD = "token_stats"
 a plain model imports nothing of the learner's model code (bench/weight_sync_gpu.py runs without it)."""
 
 
-def shard_model(model: nn.Module, device: torch.device, mixed_precision_bf16: bool = False) -> nn.Module:
-    """FSDP2: `fully_shard` on each decoder layer, then on the root (embeddings and head). Moves the
-    model to `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
+WRAPS = ("auto", "layers", "root")
+
+
+def resolve_wrap(wrap: str = "auto") -> str:
+    """`auto`: `root` on one process (sharding per layer saves no memory there), `layers` otherwise."""
+    if wrap not in WRAPS:
+        raise ValueError(f"unknown FSDP wrap {wrap!r}: one of {WRAPS}")
+    if wrap == "auto":
+        return "root" if world_size() == 1 else "layers"
+    return wrap
+
+
+def shard_model(
+    model: nn.Module, device: torch.device, mixed_precision_bf16: bool = False, wrap: str = "layers"
+) -> nn.Module:
+    """FSDP2. `wrap` (`resolve_wrap`): `layers`, `fully_shard` on each decoder layer, then on the root
+    (embeddings and head), each layer gathered before it runs and freed after it; `root`, one unit for the
+    whole model, gathered once a forward pass and kept until its backward pass is done (no per-layer hooks,
+    one all-gather and bf16 cast of the weights a micro-batch instead of two a layer). Moves the model to
+    `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -102,9 +119,12 @@ def shard_model(model: nn.Module, device: torch.device, mixed_precision_bf16: bo
     if mixed_precision_bf16 and device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model.to(device)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    if resolve_wrap(wrap) == "root":
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    else:
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
     if hasattr(model, TOKEN_STATS_METHOD):  # it runs the root's layers and head outside `forward`
         register_fsdp_forward_method(model, TOKEN_STATS_METHOD)
     return model

@@ -42,15 +42,31 @@ def _logits_grad(logits, targets, lse, ent, g_lp, g_ent, out_dtype: torch.dtype)
     return grad.scatter_add(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1)).to(out_dtype)
 
 
+def _logits_grad_pointwise(logits, targets, lse, ent, g_lp, g_ent, out_dtype: torch.dtype):
+    """`_logits_grad` with the target's term added where the column index equals the target instead of by a
+    scatter: under torch.compile one pointwise kernel that writes the gradient in `out_dtype` (the scatter made
+    inductor write the float32 [chunk, V] gradient, scatter into it, then cast it in a second pass)."""
+    z = logits.float()
+    log_p = z - lse.unsqueeze(-1)
+    p = torch.exp(log_p)
+    if g_ent is None:
+        grad = -p * g_lp.unsqueeze(-1)
+    else:
+        grad = -p * (g_lp.unsqueeze(-1) + g_ent.unsqueeze(-1) * (log_p + ent.unsqueeze(-1)))
+    is_target = torch.arange(z.shape[-1], device=z.device) == targets.unsqueeze(-1)
+    return torch.where(is_target, grad + g_lp.unsqueeze(-1), grad).to(out_dtype)
+
+
 @functools.cache
 def _kernels(compiled: bool):
     """The elementwise functions, compiled once per process when asked (shapes vary: the last chunk is shorter,
-    packed micro-batches have any length), so every head of the process shares the compiled graphs."""
+    packed micro-batches have any length), so every head of the process shares the compiled graphs. Eager
+    keeps the scatter (no [chunk, V] index mask); compiled takes the pointwise form (one kernel)."""
     if not compiled:
         return _stats, _logits_grad
     return (
         torch.compile(_stats, dynamic=True, fullgraph=True),
-        torch.compile(_logits_grad, dynamic=True, fullgraph=True),
+        torch.compile(_logits_grad_pointwise, dynamic=True, fullgraph=True),
     )
 
 

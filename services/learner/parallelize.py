@@ -13,6 +13,8 @@ from torch.utils.checkpoint import checkpoint
 from services.learner import fsdp
 from services.learner.model import compile_head
 
+COMPILE_SCOPES = ("layers", "decoder")
+
 
 def parallelize(
     model: nn.Module,
@@ -21,19 +23,29 @@ def parallelize(
     mixed_precision_bf16: bool = False,
     activation_checkpointing: bool = False,
     compile_layers: bool = False,
+    wrap: str = "layers",
+    compile_scope: str = "layers",
 ) -> nn.Module:
     """Applies the levers to `model` in place and returns it sharded on `device`. `compile_layers` also
-    compiles the fused logprob head's elementwise kernels."""
+    compiles the fused logprob head's elementwise kernels; `wrap`: FSDP's units (`fsdp.shard_model`);
+    `compile_scope`: `layers`, each decoder layer its own compiled graph (FSDP's per-layer hooks stay outside
+    the graphs, and identical layers reuse one), or `decoder`, the whole decoder stack (embeddings, rotary
+    tables, every layer, final norm) one graph, so kernels fuse across layer boundaries; needs `root` units."""
+    if compile_scope not in COMPILE_SCOPES:
+        raise ValueError(f"unknown compile scope {compile_scope!r}: one of {COMPILE_SCOPES}")
+    whole = compile_layers and compile_scope == "decoder"
+    if whole and fsdp.resolve_wrap(wrap) != "root":
+        raise ValueError("learner.compile_scope 'decoder' needs one FSDP unit (learner.fsdp_wrap root)")
     for layer in fsdp.decoder_layers(model):
         if activation_checkpointing:
             checkpoint_activations(layer)
-        if compile_layers:
-            # per layer, not the whole model: FSDP's hooks between layers stay outside the compiled graphs,
-            # and identical layers reuse one compiled graph
+        if compile_layers and not whole:
             layer.compile()
+    if whole:
+        model.base_model.compile()
     if compile_layers:
         compile_head(model)
-    return fsdp.shard_model(model, device, mixed_precision_bf16=mixed_precision_bf16)
+    return fsdp.shard_model(model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap)
 
 
 def checkpoint_activations(layer: nn.Module) -> None:

@@ -22,6 +22,7 @@ class ReferencePolicy:
         pack: bool = False,
         attention: str = "sdpa",
         head: str = "fused",
+        wrap: str = "layers",
     ):
         from services.common.weights import checksum
 
@@ -31,7 +32,7 @@ class ReferencePolicy:
         digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None
         self.identity: dict[str, Any] = {"path": str(model_path), "checksum": fsdp.broadcast_object(digest)}
         """Where the weights came from and their checksum; checkpoints record it, resume checks it."""
-        parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16)
+        parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

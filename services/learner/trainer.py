@@ -99,6 +99,8 @@ class PolicyTrainer:
             mixed_precision_bf16=mixed,
             activation_checkpointing=config.learner.activation_checkpointing,
             compile_layers=config.learner.compile,
+            wrap=config.learner.fsdp_wrap,
+            compile_scope=config.learner.compile_scope,
         )
         self.optimizer = build_optimizer(self.model, algo.lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
@@ -117,6 +119,7 @@ class PolicyTrainer:
                 pack=self.pack,
                 attention=config.learner.attention,
                 head=config.learner.logprob_head,
+                wrap=config.learner.fsdp_wrap,
             )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0

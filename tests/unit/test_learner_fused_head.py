@@ -166,3 +166,27 @@ def test_compiled_kernels_give_the_eager_values_and_gradients():
             out.append((lp, ent, *torch.autograd.grad(lp.sum() + 0.3 * ent.sum(), [hidden, weight])))
         for got, want in zip(out[1], out[0]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pointwise_logits_gradient_equals_the_scatter_one(with_entropy, dtype):
+    """The compiled head's form (the target's term added where the column is the target) against the eager
+    scatter: the same float32 sum per element, so the same values after the cast."""
+    from services.learner.fused_head import _logits_grad, _logits_grad_pointwise
+
+    gen = torch.Generator().manual_seed(5)
+    logits = (3 * torch.randn(9, 40, generator=gen)).to(dtype)
+    targets = torch.randint(40, (9,), generator=gen)
+    targets[1] = 0  # the first and last columns
+    targets[2] = 39
+    z = logits.float()
+    lse = torch.logsumexp(z, -1)
+    p = torch.exp(z - lse[:, None])
+    ent = lse - (p * z).sum(-1)
+    g_lp = torch.randn(9, generator=gen)
+    g_ent = torch.randn(9, generator=gen) if with_entropy else None
+    args = (logits, targets, lse, ent, g_lp, g_ent, dtype)
+    want, got = _logits_grad(*args), _logits_grad_pointwise(*args)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

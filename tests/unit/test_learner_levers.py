@@ -262,6 +262,64 @@ def test_train_step_same_with_activation_checkpointing(model_dir):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_fsdp_wrap_root_is_one_unit_and_trains_as_per_layer_units(model_dir):
+    """`root` (the `auto` choice on one process) wraps the model alone, its layers no FSDP units of their own;
+    two steps (GAE: the critic too, then a KL reference), the scoring pass, and the pushed weights agree with
+    per-layer units; a no-grad forward between steps leaves the state dict sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    trajs = [synthetic_trajectories(8, 4, seed=s) for s in (8, 9)]
+    settings = {"advantage": "gae", "lam": 0.9, "critic_lr": 1e-2, "ppo_epochs": 2, "use_kl_loss": True}
+    runs = []
+    for wrap in ("layers", "root", "auto"):
+        trainer = PolicyTrainer(make_config({"fsdp_wrap": wrap}, **settings), model_dir)
+        per_layer = [isinstance(layer, FSDPModule) for layer in trainer.model.get_decoder().layers]
+        assert isinstance(trainer.model, FSDPModule)
+        assert per_layer == [wrap == "layers"] * len(per_layer)
+        metrics = [untimed(trainer.train_step(t)) for t in trajs]
+        with torch.no_grad():  # root's weights stay gathered after a no-grad forward; the state dict reshards
+            ids, mask = _inputs()
+            token_logprobs(trainer.model, ids, mask)
+        assert all(hasattr(t, "full_tensor") for t in trainer.model.state_dict().values())
+        runs.append((metrics, trainer.named_weights_for_push()))
+    (layers, layers_w), *others = runs
+    for metrics, weights in others:
+        for got, want in zip(metrics, layers):
+            assert got.keys() == want.keys()
+            for key, value in want.items():
+                assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        assert [n for n, _ in weights] == [n for n, _ in layers_w]
+        for (name, a), (_, b) in zip(layers_w, weights):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_fsdp_wrap_auto_is_root_on_one_process_only(monkeypatch):
+    from services.learner import fsdp
+
+    assert fsdp.resolve_wrap("auto") == "root"
+    assert fsdp.resolve_wrap("layers") == "layers"
+    monkeypatch.setattr(fsdp, "world_size", lambda: 2)
+    assert fsdp.resolve_wrap("auto") == "layers"
+    assert fsdp.resolve_wrap("root") == "root"
+    with pytest.raises(ValueError, match="unknown FSDP wrap"):
+        fsdp.resolve_wrap("blocks")
+
+
+def test_decoder_compile_scope_needs_one_fsdp_unit(model_dir, monkeypatch):
+    from services.learner import fsdp
+    from services.learner.model import load_model
+    from services.learner.parallelize import parallelize
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="needs one FSDP unit"):
+        parallelize(load_model(model_dir), cpu, compile_layers=True, compile_scope="decoder", wrap="layers")
+    with pytest.raises(ValueError, match="unknown compile scope"):
+        parallelize(load_model(model_dir), cpu, compile_layers=True, compile_scope="model")
+    monkeypatch.setattr(fsdp, "world_size", lambda: 2)  # auto is per-layer units on several processes
+    with pytest.raises(ValueError, match="needs one FSDP unit"):
+        parallelize(load_model(model_dir), cpu, compile_layers=True, compile_scope="decoder", wrap="auto")
+
+
 def test_one_mini_batch_is_the_whole_batch(model_dir):
     trajs = synthetic_trajectories(8, 4, seed=7)
     whole = PolicyTrainer(make_config(ppo_epochs=2), model_dir).train_step(trajs)
