@@ -422,6 +422,11 @@ class BucketReceiver:
         self.last = buffer
         return tensors
 
+    @property
+    def pending(self) -> bool:
+        """A bucket was posted and not yet checked (`flush` has not run)."""
+        return self._pending is not None
+
     def release(self) -> None:
         self._buffers, self._pending, self.last = [None, None], None, None
 
