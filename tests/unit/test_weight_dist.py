@@ -346,3 +346,22 @@ def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path
     group.close()
     assert not errors and i >= 4
     assert list(got) == [n for n, _ in named] and all(torch.equal(got[n], t) for n, t in named)
+
+
+def test_packing_mixed_dtypes_and_strided_tensors_lays_every_tensor_s_bytes_in_order():
+    g = torch.Generator().manual_seed(6)
+    named = [
+        ("flag", torch.tensor([True, False])),  # a bucket of mixed dtypes is copied as bytes
+        ("half", torch.randn(5, generator=g).to(torch.bfloat16)),
+        ("scalar", torch.tensor(2.5)),
+        ("empty", torch.empty(0, 4)),
+        ("ints", torch.arange(7, dtype=torch.int64).reshape(7, 1)),
+        ("strided", torch.randn(4, 6, generator=g).T),  # not contiguous
+    ]
+    specs = [spec_of(n, t) for n, t in named]
+    for bucket_bytes in (8, 64, 1 << 20):
+        got = {}
+        for b in pack_buckets(named, specs, bucket_bytes, "cpu", slots=2):
+            assert b.digest == bucket_digest(b.data)
+            got.update((n, t.clone()) for n, t in tensor_views(b.specs, b.data))
+        assert all(torch.equal(got[n], t) for n, t in named), bucket_bytes
