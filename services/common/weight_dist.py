@@ -208,22 +208,36 @@ def checked_digest(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> tuple[s
     (False: it needs `check_finite` tensor by tensor, to name a culprit or to clear an overflowing sum of
     finite values, or because the bucket mixes dtypes). On a GPU the digest's two sums and the finite
     sum are read back together: one host sync per bucket."""
-    dtypes = {s.dtype for s in specs}
-    dtype = getattr(torch, next(iter(dtypes))) if len(dtypes) == 1 and buffer.numel() else None
-    whole = dtype is not None and dtype.is_floating_point
+    dtype = _whole_dtype(specs, buffer)
     if buffer.device.type == "cpu":
-        finite = whole and bool(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)))
+        finite = dtype is not None and bool(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)))
         return bucket_digest(buffer), finite
-    return _sum64_checked(buffer, dtype if whole else None)
+    return _sum64_checked(buffer, dtype)
 
 
 def _sum64_checked(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple[str, bool]:
     """`sum64` and, for a bucket of one floating `dtype`, whether its float32 sum is finite: one read back."""
+    return _read_checks(buffer.numel(), _check_sums(buffer, dtype).tolist(), dtype)
+
+
+def _whole_dtype(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> torch.dtype | None:
+    """The bucket's dtype where one floating dtype fills it (its finite check is one sum), else None."""
+    dtypes = {s.dtype for s in specs}
+    dtype = getattr(torch, next(iter(dtypes))) if len(dtypes) == 1 and buffer.numel() else None
+    return dtype if dtype is not None and dtype.is_floating_point else None
+
+
+def _check_sums(buffer: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """On the buffer's device, not read back: `sum64`'s two sums, and 1/0 for a finite float32 sum of
+    the bucket viewed as `dtype` (none if `dtype` is None)."""
     parts = [_sum64_words(buffer)]
     if dtype is not None:
         parts.append(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)).to(torch.int64).view(1))
-    read = torch.cat(parts).tolist()
-    return _sum64_text(buffer.numel(), read[0], read[1]), dtype is not None and bool(read[2])
+    return torch.cat(parts)
+
+
+def _read_checks(n: int, read: list[int], dtype: torch.dtype | None) -> tuple[str, bool]:
+    return _sum64_text(n, read[0], read[1]), dtype is not None and bool(read[2])
 
 
 def digest_algorithm(device: str | torch.device) -> str:
@@ -349,6 +363,19 @@ def _copy_pending(pending: list[torch.Tensor], target: torch.Tensor) -> None:
     pending.clear()
 
 
+@dataclass
+class _Posted:
+    """A bucket whose broadcast was posted and whose checks are still to be read."""
+
+    specs: Sequence[TensorSpec]
+    buffer: torch.Tensor
+    work: object
+    digest_of: Callable[[], str]
+    sums: torch.Tensor | None = None  # on a GPU side stream: the check sums, copied to pinned host memory
+    done: object = None  # the CUDA event after that copy
+    dtype: torch.dtype | None = None
+
+
 class BucketReceiver:
     """The receiving end shared by the vLLM engine and plain Hugging Face receivers: receive a bucket
     into one of two reused buffers, check its digest and finite values, hand back its tensors. Nothing
@@ -358,13 +385,22 @@ class BucketReceiver:
     broadcast, then checks and returns bucket k-1 (None for the first), so on a GPU the transfer of k
     overlaps the checks and the apply of k-1; `flush` checks and returns the last posted one. Tensors
     handed out stay valid until the bucket after next is posted (it reuses their buffer; on a GPU, work
-    queued on the current stream before that post is ordered before it)."""
+    queued on the current stream before that post is ordered before it).
 
-    def __init__(self, group: Group):
+    On a GPU with `side_stream` (the default), a bucket's checks (the digest's sums and the finite sum)
+    are queued on a side stream when it is posted, behind its broadcast, and copied to pinned host
+    memory; checking it waits for that copy only (an event), not for the device, and the current stream
+    (where the caller applies the tensors) waits for the same event. So the checks of bucket k run as
+    soon as it arrives, while the host hands out bucket k-1, and no host sync drains the GPU's queue."""
+
+    def __init__(self, group: Group, *, side_stream: bool = True):
         self.group = group
         self._buffers: list[torch.Tensor | None] = [None, None]
-        self._pending: tuple | None = None
+        self._pending: _Posted | None = None
         self._posted = 0
+        self._side = None
+        if side_stream and group.rdv.device == "cuda":
+            self._side = torch.cuda.Stream()
         self.last: torch.Tensor | None = None
         """The bytes of the bucket last checked (a view of a reused buffer)."""
 
@@ -382,15 +418,32 @@ class BucketReceiver:
     def _post(self, specs, nbytes: int, digest: Callable[[], str]) -> list[tuple[str, torch.Tensor]] | None:
         self._check_declared(specs, nbytes)
         buffer = self._slot(self._posted % 2, nbytes)
-        work = self.group.post(buffer)
+        posted = _Posted(specs, buffer, self.group.post(buffer), digest)
+        if self._side is not None:
+            self._queue_checks(posted)
         self._posted += 1
-        earlier, self._pending = self._pending, (specs, buffer, work, digest)
-        return None if earlier is None else self._verified(*earlier)
+        earlier, self._pending = self._pending, posted
+        return None if earlier is None else self._verified(earlier)
+
+    def _queue_checks(self, posted: _Posted) -> None:
+        posted.dtype = _whole_dtype(posted.specs, posted.buffer)
+        with torch.cuda.stream(self._side):
+            posted.work.wait()  # the side stream waits for the broadcast
+            sums = _check_sums(posted.buffer, posted.dtype)
+            posted.sums = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
+            posted.sums.copy_(sums, non_blocking=True)
+            posted.done = torch.cuda.Event()
+            posted.done.record(self._side)
 
     def flush(self) -> list[tuple[str, torch.Tensor]]:
         """Checks and returns the last posted bucket ([] if none is pending)."""
         pending, self._pending = self._pending, None
-        return [] if pending is None else self._verified(*pending)
+        return [] if pending is None else self._verified(pending)
+
+    @property
+    def pending(self) -> bool:
+        """A bucket was posted and not yet checked (`flush` has not run)."""
+        return self._pending is not None
 
     def receive_all(
         self, declared: Iterable[tuple[Sequence[TensorSpec], int]], digest_of: Callable[[int], str]
@@ -415,13 +468,21 @@ class BucketReceiver:
             buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.rdv.device)
         return buffer[:nbytes]
 
-    def _verified(self, specs, buffer: torch.Tensor, work, digest_of) -> list[tuple[str, torch.Tensor]]:
-        work.wait()
-        digest = digest_of()
+    def _verified(self, posted: _Posted) -> list[tuple[str, torch.Tensor]]:
+        specs, buffer = posted.specs, posted.buffer
+        if posted.done is not None:  # checks queued on the side stream: wait for their read back only
+            posted.done.synchronize()
+            torch.cuda.current_stream(buffer.device).wait_event(posted.done)
+            got, finite = _read_checks(buffer.numel(), posted.sums.tolist(), posted.dtype)
+        else:
+            posted.work.wait()
+            got, finite = None, False
+        digest = posted.digest_of()
         algorithm = digest.split(":", 1)[0]
         if algorithm != digest_algorithm(self.group.rdv.device):
             raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
-        got, finite = checked_digest(specs, buffer)
+        if got is None:
+            got, finite = checked_digest(specs, buffer)
         if got != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
         tensors = tensor_views(specs, buffer)
@@ -430,12 +491,9 @@ class BucketReceiver:
         self.last = buffer
         return tensors
 
-    @property
-    def pending(self) -> bool:
-        """A bucket was posted and not yet checked (`flush` has not run)."""
-        return self._pending is not None
-
     def release(self) -> None:
+        if self._pending is not None and self._pending.done is not None:
+            self._pending.done.synchronize()  # its side-stream reads of a buffer end before it is freed
         self._buffers, self._pending, self.last = [None, None], None, None
 
 
