@@ -8,11 +8,9 @@ the same run, the same two processes time a raw broadcast of buffers of the same
 ceiling the push is compared against.
 
 Modes (`--modes`): `pipelined`, the push's path: two buffers a side; the sender packs and digests bucket
-k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, queued on a side stream as
-the bucket is posted, read back through pinned memory) and applies bucket k while bucket k+1 arrives
-(`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`). `pipelined-inline`: the same with the
-receiver's checks on the current stream, read back when the bucket is checked. `serial`: one bucket at a
-time (pack, digest, send, then receive, check, apply: `BucketReceiver.receive`).
+k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, one read back) and applies
+bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`).
+`serial`: one bucket at a time (pack, digest, send, then receive, check, apply: `BucketReceiver.receive`).
 
 Per shape, bucket size and mode: seconds per full sync (median of --repeats, each ended by an all-reduce
 after the receiver applied and synchronized), GB/s, % of the raw broadcast bandwidth, the GPUs, and two
@@ -111,7 +109,7 @@ def _sender(args, port, shape, gpu, results) -> None:
             if i:
                 raw_times.append(time.perf_counter() - start)
         del raw
-        if mode not in ("pipelined", "pipelined-inline", "serial"):
+        if mode not in ("pipelined", "serial"):
             raise ValueError(f"unknown mode {mode!r}")
         pipelined = mode != "serial"
         for i in range(args.repeats + 1):
@@ -199,12 +197,12 @@ def _receiver(args, port, shape, gpu, results) -> None:
                 group.broadcast(raw[:n])
             _barrier(group, device)
         del raw
-        receiver = BucketReceiver(group, side_stream=mode == "pipelined")
+        receiver = BucketReceiver(group)
         for i in range(args.repeats + 1):
             _barrier(group, device)
             declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
             digest_of = functools.partial(_digest_of, group, c, i)  # the control stream's role
-            if mode in ("pipelined", "pipelined-inline"):  # the vLLM worker's post/flush
+            if mode == "pipelined":  # the vLLM worker's post/flush
                 for tensors in receiver.receive_all(declared, digest_of):
                     copy_into(params, tensors)
             else:  # one bucket at a time
@@ -304,9 +302,7 @@ def main() -> None:
         "--modes",
         default="pipelined",
         help="comma-separated: pipelined (the push's path: two buffers a side, bucket k+1 packed and bucket k-1 "
-        "checked while bucket k moves, the receiver's checks on a side stream), pipelined-inline (the same with "
-        "the checks on the current stream, read back at once), serial (one bucket at a time: pack, send, check, "
-        "apply)",
+        "checked while bucket k moves) and/or serial (one bucket at a time: pack, send, check, apply)",
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=120.0, help="group formation and each broadcast")
@@ -324,7 +320,7 @@ def main() -> None:
         for r in run_shape(args, shape):
             rows.append(r)
             print(
-                f"{r['shape']:>5} {r['mode']:>16} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
+                f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
                 f"sync {r['sync_s_median']:.4f}s {r['sync_gb_s']:7.2f} GB/s  raw {r['raw_broadcast_s_median']:.4f}s "
                 f"{r['raw_gb_s']:7.2f} GB/s  {r['pct_of_raw']:5.1f}% of raw  "
                 f"pack+digest {r['sender_pack_digest_s']:.4f}s check+apply {r['receiver_check_apply_s']:.4f}s  "

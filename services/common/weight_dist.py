@@ -217,7 +217,11 @@ def checked_digest(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> tuple[s
 
 def _sum64_checked(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple[str, bool]:
     """`sum64` and, for a bucket of one floating `dtype`, whether its float32 sum is finite: one read back."""
-    return _read_checks(buffer.numel(), _check_sums(buffer, dtype).tolist(), dtype)
+    parts = [_sum64_words(buffer)]
+    if dtype is not None:
+        parts.append(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)).to(torch.int64).view(1))
+    read = torch.cat(parts).tolist()
+    return _sum64_text(buffer.numel(), read[0], read[1]), dtype is not None and bool(read[2])
 
 
 def _whole_dtype(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> torch.dtype | None:
@@ -225,19 +229,6 @@ def _whole_dtype(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> torch.dty
     dtypes = {s.dtype for s in specs}
     dtype = getattr(torch, next(iter(dtypes))) if len(dtypes) == 1 and buffer.numel() else None
     return dtype if dtype is not None and dtype.is_floating_point else None
-
-
-def _check_sums(buffer: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """On the buffer's device, not read back: `sum64`'s two sums, and 1/0 for a finite float32 sum of
-    the bucket viewed as `dtype` (none if `dtype` is None)."""
-    parts = [_sum64_words(buffer)]
-    if dtype is not None:
-        parts.append(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)).to(torch.int64).view(1))
-    return torch.cat(parts)
-
-
-def _read_checks(n: int, read: list[int], dtype: torch.dtype | None) -> tuple[str, bool]:
-    return _sum64_text(n, read[0], read[1]), dtype is not None and bool(read[2])
 
 
 def digest_algorithm(device: str | torch.device) -> str:
@@ -371,9 +362,6 @@ class _Posted:
     buffer: torch.Tensor
     work: object
     digest_of: Callable[[], str]
-    sums: torch.Tensor | None = None  # on a GPU side stream: the check sums, copied to pinned host memory
-    done: object = None  # the CUDA event after that copy
-    dtype: torch.dtype | None = None
 
 
 class BucketReceiver:
@@ -385,22 +373,15 @@ class BucketReceiver:
     broadcast, then checks and returns bucket k-1 (None for the first), so on a GPU the transfer of k
     overlaps the checks and the apply of k-1; `flush` checks and returns the last posted one. Tensors
     handed out stay valid until the bucket after next is posted (it reuses their buffer; on a GPU, work
-    queued on the current stream before that post is ordered before it).
+    queued on the current stream before that post is ordered before it). A bucket's digest and finite
+    sum are read back together, one host sync a bucket (queuing them on a side stream and reading them
+    through pinned memory and an event measured no faster on H200s: docs/weight-sync.md)."""
 
-    On a GPU with `side_stream` (the default), a bucket's checks (the digest's sums and the finite sum)
-    are queued on a side stream when it is posted, behind its broadcast, and copied to pinned host
-    memory; checking it waits for that copy only (an event), not for the device, and the current stream
-    (where the caller applies the tensors) waits for the same event. So the checks of bucket k run as
-    soon as it arrives, while the host hands out bucket k-1, and no host sync drains the GPU's queue."""
-
-    def __init__(self, group: Group, *, side_stream: bool = True):
+    def __init__(self, group: Group):
         self.group = group
         self._buffers: list[torch.Tensor | None] = [None, None]
         self._pending: _Posted | None = None
         self._posted = 0
-        self._side = None
-        if side_stream and group.rdv.device == "cuda":
-            self._side = torch.cuda.Stream()
         self.last: torch.Tensor | None = None
         """The bytes of the bucket last checked (a view of a reused buffer)."""
 
@@ -419,21 +400,9 @@ class BucketReceiver:
         self._check_declared(specs, nbytes)
         buffer = self._slot(self._posted % 2, nbytes)
         posted = _Posted(specs, buffer, self.group.post(buffer), digest)
-        if self._side is not None:
-            self._queue_checks(posted)
         self._posted += 1
         earlier, self._pending = self._pending, posted
         return None if earlier is None else self._verified(earlier)
-
-    def _queue_checks(self, posted: _Posted) -> None:
-        posted.dtype = _whole_dtype(posted.specs, posted.buffer)
-        with torch.cuda.stream(self._side):
-            posted.work.wait()  # the side stream waits for the broadcast
-            sums = _check_sums(posted.buffer, posted.dtype)
-            posted.sums = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
-            posted.sums.copy_(sums, non_blocking=True)
-            posted.done = torch.cuda.Event()
-            posted.done.record(self._side)
 
     def flush(self) -> list[tuple[str, torch.Tensor]]:
         """Checks and returns the last posted bucket ([] if none is pending)."""
@@ -470,19 +439,12 @@ class BucketReceiver:
 
     def _verified(self, posted: _Posted) -> list[tuple[str, torch.Tensor]]:
         specs, buffer = posted.specs, posted.buffer
-        if posted.done is not None:  # checks queued on the side stream: wait for their read back only
-            posted.done.synchronize()
-            torch.cuda.current_stream(buffer.device).wait_event(posted.done)
-            got, finite = _read_checks(buffer.numel(), posted.sums.tolist(), posted.dtype)
-        else:
-            posted.work.wait()
-            got, finite = None, False
+        posted.work.wait()
         digest = posted.digest_of()
         algorithm = digest.split(":", 1)[0]
         if algorithm != digest_algorithm(self.group.rdv.device):
             raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
-        if got is None:
-            got, finite = checked_digest(specs, buffer)
+        got, finite = checked_digest(specs, buffer)
         if got != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
         tensors = tensor_views(specs, buffer)
@@ -492,8 +454,6 @@ class BucketReceiver:
         return tensors
 
     def release(self) -> None:
-        if self._pending is not None and self._pending.done is not None:
-            self._pending.done.synchronize()  # its side-stream reads of a buffer end before it is freed
         self._buffers, self._pending, self.last = [None, None], None, None
 
 
