@@ -1,19 +1,25 @@
 """Weight sync over a process group (the `nccl` push's data plane), without vLLM: a learner process on
 GPU0 holds a random-weight bf16 model sharded with FSDP2 (as the learner does, a world of one) and
 pushes it through the sender's code (`fsdp.streamed_weights` -> `weight_dist.pack_buckets` with each
-bucket's on-device digest -> `Group.broadcast`); a receiver process on GPU1 takes each bucket through
-the shared receiving code (`weight_dist.BucketReceiver.receive_all`: broadcast into one of two
-buffers, the next bucket's transfer overlapping the digest and finite checks of this one) and copies
-it into a Hugging Face model's named parameters (`check_against` first, then `copy_into`). In the same
-run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the ceiling the
-push is compared against.
+bucket's on-device digest -> `Group.post` through a `SendWindow`, as `nccl_push._stream` does); a
+receiver process on GPU1 takes each bucket through the shared receiving code (`BucketReceiver`) and
+copies it into a Hugging Face model's named parameters (`check_against` first, then `copy_into`). In
+the same run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the
+ceiling the push is compared against.
 
-Per shape: seconds per full sync (median of --repeats, each ended by an all-reduce after the receiver
-applied and synchronized), GB/s, % of the raw broadcast bandwidth, and the GPUs. The per-bucket
-digests go to the receiver through the rendezvous store (the gRPC control stream's role in a real push).
+Modes (`--modes`): `pipelined`, the push's path: two buffers a side; the sender packs and digests bucket
+k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, one read back) and applies
+bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`).
+`serial`: one bucket at a time (pack, digest, send, then receive, check, apply: `BucketReceiver.receive`).
 
-    python bench/weight_sync_gpu.py --out $OUT/weight_sync_gpu.json             # 2 GPUs, 0.5b and 7b
-    python bench/weight_sync_gpu.py --device cpu --shapes tiny                   # gloo, on CPU
+Per shape, bucket size and mode: seconds per full sync (median of --repeats, each ended by an all-reduce
+after the receiver applied and synchronized), GB/s, % of the raw broadcast bandwidth, the GPUs, and two
+phases timed alone (no transfer): the sender's pack + digest of every bucket, the receiver's check +
+apply of every bucket. The per-bucket digests go to the receiver through the rendezvous store (the gRPC
+control stream's role in a real push).
+
+    bash bench/weight_sync_gpu.sh --modes pipelined,serial          # 2 GPUs: 0.5b and 7b, 256 MB and 1 GB
+    python bench/weight_sync_gpu.py --device cpu --shapes tiny --bucket-mb 0.02,0.1 --modes pipelined,serial
 """
 
 from __future__ import annotations
@@ -65,11 +71,15 @@ def _barrier(group, device) -> None:
     _sync(device)
 
 
+def _combos(args) -> list[tuple[int, str]]:
+    return [(float(mb), mode) for mb in str(args.bucket_mb).split(",") for mode in args.modes.split(",")]
+
+
 def _sender(args, port, shape, gpu, results) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import Group, Rendezvous, open_store, pack_buckets
+    from services.common.weight_dist import Group, Rendezvous, SendWindow, open_store, pack_buckets
     from services.learner import fsdp
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
@@ -79,63 +89,94 @@ def _sender(args, port, shape, gpu, results) -> None:
     model = fsdp.shard_model(_model(shape, device), device)
     weights = fsdp.streamed_weights(model, torch.bfloat16)
     total = sum(s.nbytes for s in weights.specs)
-    bucket_bytes = args.bucket_mb << 20
-    sizes = [sum(s.nbytes for s in b) for b in plan_buckets(weights.specs, bucket_bytes)]
 
     store = open_store("127.0.0.1", port, master=True, timeout_s=args.timeout_s)
     rdv = Rendezvous("127.0.0.1", port, f"bench-{shape}", "nccl" if device.type == "cuda" else "gloo", args.timeout_s)
     group = Group.host(rdv, store)
     group.store.set("specs", json.dumps([[s.name, s.dtype, list(s.shape), s.nbytes] for s in weights.specs]))
-
-    raw = torch.empty(max(sizes), dtype=torch.uint8, device=device)
-    raw_times, sync_times = [], []
-    for i in range(args.repeats + 1):  # the first of each is a warm-up (communicator set-up, allocations)
-        _barrier(group, device)
-        start = time.perf_counter()
-        for n in sizes:
-            group.broadcast(raw[:n])
-        _barrier(group, device)
-        if i:
-            raw_times.append(time.perf_counter() - start)
-    del raw
-    for i in range(args.repeats + 1):
-        _barrier(group, device)
-        start = time.perf_counter()
-        for b, bucket in enumerate(pack_buckets(weights.named_tensors(), weights.specs, bucket_bytes, device)):
-            group.store.set(f"digest/{i}/{b}", bucket.digest)
-            group.broadcast(bucket.data)
-        _barrier(group, device)  # the receiver applied every bucket and synchronized
-        if i:
-            sync_times.append(time.perf_counter() - start)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    results.put(
-        dict(
-            role="sender",
-            shape=shape,
-            device=str(device),
-            gpu_name=name,
-            bytes=total,
-            buckets=len(sizes),
-            bucket_mb=args.bucket_mb,
-            tensors=len(weights.specs),
-            raw_broadcast_s=raw_times,
-            sync_s=sync_times,
+    for c, (bucket_mb, mode) in enumerate(_combos(args)):
+        bucket_bytes = int(bucket_mb * 2**20)
+        sizes = [sum(s.nbytes for s in b) for b in plan_buckets(weights.specs, bucket_bytes)]
+        raw = torch.empty(max(sizes), dtype=torch.uint8, device=device)
+        raw_times, sync_times = [], []
+        for i in range(args.repeats + 1):  # the first of each is a warm-up (communicator set-up, allocations)
+            _barrier(group, device)
+            start = time.perf_counter()
+            for n in sizes:
+                group.broadcast(raw[:n])
+            _barrier(group, device)
+            if i:
+                raw_times.append(time.perf_counter() - start)
+        del raw
+        if mode not in ("pipelined", "serial"):
+            raise ValueError(f"unknown mode {mode!r}")
+        pipelined = mode != "serial"
+        for i in range(args.repeats + 1):
+            _barrier(group, device)
+            start = time.perf_counter()
+            window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
+            buckets = pack_buckets(
+                weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2 if pipelined else None
+            )
+            for b, bucket in enumerate(buckets):
+                group.store.set(f"digest/{c}/{i}/{b}", bucket.digest)
+                window.add([(b, group.post(bucket.data))])
+                if failed := window.settle() if pipelined else window.drain():
+                    raise RuntimeError(f"broadcast failed: {failed}")
+            if failed := window.drain():
+                raise RuntimeError(f"broadcast failed: {failed}")
+            _barrier(group, device)  # the receiver applied every bucket and synchronized
+            if i:
+                sync_times.append(time.perf_counter() - start)
+        # phase: the sender's pack + digest alone (no transfer), as the pipelined push packs
+        pack_times = []
+        for _ in range(2):
+            _sync(device)
+            start = time.perf_counter()
+            for _bucket in pack_buckets(weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2):
+                pass
+            _sync(device)
+            pack_times.append(time.perf_counter() - start)
+        results.put(
+            dict(
+                role="sender",
+                combo=c,
+                shape=shape,
+                mode=mode,
+                device=str(device),
+                gpu_name=name,
+                bytes=total,
+                buckets=len(sizes),
+                bucket_mb=bucket_mb,
+                tensors=len(weights.specs),
+                raw_broadcast_s=raw_times,
+                sync_s=sync_times,
+                pack_digest_s=min(pack_times),
+            )
         )
-    )
+        _barrier(group, device)
     group.close()
     torch.distributed.destroy_process_group()
 
 
-def _digest_of(group, sync: int, bucket: int) -> str:
-    return group.store.get(f"digest/{sync}/{bucket}").decode()
+def _digest_of(group, combo: int, sync: int, bucket: int) -> str:
+    return group.store.get(f"digest/{combo}/{sync}/{bucket}").decode()
 
 
 def _receiver(args, port, shape, gpu, results) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import BucketReceiver, Group, Rendezvous, check_against, copy_into
-    from services.common.weights import TensorSpec
+    from services.common.weight_dist import (
+        BucketReceiver,
+        Group,
+        Rendezvous,
+        check_against,
+        checked_digest,
+        copy_into,
+    )
+    from services.common.weights import TensorSpec, tensor_views
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -146,33 +187,52 @@ def _receiver(args, port, shape, gpu, results) -> None:
     group = Group.join(rdv, 1, 2)
     specs = [TensorSpec(n, d, tuple(s), b) for n, d, s, b in json.loads(group.store.get("specs"))]
     check_against(params, specs)  # names, dtypes, shapes against the model before any data moves
-    plan = plan_buckets(specs, args.bucket_mb << 20)
-    sizes = [sum(s.nbytes for s in b) for b in plan]
-
-    raw = torch.empty(max(sizes), dtype=torch.uint8, device=device)
-    for _ in range(args.repeats + 1):
+    for c, (bucket_mb, mode) in enumerate(_combos(args)):
+        plan = plan_buckets(specs, int(bucket_mb * 2**20))
+        sizes = [sum(s.nbytes for s in b) for b in plan]
+        raw = torch.empty(max(sizes), dtype=torch.uint8, device=device)
+        for _ in range(args.repeats + 1):
+            _barrier(group, device)
+            for n in sizes:
+                group.broadcast(raw[:n])
+            _barrier(group, device)
+        del raw
+        receiver = BucketReceiver(group)
+        for i in range(args.repeats + 1):
+            _barrier(group, device)
+            declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
+            digest_of = functools.partial(_digest_of, group, c, i)  # the control stream's role
+            if mode == "pipelined":  # the vLLM worker's post/flush
+                for tensors in receiver.receive_all(declared, digest_of):
+                    copy_into(params, tensors)
+            else:  # one bucket at a time
+                for b, (bucket_specs, nbytes) in enumerate(declared):
+                    copy_into(params, receiver.receive(bucket_specs, nbytes, digest_of(b)))
+            _sync(device)
+            _barrier(group, device)
+        receiver.release()
+        probe = next(iter(params.values()))
+        finite = bool(probe.float().isfinite().all())
+        # phase: the receiver's checks (digest + finite, one read back) and apply alone, over a zeroed
+        # buffer of each bucket's size (the model's values do not matter to the next syncs)
+        zeros = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+        check_times = []
+        for _ in range(2):
+            _sync(device)
+            start = time.perf_counter()
+            for bucket_specs, n in zip(plan, sizes, strict=True):
+                checked_digest(bucket_specs, zeros[:n])
+                copy_into(params, tensor_views(bucket_specs, zeros[:n]))
+            _sync(device)
+            check_times.append(time.perf_counter() - start)
+        del zeros
+        check_s = min(check_times)
+        results.put(dict(role="receiver", combo=c, device=str(device), probe_finite=finite, check_apply_s=check_s))
         _barrier(group, device)
-        for n in sizes:
-            group.broadcast(raw[:n])
-        _barrier(group, device)
-    del raw
-    receiver = BucketReceiver(group)
-    for i in range(args.repeats + 1):
-        _barrier(group, device)
-        declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
-        digest_of = functools.partial(_digest_of, group, i)  # the control stream's role
-        for tensors in receiver.receive_all(declared, digest_of):
-            copy_into(params, tensors)
-        _sync(device)
-        _barrier(group, device)
-    probe = next(iter(params.values()))
-    finite = bool(probe.float().isfinite().all())
-    results.put(dict(role="receiver", shape=shape, device=str(device), probe_finite=finite))
-    receiver.release()
     group.close()
 
 
-def run_shape(args, shape: str) -> dict:
+def run_shape(args, shape: str) -> list[dict]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -185,11 +245,12 @@ def run_shape(args, shape: str) -> dict:
     for p in procs:
         p.start()
     got = {}
+    want = 2 * len(_combos(args))
     deadline = time.monotonic() + args.shape_timeout_s
-    while len(got) < 2 and time.monotonic() < deadline:
+    while len(got) < want and time.monotonic() < deadline:
         try:
             r = results.get(timeout=1.0)
-            got[r["role"]] = r
+            got[r["role"], r["combo"]] = r
         except Exception:  # noqa: BLE001 - queue.Empty: check the children
             if any(p.exitcode not in (None, 0) for p in procs):
                 break
@@ -197,36 +258,52 @@ def run_shape(args, shape: str) -> dict:
         p.join(timeout=30)
         if p.is_alive():
             p.kill()
-    if len(got) < 2:
-        raise RuntimeError(f"{shape}: a process failed (exit codes {[p.exitcode for p in procs]})")
-    s = got["sender"]
-    sync = statistics.median(s["sync_s"])
-    raw = statistics.median(s["raw_broadcast_s"])
-    return dict(
-        shape=shape,
-        sender_device=s["device"],
-        receiver_device=got["receiver"]["device"],
-        gpu=s["gpu_name"],
-        gigabytes=s["bytes"] / 1e9,
-        tensors=s["tensors"],
-        buckets=s["buckets"],
-        bucket_mb=s["bucket_mb"],
-        sync_s_median=sync,
-        sync_s=s["sync_s"],
-        sync_gb_s=s["bytes"] / sync / 1e9,
-        raw_broadcast_s_median=raw,
-        raw_broadcast_s=s["raw_broadcast_s"],
-        raw_gb_s=s["bytes"] / raw / 1e9,
-        pct_of_raw=100.0 * raw / sync,
-        receiver_weights_finite=got["receiver"]["probe_finite"],
-    )
+    rows = []
+    for c in range(len(_combos(args))):
+        if ("sender", c) not in got or ("receiver", c) not in got:
+            continue
+        s, r = got["sender", c], got["receiver", c]
+        sync = statistics.median(s["sync_s"])
+        raw = statistics.median(s["raw_broadcast_s"])
+        rows.append(
+            dict(
+                shape=shape,
+                mode=s["mode"],
+                sender_device=s["device"],
+                receiver_device=r["device"],
+                gpu=s["gpu_name"],
+                gigabytes=s["bytes"] / 1e9,
+                tensors=s["tensors"],
+                buckets=s["buckets"],
+                bucket_mb=s["bucket_mb"],
+                sync_s_median=sync,
+                sync_s=s["sync_s"],
+                sync_gb_s=s["bytes"] / sync / 1e9,
+                raw_broadcast_s_median=raw,
+                raw_broadcast_s=s["raw_broadcast_s"],
+                raw_gb_s=s["bytes"] / raw / 1e9,
+                pct_of_raw=100.0 * raw / sync,
+                sender_pack_digest_s=s["pack_digest_s"],
+                receiver_check_apply_s=r["check_apply_s"],
+                receiver_weights_finite=r["probe_finite"],
+            )
+        )
+    if len(rows) < len(_combos(args)):
+        print(f"{shape}: a process failed (exit codes {[p.exitcode for p in procs]}); {len(rows)} rows", flush=True)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cuda: nccl on GPU0->GPU1; cpu: gloo")
     ap.add_argument("--shapes", default="0.5b,7b", help=f"comma-separated, of {sorted(SHAPES)}")
-    ap.add_argument("--bucket-mb", type=int, default=256)
+    ap.add_argument("--bucket-mb", default="256,1024", help="comma-separated bucket sizes (MiB), each run in turn")
+    ap.add_argument(
+        "--modes",
+        default="pipelined",
+        help="comma-separated: pipelined (the push's path: two buffers a side, bucket k+1 packed and bucket k-1 "
+        "checked while bucket k moves) and/or serial (one bucket at a time: pack, send, check, apply)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=120.0, help="group formation and each broadcast")
     ap.add_argument("--shape-timeout-s", type=float, default=240.0)
@@ -240,14 +317,17 @@ def main() -> None:
             raise SystemExit(f"needs 2 GPUs, sees {torch.cuda.device_count()}")
     rows = []
     for shape in args.shapes.split(","):
-        rows.append(run_shape(args, shape))
-        r = rows[-1]
-        print(
-            f"{r['shape']:>5} {r['gigabytes']:7.3f} GB {r['buckets']:4d} buckets  sync {r['sync_s_median']:.3f}s "
-            f"{r['sync_gb_s']:7.2f} GB/s   raw broadcast {r['raw_broadcast_s_median']:.3f}s {r['raw_gb_s']:7.2f} GB/s  "
-            f"{r['pct_of_raw']:5.1f}% of raw   [{r['gpu']}: {r['sender_device']} -> {r['receiver_device']}]",
-            flush=True,
-        )
+        for r in run_shape(args, shape):
+            rows.append(r)
+            print(
+                f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
+                f"sync {r['sync_s_median']:.4f}s {r['sync_gb_s']:7.2f} GB/s  raw {r['raw_broadcast_s_median']:.4f}s "
+                f"{r['raw_gb_s']:7.2f} GB/s  {r['pct_of_raw']:5.1f}% of raw  "
+                f"pack+digest {r['sender_pack_digest_s']:.4f}s check+apply {r['receiver_check_apply_s']:.4f}s  "
+                f"[{r['gpu']}: {r['sender_device']} -> "
+                f"{r['receiver_device']}]",
+                flush=True,
+            )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rows, indent=2))

@@ -24,6 +24,7 @@ Used by the learner's sender (`services/learner/weight_push/nccl_push.py`), by t
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import os
 import time
@@ -170,6 +171,16 @@ def sum64(buffer: torch.Tensor) -> str:
     sum: the words laid out as rows of 1024, their row sums and column sums each weighted by position
     (a word moved to another row or column changes it). Two reductions over the buffer, no copy of it,
     one host sync."""
+    plain, weighted = _sum64_words(buffer).tolist()
+    return _sum64_text(buffer.numel(), plain, weighted)
+
+
+def _sum64_text(n: int, plain: int, weighted: int) -> str:
+    return f"sum64:{n:016x}{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}"
+
+
+def _sum64_words(buffer: torch.Tensor) -> torch.Tensor:
+    """The two sums of `sum64` as an int64 tensor of 2 on the buffer's device (not read back)."""
     n, cols = buffer.numel(), 1024
     whole = n - n % 8
     words = buffer[:whole].view(torch.int64)
@@ -189,8 +200,35 @@ def sum64(buffer: torch.Tensor) -> str:
         + (columns * ramp(cols)).sum() * 1000003
         + (rest * ramp(rest.numel())).sum() * 7
     )
-    plain, weighted = torch.stack([plain, weighted]).tolist()
-    return f"sum64:{n:016x}{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}"
+    return torch.stack([plain, weighted])
+
+
+def checked_digest(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> tuple[str, bool]:
+    """A received bucket's digest and whether its values are cleared as finite by one whole-bucket sum
+    (False: it needs `check_finite` tensor by tensor, to name a culprit or to clear an overflowing sum of
+    finite values, or because the bucket mixes dtypes). On a GPU the digest's two sums and the finite
+    sum are read back together: one host sync per bucket."""
+    dtype = _whole_dtype(specs, buffer)
+    if buffer.device.type == "cpu":
+        finite = dtype is not None and bool(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)))
+        return bucket_digest(buffer), finite
+    return _sum64_checked(buffer, dtype)
+
+
+def _sum64_checked(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple[str, bool]:
+    """`sum64` and, for a bucket of one floating `dtype`, whether its float32 sum is finite: one read back."""
+    parts = [_sum64_words(buffer)]
+    if dtype is not None:
+        parts.append(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)).to(torch.int64).view(1))
+    read = torch.cat(parts).tolist()
+    return _sum64_text(buffer.numel(), read[0], read[1]), dtype is not None and bool(read[2])
+
+
+def _whole_dtype(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> torch.dtype | None:
+    """The bucket's dtype where one floating dtype fills it (its finite check is one sum), else None."""
+    dtypes = {s.dtype for s in specs}
+    dtype = getattr(torch, next(iter(dtypes))) if len(dtypes) == 1 and buffer.numel() else None
+    return dtype if dtype is not None and dtype.is_floating_point else None
 
 
 def digest_algorithm(device: str | torch.device) -> str:
@@ -221,77 +259,172 @@ class DeviceBucket:
 
 
 def pack_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], specs: Sequence[TensorSpec], bucket_bytes: int, device
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    specs: Sequence[TensorSpec],
+    bucket_bytes: int,
+    device,
+    *,
+    slots: int | None = None,
 ) -> Iterator[DeviceBucket]:
     """Buckets of `named_tensors` (which must yield exactly `specs` in order) packed on `device`, each
-    with its digest. One bucket is alive at a time unless the caller keeps them."""
+    with its digest. `slots=None`: a new buffer per bucket (one alive at a time unless the caller keeps
+    them). `slots=2`: the buckets take turns in two buffers allocated once (bucket k+2 is packed into
+    bucket k's), for a sender that posts bucket k's broadcast and packs bucket k+1 while it runs: the
+    caller must have waited for every send of bucket k (`work.wait()`, on NCCL a stream wait, no host
+    sync) before it asks for bucket k+2 (`SendWindow` does that)."""
     it = iter(named_tensors)
-    for planned in plan_buckets(specs, bucket_bytes):
-        buffer = torch.empty(sum(s.nbytes for s in planned), dtype=torch.uint8, device=device)
-        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        held = 0
-        for spec, (_, target) in zip(planned, tensor_views(planned, buffer), strict=True):
+    buffers: list[torch.Tensor | None] = [None] * (slots or 0)
+    for k, planned in enumerate(plan_buckets(specs, bucket_bytes)):
+        nbytes = sum(s.nbytes for s in planned)
+        if slots:
+            held = buffers[k % slots]
+            if held is None or held.numel() < nbytes:
+                buffers[k % slots] = None  # release the smaller one first
+                held = buffers[k % slots] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+            buffer = held[:nbytes]
+        else:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        pending: list[torch.Tensor] = []
+        start = end = 0  # the bucket's bytes [start, end) are pending
+        for spec in planned:
             name, t = next(it, (None, None))
             if name is None or spec_of(name, t) != spec:
                 raise ValueError(f"weight source yielded {name!r}, expected {spec}")
             if spec.nbytes:
-                pending.append((target, t.detach().to(device)))
-                held += spec.nbytes
-            if held * 4 >= bucket_bytes:  # gathered sources held at most a quarter of a bucket
-                _copy_pending(pending)
-                held = 0
-        _copy_pending(pending)
+                pending.append(t.to(device).reshape(-1))
+                end += spec.nbytes
+            if (end - start) * 4 >= bucket_bytes:  # gathered sources held at most a quarter of a bucket
+                _copy_pending(pending, buffer[start:end])
+                start = end
+        _copy_pending(pending, buffer[start:end])
         yield DeviceBucket(planned, buffer, bucket_digest(buffer))
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
 
 
-def _copy_pending(pending: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """One multi-tensor copy of the gathered tensors into their places in the bucket (not a kernel
-    launch per tensor); empties `pending`."""
-    if pending:
-        targets, sources = zip(*pending, strict=True)
-        torch._foreach_copy_(list(targets), list(sources))
-        pending.clear()
+class SendWindow:
+    """The sender's side of the pipeline with `pack_buckets(slots=2)`: once bucket k's broadcasts are
+    posted (`add`), bucket k-1's are waited for (`settle`; on NCCL that orders the packing stream after
+    them without a host sync, on gloo it blocks until they ended), so bucket k+1 is packed into k-1's
+    buffer while bucket k is on the wire. `drain` waits for every posted one. Each work comes with a key
+    (the group, the session) so a failure is charged to it."""
+
+    def __init__(self):
+        self._older: list[tuple[object, object]] = []
+        self._newer: list[tuple[object, object]] = []
+
+    def add(self, posted: list[tuple[object, object]]) -> None:
+        """`(key, work)` of each broadcast of the bucket just posted; the one before becomes settleable."""
+        self._older, self._newer = self._older + self._newer, list(posted)
+
+    def settle(self) -> list[tuple[object, Exception]]:
+        """Waits for the works of every bucket but the newest; `(key, error)` for each that failed."""
+        older, self._older = self._older, []
+        return _wait_all(older)
+
+    def drain(self) -> list[tuple[object, Exception]]:
+        older, self._older, self._newer = self._older + self._newer, [], []
+        return _wait_all(older)
+
+
+def _wait_all(posted: list[tuple[object, object]]) -> list[tuple[object, Exception]]:
+    failed = []
+    for key, work in posted:
+        try:
+            work.wait()
+        except Exception as exc:  # noqa: BLE001 - charged to its key (a group, a session) by the caller
+            failed.append((key, exc))
+    return failed
+
+
+def _copy_pending(pending: list[torch.Tensor], target: torch.Tensor) -> None:
+    """The gathered tensors (flat) laid end to end into `target` (bytes of the bucket) by one
+    `torch.cat`: one batched copy, and a few microseconds of host time a tensor where typed views of
+    the bucket and a multi-tensor copy took tens. Copied in their dtype where they share one (wide
+    loads), else as bytes. Empties `pending`."""
+    if not pending:
+        return
+    dtype, size = pending[0].dtype, pending[0].element_size()
+    if all(t.dtype == dtype for t in pending) and target.storage_offset() % size == 0:
+        sources, target = pending, target.view(dtype)
+    else:
+        sources = [t.view(torch.uint8) for t in pending]
+    with torch.no_grad():
+        torch.cat(sources, out=target)
+    pending.clear()
+
+
+@dataclass
+class _Posted:
+    """A bucket whose broadcast was posted and whose checks are still to be read."""
+
+    specs: Sequence[TensorSpec]
+    buffer: torch.Tensor
+    work: object
+    digest_of: Callable[[], str]
 
 
 class BucketReceiver:
     """The receiving end shared by the vLLM engine and plain Hugging Face receivers: receive a bucket
-    into a reused buffer, check its digest and finite values, hand back its tensors. Nothing is applied
-    here; a bucket that fails a check raises WeightSetRejected."""
+    into one of two reused buffers, check its digest and finite values, hand back its tensors. Nothing
+    is applied here; a bucket that fails a check raises WeightSetRejected.
+
+    `receive` takes one bucket and checks it. `post` + `flush` pipeline them: `post` starts bucket k's
+    broadcast, then checks and returns bucket k-1 (None for the first), so on a GPU the transfer of k
+    overlaps the checks and the apply of k-1; `flush` checks and returns the last posted one. Tensors
+    handed out stay valid until the bucket after next is posted (it reuses their buffer; on a GPU, work
+    queued on the current stream before that post is ordered before it). A bucket's digest and finite
+    sum are read back together, one host sync a bucket (queuing them on a side stream and reading them
+    through pinned memory and an event measured no faster on H200s: docs/weight-sync.md)."""
 
     def __init__(self, group: Group):
         self.group = group
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self._pending: _Posted | None = None
+        self._posted = 0
         self.last: torch.Tensor | None = None
         """The bytes of the bucket last checked (a view of a reused buffer)."""
 
     def receive(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> list[tuple[str, torch.Tensor]]:
-        """One bucket: broadcast into the buffer, then its checks."""
+        """One bucket: broadcast into a buffer, then its checks."""
+        earlier = self.post(specs, nbytes, digest)
+        if earlier is not None:
+            raise RuntimeError("receive() after post() without flush()")
+        return self.flush()
+
+    def post(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> list[tuple[str, torch.Tensor]] | None:
+        """Starts bucket k's broadcast; returns bucket k-1's checked tensors (None if k is the first)."""
+        return self._post(specs, nbytes, lambda: digest)
+
+    def _post(self, specs, nbytes: int, digest: Callable[[], str]) -> list[tuple[str, torch.Tensor]] | None:
         self._check_declared(specs, nbytes)
-        buffer = self._slot(0, nbytes)
-        work = self.group.post(buffer)
-        return self._verified(specs, buffer, work, digest)
+        buffer = self._slot(self._posted % 2, nbytes)
+        posted = _Posted(specs, buffer, self.group.post(buffer), digest)
+        self._posted += 1
+        earlier, self._pending = self._pending, posted
+        return None if earlier is None else self._verified(earlier)
+
+    def flush(self) -> list[tuple[str, torch.Tensor]]:
+        """Checks and returns the last posted bucket ([] if none is pending)."""
+        pending, self._pending = self._pending, None
+        return [] if pending is None else self._verified(pending)
+
+    @property
+    def pending(self) -> bool:
+        """A bucket was posted and not yet checked (`flush` has not run)."""
+        return self._pending is not None
 
     def receive_all(
         self, declared: Iterable[tuple[Sequence[TensorSpec], int]], digest_of: Callable[[int], str]
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Pipelined: bucket i+1's broadcast is posted (into the other of two buffers) before bucket i is
-        checked and handed out, so on a GPU the transfer of one overlaps the checks and the apply of the
-        previous one. Bucket i's tensors are valid until bucket i+2 is posted (the next iteration but one);
-        `digest_of(i)` is asked for when bucket i is checked."""
-        pending = None
+        """Every bucket of `declared` through `post`/`flush`, in order; `digest_of(i)` is asked for
+        when bucket i is checked."""
         for i, (specs, nbytes) in enumerate(declared):
-            self._check_declared(specs, nbytes)
-            buffer = self._slot(i % 2, nbytes)
-            work = self.group.post(buffer)
-            if pending is not None:
-                j, pspecs, pbuffer, pwork = pending
-                yield self._verified(pspecs, pbuffer, pwork, digest_of(j))
-            pending = (i, specs, buffer, work)
-        if pending is not None:
-            j, pspecs, pbuffer, pwork = pending
-            yield self._verified(pspecs, pbuffer, pwork, digest_of(j))
+            tensors = self._post(specs, nbytes, functools.partial(digest_of, i))
+            if tensors is not None:
+                yield tensors
+        if self._pending is not None:
+            yield self.flush()
 
     def _check_declared(self, specs, nbytes: int) -> None:
         if nbytes != sum(s.nbytes for s in specs):
@@ -304,20 +437,24 @@ class BucketReceiver:
             buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.rdv.device)
         return buffer[:nbytes]
 
-    def _verified(self, specs, buffer: torch.Tensor, work, digest: str) -> list[tuple[str, torch.Tensor]]:
-        work.wait()
+    def _verified(self, posted: _Posted) -> list[tuple[str, torch.Tensor]]:
+        specs, buffer = posted.specs, posted.buffer
+        posted.work.wait()
+        digest = posted.digest_of()
         algorithm = digest.split(":", 1)[0]
         if algorithm != digest_algorithm(self.group.rdv.device):
             raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
-        if bucket_digest(buffer) != digest:
+        got, finite = checked_digest(specs, buffer)
+        if got != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
         tensors = tensor_views(specs, buffer)
-        check_finite_bucket(specs, buffer, tensors)
+        if not finite:
+            check_finite(tensors)
         self.last = buffer
         return tensors
 
     def release(self) -> None:
-        self._buffers, self.last = [None, None], None
+        self._buffers, self._pending, self.last = [None, None], None, None
 
 
 def check_finite_bucket(

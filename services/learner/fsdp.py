@@ -155,9 +155,13 @@ def streamed_weights(model: nn.Module, dtype: torch.dtype):
         for name, t in sharded.items()
     ]
 
+    local = _local_views(sharded)
+
     def gathered():
         for name, t in sharded.items():
-            full = _whole(t)
+            full = local.get(name)
+            if full is None:
+                full = _whole(t)
             # kept on the learner's device: the gRPC producer copies each tensor to its host bucket, the
             # nccl one packs device buckets
             yield name, full.detach().to(dtype)
@@ -175,6 +179,26 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
         if local.shape == t.shape:
             return local
     return t.full_tensor()
+
+
+def _local_views(sharded: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of `sharded` that need no gather, found once per weight set rather than on every
+    pass: plain tensors, and DTensors on a mesh of one process whose local tensor is the whole (their
+    local tensor, read without `to_local`'s autograd call: tens of microseconds a tensor, which on a
+    0.5B model's 290 tensors outweighed the transfer). Each mesh's size is asked once."""
+    sizes: dict[int, int] = {}
+    out = {}
+    for name, t in sharded.items():
+        if not hasattr(t, "full_tensor"):
+            out[name] = t
+            continue
+        mesh = t.device_mesh
+        if id(mesh) not in sizes:
+            sizes[id(mesh)] = mesh.size()
+        local = getattr(t, "_local_tensor", None)
+        if sizes[id(mesh)] == 1 and local is not None and local.shape == t.shape:
+            out[name] = local
+    return out
 
 
 def walk_for_push(weights) -> None:

@@ -288,9 +288,15 @@ class RolloutCore:
     async def end_dist_push(self, header: PushHeader, staging: DistStaging, checksum: str | None) -> UpdateResult:
         """`checksum` None: the push failed or ended early (the group is dropped, the spool deleted).
         Otherwise closes the receive session and applies the set if the checksum verifies."""
+        unflushed: Exception | None = None
         try:
             try:
-                await self.backend.end_dist_push(ok=checksum is not None)
+                if checksum is not None:
+                    try:
+                        await self.backend.flush_dist_bucket()
+                    except Exception as exc:  # noqa: BLE001 - the last bucket failed a check (refused below)
+                        unflushed = exc
+                await self.backend.end_dist_push(ok=checksum is not None and unflushed is None)
             finally:
                 self._dist_lock.release()
         except BaseException:  # a broken group (the learner died midway): the spool goes too
@@ -299,6 +305,9 @@ class RolloutCore:
         if checksum is None:
             staging.abort()
             raise InvalidArgument("weight set rejected, nothing applied: the push ended before its commit")
+        if unflushed is not None:
+            staging.abort()
+            self._refuse(header, WeightSetRejected(f"the last bucket was not received: {unflushed}"))
         try:
             if header.checksum and checksum != header.checksum:
                 raise WeightSetRejected("commit checksum differs from the header's")

@@ -156,6 +156,20 @@ def test_the_streamed_push_set_is_the_full_state_dict_bucket_by_bucket(model_dir
     assert weights.checksum == checksum(full)
 
 
+def test_a_one_process_mesh_pushes_its_local_tensors_found_once_without_to_local(model_dir):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from services.learner.fsdp import _local_views
+
+    trainer = PolicyTrainer(make_config(), model_dir)
+    sharded = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=False))
+    local = _local_views(sharded)
+    assert list(local) == list(sharded) and all(hasattr(t, "full_tensor") for t in sharded.values())
+    for name, t in sharded.items():
+        whole = t.to_local() if hasattr(t, "to_local") else t
+        assert local[name].data_ptr() == whole.data_ptr() and local[name].shape == t.shape
+
+
 def test_pushed_weights_in_configured_dtype(model_dir):
     config = make_config()
     config.model.dtype = "bfloat16"

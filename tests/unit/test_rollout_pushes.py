@@ -254,3 +254,40 @@ def test_a_broken_group_at_the_end_of_an_nccl_push_deletes_the_spool_and_frees_t
 
     run(scenario())
     assert (core.policy_version, engine.loads) == (0, [])
+
+
+class LastBucketBadEngine(FakeEngine):
+    """Pipelined receives: the last bucket's checks run at the flush, and fail there."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    async def begin_dist_push(self, rendezvous):
+        self.calls.append("begin")
+
+    async def flush_dist_bucket(self):
+        self.calls.append("flush")
+        raise RuntimeError("bucket of 'b': its bytes do not match the digest")
+
+    async def end_dist_push(self, ok):
+        self.calls.append(f"end ok={ok}")
+
+
+def test_a_last_bucket_that_fails_at_the_flush_is_refused_before_the_commit_with_nothing_applied(tmp_path):
+    from services.rollout.core import PushHeader
+
+    engine = LastBucketBadEngine()
+    signature = ModelSignature.of([("w", torch.zeros(2, 3)), ("b", torch.zeros(3))])
+    core = RolloutCore(engine, "fake", signature=signature, run="run-a", spool_dir=str(tmp_path))
+    header = PushHeader(1, list(weights(1.0).specs), checksum="", bucket_bytes=1 << 20)
+
+    async def scenario():
+        staging = await core.begin_dist_push(header, {})
+        with pytest.raises(InvalidArgument, match="nothing applied: the last bucket was not received: bucket of 'b'"):
+            await core.end_dist_push(header, staging, "0" * 64)
+        assert not list(tmp_path.iterdir()) and not core._dist_lock.locked()
+
+    run(scenario())
+    assert engine.calls == ["begin", "flush", "end ok=False"]
+    assert (core.policy_version, engine.loads) == (0, [])

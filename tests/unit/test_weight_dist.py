@@ -7,6 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from services.common.config import load_config
+from services.common.weight_buckets import plan_buckets
 from services.common.weight_dist import (
     Rendezvous,
     bucket_digest,
@@ -212,3 +213,155 @@ def test_copy_into_applies_every_tensor_and_pack_buckets_round_trips():
         copy_into(params, tensor_views(b.specs, b.data))
     for n, t in named:
         assert torch.equal(params[n], t)
+
+
+def test_the_gpu_bucket_check_reads_the_digest_and_the_finite_sum_back_together():
+    from services.common.weight_dist import _sum64_checked, sum64
+
+    good = torch.randn(300, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    buffer = good.view(torch.uint8)
+    assert _sum64_checked(buffer, torch.bfloat16) == (sum64(buffer), True)
+    bad = good.clone()
+    bad[123] = float("inf")
+    digest, finite = _sum64_checked(bad.view(torch.uint8), torch.bfloat16)
+    assert digest == sum64(bad.view(torch.uint8)) != sum64(buffer) and not finite
+    assert _sum64_checked(buffer, None) == (sum64(buffer), False)  # mixed dtypes: checked tensor by tensor
+
+
+def _many(n=6):
+    g = torch.Generator().manual_seed(4)
+    return [(f"t{i}", torch.randn(24 - i, generator=g)) for i in range(n)]  # one a bucket of 100 B
+
+
+def test_packing_in_two_slots_reuses_their_buffers_and_each_bucket_is_right_when_yielded():
+    named = _many()
+    specs = [spec_of(n, t) for n, t in named]
+    fresh = [(b.specs, b.data.clone(), b.digest) for b in pack_buckets(named, specs, 100, "cpu")]
+    seen, ptrs = [], []
+    for b in pack_buckets(named, specs, 100, "cpu", slots=2):
+        seen.append((b.specs, b.data.clone(), b.digest))
+        ptrs.append(b.data.data_ptr())
+    assert len(seen) == len(fresh) >= 4
+    for (s1, d1, g1), (s2, d2, g2) in zip(seen, fresh, strict=True):
+        assert s1 == s2 and torch.equal(d1, d2) and g1 == g2 == bucket_digest(d1)
+    assert ptrs[0] == ptrs[2] and ptrs[1] == ptrs[3] and ptrs[0] != ptrs[1]
+
+
+class _Work:
+    def __init__(self, log, name, error=None):
+        self.log, self.name, self.error = log, name, error
+
+    def wait(self):
+        self.log.append(self.name)
+        if self.error:
+            raise self.error
+
+
+def test_the_send_window_waits_one_bucket_behind_and_charges_a_failure_to_its_key():
+    from services.common.weight_dist import SendWindow
+
+    log, window = [], SendWindow()
+    window.add([("s1", _Work(log, "b0/s1")), ("s2", _Work(log, "b0/s2"))])
+    assert window.settle() == [] and log == []  # bucket 0 is the newest: still in flight
+    window.add([("s1", _Work(log, "b1/s1")), ("s2", _Work(log, "b1/s2", ConnectionError("gone")))])
+    assert window.settle() == [] and log == ["b0/s1", "b0/s2"]
+    window.add([("s1", _Work(log, "b2/s1"))])
+    (failed,) = window.settle()
+    assert failed[0] == "s2" and isinstance(failed[1], ConnectionError)
+    assert window.drain() == [] and log[-1] == "b2/s1" and window.drain() == []
+
+
+def test_a_corrupted_bucket_in_the_middle_of_a_pipelined_receive_is_refused_after_the_earlier_ones_in_order():
+    from services.common.weight_dist import BucketReceiver
+
+    named = _many()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    payloads = [b.data.clone() for b in buckets]
+    payloads[2][5] ^= 0x40  # altered on the wire, after its digest was declared
+    receiver = BucketReceiver(_LoopbackGroup(payloads))
+    declared = [(b.specs, b.nbytes) for b in buckets]
+    handed = []
+    with pytest.raises(WeightSetRejected, match="do not match the digest"):
+        for tensors in receiver.receive_all(declared, lambda i: buckets[i].digest):
+            handed.append([n for n, _ in tensors])
+    assert handed == [[s.name for s in buckets[0].specs], [s.name for s in buckets[1].specs]]
+
+
+def test_post_hands_back_the_previous_bucket_and_flush_the_last_one_with_a_nan_refused():
+    from services.common.weight_dist import BucketReceiver
+
+    named = _many(4)
+    named[3][1][2] = float("nan")
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    assert len(buckets) == 4
+    assert receiver.post(buckets[0].specs, buckets[0].nbytes, buckets[0].digest) is None
+    for k in (1, 2, 3):
+        earlier = receiver.post(buckets[k].specs, buckets[k].nbytes, buckets[k].digest)
+        assert [n for n, _ in earlier] == [f"t{k - 1}"] and torch.equal(earlier[0][1], named[k - 1][1])
+    with pytest.raises(WeightSetRejected, match="'t3' holds NaN"):
+        receiver.flush()
+    assert receiver.flush() == []
+
+
+def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path):
+    import threading
+
+    from services.common.grpc_server import free_port
+    from services.common.weight_dist import BucketReceiver, Group, SendWindow, open_store
+
+    named = [(f"t{i}", torch.randn(3000 + 97 * i, generator=torch.Generator().manual_seed(i))) for i in range(12)]
+    specs = [spec_of(n, t) for n, t in named]
+    port = free_port()
+    rdv = Rendezvous("127.0.0.1", port, "pipelined", "gloo", 30.0)
+    store = open_store("127.0.0.1", port, master=True, timeout_s=30.0)
+    got, errors = {}, []
+
+    def receive():
+        try:
+            group = Group.join(rdv, 1, 2)
+            receiver = BucketReceiver(group)
+            declared = [(b, sum(s.nbytes for s in b)) for b in plan_buckets(specs, 30000)]
+            digest_of = lambda i: group.store.get(f"d/{i}").decode()  # noqa: E731 - the control stream's role
+            for tensors in receiver.receive_all(declared, digest_of):
+                for n, t in tensors:
+                    assert n not in got
+                    got[n] = t.clone()
+            group.close()
+        except Exception as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    group = Group.host(rdv, store)
+    window = SendWindow()
+    for i, bucket in enumerate(pack_buckets(named, specs, 30000, "cpu", slots=2)):
+        group.store.set(f"d/{i}", bucket.digest)
+        window.add([(i, group.post(bucket.data))])
+        assert window.settle() == []
+    assert window.drain() == []
+    thread.join(timeout=60)
+    group.close()
+    assert not errors and i >= 4
+    assert list(got) == [n for n, _ in named] and all(torch.equal(got[n], t) for n, t in named)
+
+
+def test_packing_mixed_dtypes_and_strided_tensors_lays_every_tensor_s_bytes_in_order():
+    g = torch.Generator().manual_seed(6)
+    named = [
+        ("flag", torch.tensor([True, False])),  # a bucket of mixed dtypes is copied as bytes
+        ("half", torch.randn(5, generator=g).to(torch.bfloat16)),
+        ("scalar", torch.tensor(2.5)),
+        ("empty", torch.empty(0, 4)),
+        ("ints", torch.arange(7, dtype=torch.int64).reshape(7, 1)),
+        ("strided", torch.randn(4, 6, generator=g).T),  # not contiguous
+    ]
+    specs = [spec_of(n, t) for n, t in named]
+    for bucket_bytes in (8, 64, 1 << 20):
+        got = {}
+        for b in pack_buckets(named, specs, bucket_bytes, "cpu", slots=2):
+            assert b.digest == bucket_digest(b.data)
+            got.update((n, t.clone()) for n, t in tensor_views(b.specs, b.data))
+        assert all(torch.equal(got[n], t) for n, t in named), bucket_bytes

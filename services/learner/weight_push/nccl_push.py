@@ -2,10 +2,11 @@
 0 and that server's engine workers; gloo on CPU, NCCL on GPU), control on the authenticated gRPC stream
 (header naming the group, per-bucket specs and digest, commit). See `services/common/weight_dist.py`.
 
-Each bucket is packed once on the learner's device and broadcast to every live server's group in turn;
-memory beyond the learner's shards is one bucket. The pass runs to its end even when every server
-failed (an FSDP source gathers collectively). A group that failed in any way is closed and replaced by
-a new one (a new name) at the next push to that server."""
+Each bucket is packed once on the learner's device and broadcast to every live server's group in turn,
+while the next one is packed into the other of two buffers; memory beyond the learner's shards is two
+buckets. The pass runs to its end even when every server failed (an FSDP source gathers
+collectively). A group that failed in any way is closed and replaced by a new one (a new name) at the
+next push to that server."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from services.common.weight_dist import (
     DeviceBucket,
     Group,
     Rendezvous,
+    SendWindow,
     backend_for,
     bucket_digest,
     open_store,
@@ -156,7 +158,7 @@ class NcclWeightPusher(WeightPusher):
 
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
-            return pack_buckets(weights.named_tensors(), weights.specs, self.bucket_bytes, self.device)
+            return pack_buckets(weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=2)
         return self._from_host_buckets(weights)
 
     def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
@@ -167,20 +169,34 @@ class NcclWeightPusher(WeightPusher):
             yield DeviceBucket(b.specs, data, bucket_digest(data))
 
     async def _stream(self, sessions: list[_Session], source: Iterator[DeviceBucket]) -> list[str]:
-        digests = []
+        """Declares and posts each bucket's broadcast to every live server, then waits for the previous
+        bucket's (`SendWindow`) before the next is packed into that one's buffer: the pack and digest of
+        bucket k+1 overlap bucket k's transfer."""
+        digests, window = [], SendWindow()
         while (bucket := await asyncio.to_thread(next, source, None)) is not None:
             digests.append(bucket.digest)
             live = [s for s in sessions if s.alive]
             for s in live:
                 s.queue.put_nowait(("bucket", bucket.specs, bucket.nbytes, bucket.digest))
+            posted = []
             for s in live:
                 try:
-                    await asyncio.to_thread(s.group.broadcast, bucket.data)
+                    # in a thread: NCCL's first collective on a group sets up its communicator and blocks
+                    # until the receivers join, which needs the declarations this loop streams
+                    posted.append((s, await asyncio.to_thread(s.group.post, bucket.data)))
                 except Exception as exc:  # noqa: BLE001 - the server's side ended (refused, died, timed out)
-                    await asyncio.wait([s.call], timeout=5.0)  # a refusal's reason comes with the call's end
-                    s.fail(f"broadcast of bucket {len(digests)} failed: {exc}")
+                    await self._fail_send(s, len(digests), exc)
+            window.add(posted)
+            for s, exc in await asyncio.to_thread(window.settle):
+                await self._fail_send(s, len(digests) - 1, exc)
             del bucket
+        for s, exc in await asyncio.to_thread(window.drain):
+            await self._fail_send(s, len(digests), exc)
         return digests
+
+    async def _fail_send(self, s: _Session, bucket: int, exc: Exception) -> None:
+        await asyncio.wait([s.call], timeout=5.0)  # a refusal's reason comes with the call's end
+        s.fail(f"broadcast of bucket {bucket} failed: {exc}")
 
     async def _result(self, s: _Session, checksum: str) -> PushResult:
         try:

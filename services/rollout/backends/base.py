@@ -55,8 +55,14 @@ class RolloutBackend(abc.ABC):
         raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
 
     async def receive_dist_bucket(self, info: dict) -> None:
-        """Receives one bucket by broadcast, checks it and stages it (`DistStaging.declare`'s info)."""
+        """Receives one bucket by broadcast, checks it and stages it (`DistStaging.declare`'s info). An
+        engine may pipeline: start this bucket's transfer and check and stage the one before, leaving
+        the last to `flush_dist_bucket`."""
         raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
+
+    async def flush_dist_bucket(self) -> None:
+        """Checks and stages the last received bucket, if `receive_dist_bucket` left it pending; raises
+        if it fails a check. Called before the commit is verified."""
 
     async def end_dist_push(self, ok: bool) -> None:
         """Closes the receive session; `ok=False` also leaves the group (it may be broken)."""

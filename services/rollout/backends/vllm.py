@@ -219,6 +219,10 @@ class VllmBackend(RolloutBackend):
 
         await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
 
+    async def flush_dist_bucket(self) -> None:
+        flush = {"kind": "flush", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
+        await self.receive_dist_bucket(flush)
+
     async def end_dist_push(self, ok: bool) -> None:
         try:
             await self.engine.finish_weight_update()

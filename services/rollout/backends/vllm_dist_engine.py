@@ -5,10 +5,12 @@ code, only the backend differs (`services/common/weight_dist.py`).
 
 A received bucket is checked (digest, finite values) by the shared `weight_dist.BucketReceiver` and
 staged in the rollout server's spool file at the offset the server chose; nothing reaches the model
-while the push streams. The server applies the spool once the commit verified, as for a gRPC push
-(`kind="load"`, the `omrl_spool` engine's path this class inherits). So a receive session does not
-start vLLM's layerwise reload: it starts at the first `load`, and `finish_weight_update` finalizes only
-a session that loaded."""
+while the push streams. Receives are pipelined: `receive` of bucket k starts its broadcast, then checks
+and stages bucket k-1 (so on a GPU bucket k's transfer overlaps k-1's checks and its copy to the host);
+`flush` checks and stages the last one, before the server verifies the commit. The server applies the
+spool once the commit verified, as for a gRPC push (`kind="load"`, the `omrl_spool` engine's path this
+class inherits). So a receive session does not start vLLM's layerwise reload: it starts at the first
+`load`, and `finish_weight_update` finalizes only a session that loaded."""
 
 from __future__ import annotations
 
@@ -41,17 +43,18 @@ class DistInitInfo(WeightTransferInitInfo):
 @dataclass
 class DistUpdateInfo(SpoolUpdateInfo):
     """`kind="open"`: a push was accepted (counted in the group's store; the learner waits for that
-    before its first broadcast). `kind="receive"`: take the next bucket from the group, check it against
-    `digest` and write it to `path` at `offset` (the first worker only). `kind="load"`: load a staged
-    bucket into the model."""
+    before its first broadcast). `kind="receive"`: start taking the next bucket from the group (to be
+    checked against `digest` and written to `path` at `offset`, by the first worker only), then check and
+    write the one before. `kind="flush"`: check and write the last received bucket. `kind="load"`: load a
+    staged bucket into the model."""
 
     kind: str = "load"
     digest: str = ""
 
     def __post_init__(self):
         super().__post_init__()
-        if self.kind not in ("open", "receive", "load"):
-            raise ValueError(f"update kind must be open, receive or load, got {self.kind!r}")
+        if self.kind not in ("open", "receive", "flush", "load"):
+            raise ValueError(f"update kind must be open, receive, flush or load, got {self.kind!r}")
 
 
 class DistWeightTransferEngine(SpoolWeightTransferEngine):
@@ -61,6 +64,7 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
     group: Group | None = None
     receiver: BucketReceiver | None = None
     _reloading = False
+    _posted: tuple[str, int] | None = None  # where the bucket in flight is staged: spool path, offset
 
     def init_transfer_engine(self, init_info: DistInitInfo) -> None:
         self.shutdown()
@@ -85,13 +89,25 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
         if self.receiver is None:
             raise RuntimeError("no process group: init_weight_transfer_engine first")
         if info.kind == "open":  # the server accepted a push: tell the learner its buckets may come
+            if self.receiver.pending:  # an earlier push ended without flush and without leaving the group
+                raise RuntimeError("a bucket of an earlier push is still pending: the group is out of step")
             if self.parallel_config.rank == 0:
                 self.group.open_session()
             return
-        tensors = self.receiver.receive(info.specs, sum(info.sizes), info.digest)
-        if self.parallel_config.rank == 0 and tensors:
+        if info.kind == "flush":
+            self._stage(self._posted, self.receiver.flush())
+            self._posted = None
+            return
+        where, self._posted = self._posted, (info.path, info.offset)
+        earlier = self.receiver.post(info.specs, sum(info.sizes), info.digest)
+        if earlier is not None:
+            self._stage(where, earlier)
+
+    def _stage(self, where: tuple[str, int] | None, tensors: list) -> None:
+        """Writes the bucket just checked to the spool (the first worker only)."""
+        if self.parallel_config.rank == 0 and tensors and where is not None:
             data = self.receiver.last
-            _write_at(info.path, info.offset, data.cpu().numpy() if data.is_cuda else data.numpy())
+            _write_at(*where, data.cpu().numpy() if data.is_cuda else data.numpy())
 
     def finish_weight_update(self) -> None:
         if self._reloading:
@@ -99,6 +115,7 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
             super().finish_weight_update()
 
     def shutdown(self) -> None:
+        self._posted = None
         if self.receiver is not None:
             self.receiver.release()
         if self.group is not None:
