@@ -1,5 +1,7 @@
 """Weight sync on CPU: a learner process pushes a perturbed copy of the served model to a rollout side
-(vLLM on CPU behind RolloutCore and the gRPC server, in this process) over the bucketed gRPC push.
+(vLLM on CPU behind RolloutCore and the gRPC server, in this process) over the bucketed gRPC push
+(`--transport grpc`) or the process-group push (`--transport nccl`: gloo on CPU, the bytes broadcast
+to the engine's worker, the control on the gRPC stream).
 
 Per push: wall time, the rollout's apply time (from its reply; transfer = wall - apply), bytes/s, and
 peak RSS above the state before the push on each side (the learner process; this process with its
@@ -8,6 +10,7 @@ and vLLM's own `reload_weights` over the same tensors, timed inside the worker.
 
     python bench/weight_sync.py --model tiny --out tiny.json
     python bench/weight_sync.py --model 85m --bucket-mb 64 --out 85m.json
+    python bench/weight_sync.py --model 85m --transport nccl --out 85m_nccl.json   # gloo process group
 """
 
 from __future__ import annotations
@@ -98,10 +101,16 @@ def learner(args) -> None:
     import services.rollout.client  # noqa: F401 - imported by the push; loaded before the baseline
     from services.common.weight_buckets import TensorWeights
     from services.learner.weight_push.grpc_push import GrpcWeightPusher
+    from services.learner.weight_push.nccl_push import NcclWeightPusher
 
     named = perturbed_weights(args.model_dir, args.seed)
     weights = TensorWeights.of(named)
-    pusher = GrpcWeightPusher(timeout_s=600, token="bench", bucket_mb=args.bucket_mb)
+    if args.transport == "nccl":  # gloo on CPU; the rendezvous store on a free port of this host
+        pusher = NcclWeightPusher(
+            timeout_s=600, token="bench", bucket_mb=args.bucket_mb, host="127.0.0.1", port=free_port()
+        )
+    else:
+        pusher = GrpcWeightPusher(timeout_s=600, token="bench", bucket_mb=args.bucket_mb)
     with PeakRss(lambda: [os.getpid()]) as rss:
         start = time.perf_counter()
         (result,) = pusher.push(args.version, weights, [args.address])
@@ -118,6 +127,12 @@ def learner(args) -> None:
             }
         )
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def loopback_tcp_bytes_per_s(total: int = 1 << 30, chunk: int = 4 << 20) -> float:
@@ -192,6 +207,7 @@ async def rollout_side(args, model_dir: Path) -> dict:
         for i in range(args.pushes):
             cmd = [sys.executable, __file__, "--learner", "--model-dir", str(model_dir), "--address"]
             cmd += [f"127.0.0.1:{port}", "--version", str(i + 1), "--seed", str(i), "--bucket-mb", str(args.bucket_mb)]
+            cmd += ["--transport", args.transport]
             proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, env=os.environ.copy())
             learner_pid[0] = proc.pid
             with PeakRss(pids) as rss:
@@ -243,6 +259,7 @@ def instrument_apply() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--transport", choices=["grpc", "nccl"], default="grpc")
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--pushes", type=int, default=3)
     ap.add_argument("--out", default="")
@@ -260,6 +277,7 @@ def main() -> None:
     if SHAPES[args.model]:
         tiny_model.MODEL_SHAPE = SHAPES[args.model]
     model_dir = tiny_model.build_tiny_model(Path(tempfile.mkdtemp(prefix="omrl-bench-model-")), CORPUS)
+    load_start = os.getloadavg()
     tcp = [loopback_tcp_bytes_per_s() for _ in range(3)]
     instrument_apply()
     side = asyncio.run(rollout_side(args, model_dir))
@@ -273,6 +291,8 @@ def main() -> None:
     summary = {
         "model": args.model,
         "model_bytes": model_bytes,
+        "transport": args.transport,
+        "load_average_start_end": [load_start, os.getloadavg()],
         "bucket_mb": args.bucket_mb,
         "pushes": len(pushes),
         "push_s": push_s,

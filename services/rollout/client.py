@@ -10,12 +10,15 @@ import grpc
 from services.common.errors import rpc_errors
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.common.weight_buckets import Bucket, MiB, WeightSet
-from services.common.weights import CHUNK_BYTES, TensorSpec
+from services.common.weights import TensorSpec
 from services.rollout.backends.base import Generation, SamplingSpec
 from services.rollout.core import PushHeader, RolloutCore, UpdateResult, VersionedGeneration
 from services.rollout.push_auth import auth_metadata
 
 DEFAULT_BUCKET_BYTES = 256 * MiB
+PUSH_CHUNK_BYTES = 4 * MiB
+"""Data message size of a bucketed push: a rollout server takes messages up to 64 MiB
+(`grpc_server.serve`); 4 MiB keeps the per-message steps few (a quarter of 1 MiB chunks')."""
 
 
 class RolloutClient(abc.ABC):
@@ -59,7 +62,7 @@ class InProcessRolloutClient(RolloutClient):
         try:
             for bucket in weights.buckets(bucket_bytes):
                 await self.core.receive(
-                    header, receiver, receiver.start_bucket, bucket.specs, bucket.nbytes, bucket.sha256
+                    header, receiver, receiver.start_bucket, bucket.specs, bucket.nbytes, bucket.check
                 )
                 await self.core.receive(header, receiver, receiver.add_data, bucket.data)
             return await self.core.commit_push(header, receiver, weights.checksum)
@@ -152,11 +155,14 @@ class GrpcRolloutClient(RolloutClient):
             async for bucket in buckets:
                 yield rollout_pb2.WeightChunk(
                     bucket=rollout_pb2.WeightBucket(
-                        tensors=_specs_to_proto(bucket.specs), nbytes=bucket.nbytes, sha256=bucket.sha256
+                        tensors=_specs_to_proto(bucket.specs),
+                        nbytes=bucket.nbytes,
+                        sha256=bucket.sha256,
+                        digest=bucket.digest,
                     )
                 )
-                for start in range(0, bucket.nbytes, CHUNK_BYTES):
-                    yield rollout_pb2.WeightChunk(data=bytes(bucket.data[start : start + CHUNK_BYTES]))
+                for start in range(0, bucket.nbytes, PUSH_CHUNK_BYTES):
+                    yield rollout_pb2.WeightChunk(data=bytes(bucket.data[start : start + PUSH_CHUNK_BYTES]))
             yield rollout_pb2.WeightChunk(commit=rollout_pb2.WeightCommit(checksum=checksum()))
 
         with rpc_errors():
