@@ -178,7 +178,7 @@ async def rollout_side(args, model_dir: Path) -> dict:
     from services.rollout.push_auth import PushAuthenticator
     from services.rollout.server import add_to_server
 
-    spool_dir = tempfile.mkdtemp(prefix="omrl-bench-spool-")
+    spool_dir = tempfile.mkdtemp(prefix="omrl-bench-spool-", dir=args.spool_dir or None)
     backend = VllmBackend(str(model_dir), gpu_memory_utilization=0.02)
     await backend.start()
     signature = ModelSignature.of_pretrained(str(model_dir), "float32")
@@ -223,16 +223,18 @@ async def rollout_side(args, model_dir: Path) -> dict:
         spool = writer.finish()
         del named
         infos = [b.to_info(spool.path) for b in spool.buckets]
-        reloads = []
+        reloads, reload_rss = [], []
         for _ in range(args.pushes):
-            (seconds,) = await backend.engine.collective_rpc("reload_spool_timed", args=(infos,))
+            with PeakRss(pids) as rss:
+                (seconds,) = await backend.engine.collective_rpc("reload_spool_timed", args=(infos,))
             reloads.append(seconds)
+            reload_rss.append(rss.extra)
         spool.delete()
     finally:
         stop.set()
         await server
         await backend.shutdown()
-    return {"pushes": pushes, "reload_weights_seconds": reloads}
+    return {"pushes": pushes, "reload_weights_seconds": reloads, "reload_weights_extra_rss": reload_rss}
 
 
 _APPLY: list[float] = []
@@ -262,6 +264,7 @@ def main() -> None:
     ap.add_argument("--transport", choices=["grpc", "nccl"], default="grpc")
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--pushes", type=int, default=3)
+    ap.add_argument("--spool-dir", default="", help="where the rollout side spools (default: the temp folder)")
     ap.add_argument("--out", default="")
     ap.add_argument("--learner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
@@ -294,6 +297,7 @@ def main() -> None:
         "transport": args.transport,
         "load_average_start_end": [load_start, os.getloadavg()],
         "bucket_mb": args.bucket_mb,
+        "spool_dir": args.spool_dir or tempfile.gettempdir(),
         "pushes": len(pushes),
         "push_s": push_s,
         "transfer_s": transfer_s,
@@ -306,6 +310,7 @@ def main() -> None:
         "push_vs_reload_weights": push_s / reload_s,
         "learner_extra_rss_mb": med(p["extra_rss"] for p in pushes) / 2**20,
         "rollout_extra_rss_mb": med(p["rollout_extra_rss"] for p in pushes) / 2**20,
+        "reload_weights_extra_rss_mb": med(side["reload_weights_extra_rss"]) / 2**20,
         "raw": {"pushes": pushes, "reload_weights_s": side["reload_weights_seconds"], "loopback_tcp": tcp},
     }
     text = json.dumps(summary, indent=2)

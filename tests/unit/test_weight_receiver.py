@@ -343,3 +343,14 @@ def test_a_bucket_whose_piece_differs_is_refused_before_the_next_bucket(tmp_path
         other.start_bucket(first.specs, first.nbytes, "sha256:" + first.digest.split(":")[1])
     other.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, (4 << 20) + 3])
+def test_a_data_chunk_encoded_by_hand_is_the_message_protobuf_would_send(size):
+    from services.rollout.client import encoded_data_chunk
+
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    encoded = encoded_data_chunk(memoryview(data))
+    assert encoded == rollout_pb2.WeightChunk(data=data).SerializeToString()
+    parsed = rollout_pb2.WeightChunk.FromString(encoded)
+    assert parsed.WhichOneof("payload") == "data" and parsed.data == data
