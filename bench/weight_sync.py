@@ -6,7 +6,8 @@ to the engine's worker, the control on the gRPC stream).
 Per push: wall time, the rollout's apply time (from its reply; transfer = wall - apply), bytes/s, and
 peak RSS above the state before the push on each side (the learner process; this process with its
 vLLM children). Measured in the same run: loopback TCP bandwidth (a child process reading a socket)
-and vLLM's own `reload_weights` over the same tensors, timed inside the worker.
+and vLLM's own `reload_weights` over the same tensors, timed inside the worker, with the rollout side's
+extra RSS meanwhile. `--spool-dir` puts the rollout's spool elsewhere than the temp folder.
 
     python bench/weight_sync.py --model tiny --out tiny.json
     python bench/weight_sync.py --model 85m --bucket-mb 64 --out 85m.json

@@ -86,6 +86,8 @@ class _Worker:
         self._tasks.put(task)
 
     def drain(self) -> None:
+        if not self._thread.is_alive():
+            raise WeightSetRejected("the push was already ended (refused or aborted)")
         done = threading.Event()
         self._tasks.put(done.set)
         done.wait()
@@ -184,7 +186,7 @@ class BucketReceiver:
 
     def abort(self) -> None:
         self._worker.stop()
-        self._buffer, self._reusable = None, bytearray()
+        self._bucket, self._buffer, self._reusable = None, None, bytearray()
         self._spool.discard()
 
 

@@ -354,3 +354,19 @@ def test_a_data_chunk_encoded_by_hand_is_the_message_protobuf_would_send(size):
     assert encoded == rollout_pb2.WeightChunk(data=data).SerializeToString()
     parsed = rollout_pb2.WeightChunk.FromString(encoded)
     assert parsed.WhichOneof("payload") == "data" and parsed.data == data
+
+
+def test_a_receiver_used_after_its_abort_refuses_rather_than_waits(tmp_path):
+    from services.rollout.weight_receiver import BucketReceiver
+
+    weights = TensorWeights.of(MIXED)
+    first, second, *_ = weights.buckets(40)
+    receiver = BucketReceiver(weights.specs, 40, sum(s.nbytes for s in weights.specs), str(tmp_path))
+    receiver.start_bucket(first.specs, first.nbytes, first.digest)
+    receiver.add_data(bytes(first.data)[:3])
+    receiver.abort()
+    receiver.start_bucket(second.specs, second.nbytes, second.digest)
+    receiver.add_data(bytes(second.data))
+    with pytest.raises(WeightSetRejected, match="already ended"):
+        receiver.commit(weights.checksum)
+    assert list(tmp_path.iterdir()) == []
