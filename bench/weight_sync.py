@@ -1,13 +1,17 @@
 """Weight sync on CPU: a learner process pushes a perturbed copy of the served model to a rollout side
-(vLLM on CPU behind RolloutCore and the gRPC server, in this process) over the bucketed gRPC push.
+(vLLM on CPU behind RolloutCore and the gRPC server, in this process) over the bucketed gRPC push
+(`--transport grpc`) or the process-group push (`--transport nccl`: gloo on CPU, the bytes broadcast
+to the engine's worker, the control on the gRPC stream).
 
 Per push: wall time, the rollout's apply time (from its reply; transfer = wall - apply), bytes/s, and
 peak RSS above the state before the push on each side (the learner process; this process with its
 vLLM children). Measured in the same run: loopback TCP bandwidth (a child process reading a socket)
-and vLLM's own `reload_weights` over the same tensors, timed inside the worker.
+and vLLM's own `reload_weights` over the same tensors, timed inside the worker, with the rollout side's
+extra RSS meanwhile. `--spool-dir` puts the rollout's spool elsewhere than the temp folder.
 
     python bench/weight_sync.py --model tiny --out tiny.json
     python bench/weight_sync.py --model 85m --bucket-mb 64 --out 85m.json
+    python bench/weight_sync.py --model 85m --transport nccl --out 85m_nccl.json   # gloo process group
 """
 
 from __future__ import annotations
@@ -98,10 +102,16 @@ def learner(args) -> None:
     import services.rollout.client  # noqa: F401 - imported by the push; loaded before the baseline
     from services.common.weight_buckets import TensorWeights
     from services.learner.weight_push.grpc_push import GrpcWeightPusher
+    from services.learner.weight_push.nccl_push import NcclWeightPusher
 
     named = perturbed_weights(args.model_dir, args.seed)
     weights = TensorWeights.of(named)
-    pusher = GrpcWeightPusher(timeout_s=600, token="bench", bucket_mb=args.bucket_mb)
+    if args.transport == "nccl":  # gloo on CPU; the rendezvous store on a free port of this host
+        pusher = NcclWeightPusher(
+            timeout_s=600, token="bench", bucket_mb=args.bucket_mb, host="127.0.0.1", port=free_port()
+        )
+    else:
+        pusher = GrpcWeightPusher(timeout_s=600, token="bench", bucket_mb=args.bucket_mb)
     with PeakRss(lambda: [os.getpid()]) as rss:
         start = time.perf_counter()
         (result,) = pusher.push(args.version, weights, [args.address])
@@ -118,6 +128,12 @@ def learner(args) -> None:
             }
         )
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def loopback_tcp_bytes_per_s(total: int = 1 << 30, chunk: int = 4 << 20) -> float:
@@ -163,7 +179,7 @@ async def rollout_side(args, model_dir: Path) -> dict:
     from services.rollout.push_auth import PushAuthenticator
     from services.rollout.server import add_to_server
 
-    spool_dir = tempfile.mkdtemp(prefix="omrl-bench-spool-")
+    spool_dir = tempfile.mkdtemp(prefix="omrl-bench-spool-", dir=args.spool_dir or None)
     backend = VllmBackend(str(model_dir), gpu_memory_utilization=0.02)
     await backend.start()
     signature = ModelSignature.of_pretrained(str(model_dir), "float32")
@@ -192,6 +208,7 @@ async def rollout_side(args, model_dir: Path) -> dict:
         for i in range(args.pushes):
             cmd = [sys.executable, __file__, "--learner", "--model-dir", str(model_dir), "--address"]
             cmd += [f"127.0.0.1:{port}", "--version", str(i + 1), "--seed", str(i), "--bucket-mb", str(args.bucket_mb)]
+            cmd += ["--transport", args.transport]
             proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, env=os.environ.copy())
             learner_pid[0] = proc.pid
             with PeakRss(pids) as rss:
@@ -207,16 +224,18 @@ async def rollout_side(args, model_dir: Path) -> dict:
         spool = writer.finish()
         del named
         infos = [b.to_info(spool.path) for b in spool.buckets]
-        reloads = []
+        reloads, reload_rss = [], []
         for _ in range(args.pushes):
-            (seconds,) = await backend.engine.collective_rpc("reload_spool_timed", args=(infos,))
+            with PeakRss(pids) as rss:
+                (seconds,) = await backend.engine.collective_rpc("reload_spool_timed", args=(infos,))
             reloads.append(seconds)
+            reload_rss.append(rss.extra)
         spool.delete()
     finally:
         stop.set()
         await server
         await backend.shutdown()
-    return {"pushes": pushes, "reload_weights_seconds": reloads}
+    return {"pushes": pushes, "reload_weights_seconds": reloads, "reload_weights_extra_rss": reload_rss}
 
 
 _APPLY: list[float] = []
@@ -243,8 +262,10 @@ def instrument_apply() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--transport", choices=["grpc", "nccl"], default="grpc")
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--pushes", type=int, default=3)
+    ap.add_argument("--spool-dir", default="", help="where the rollout side spools (default: the temp folder)")
     ap.add_argument("--out", default="")
     ap.add_argument("--learner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
@@ -260,6 +281,7 @@ def main() -> None:
     if SHAPES[args.model]:
         tiny_model.MODEL_SHAPE = SHAPES[args.model]
     model_dir = tiny_model.build_tiny_model(Path(tempfile.mkdtemp(prefix="omrl-bench-model-")), CORPUS)
+    load_start = os.getloadavg()
     tcp = [loopback_tcp_bytes_per_s() for _ in range(3)]
     instrument_apply()
     side = asyncio.run(rollout_side(args, model_dir))
@@ -273,7 +295,10 @@ def main() -> None:
     summary = {
         "model": args.model,
         "model_bytes": model_bytes,
+        "transport": args.transport,
+        "load_average_start_end": [load_start, os.getloadavg()],
         "bucket_mb": args.bucket_mb,
+        "spool_dir": args.spool_dir or tempfile.gettempdir(),
         "pushes": len(pushes),
         "push_s": push_s,
         "transfer_s": transfer_s,
@@ -286,6 +311,7 @@ def main() -> None:
         "push_vs_reload_weights": push_s / reload_s,
         "learner_extra_rss_mb": med(p["extra_rss"] for p in pushes) / 2**20,
         "rollout_extra_rss_mb": med(p["rollout_extra_rss"] for p in pushes) / 2**20,
+        "reload_weights_extra_rss_mb": med(side["reload_weights_extra_rss"]) / 2**20,
         "raw": {"pushes": pushes, "reload_weights_s": side["reload_weights_seconds"], "loopback_tcp": tcp},
     }
     text = json.dumps(summary, indent=2)

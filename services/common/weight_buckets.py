@@ -1,14 +1,18 @@
 """A weight set as a stream of buckets: what every transport sends, whatever carries the bytes.
 
 A bucket is whole tensors, in the set's order, whose bytes add up to at most the bucket size; a tensor
-larger than the bucket size travels alone. Each bucket carries the sha256 of its bytes, and the set's
-checksum (`weights.checksum`, over names, dtypes, shapes and bytes in order) is computed bucket by
-bucket, so neither side ever holds the whole set as one object: the sender holds the bucket it is
-filling, the receiver the bucket it is checking."""
+larger than the bucket size travels alone. The set's checksum (`weights.checksum`, sha256 over names,
+dtypes, shapes and bytes in order) is computed bucket by bucket, so neither side ever holds the whole set
+as one object: the sender holds the bucket it is filling, the receiver the bucket it is checking.
+
+Each bucket carries a check of its bytes, verified by the receiver before the next bucket: a bucket
+built here carries `digest` `set-sha256:<hex>`, the set checksum over every tensor up to the bucket's last
+(the hash state after feeding it), so each byte is hashed once on each side and the last bucket's
+digest is the set checksum. A bucket from elsewhere (`PackedWeights`, a spooled re-push) carries
+`sha256` of its own bytes instead (two passes per byte on the receiver); receivers take either."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -27,6 +31,14 @@ class Bucket:
     specs: tuple[TensorSpec, ...]
     data: memoryview
     sha256: str
+    """sha256 of `data`, hex; "" when `digest` is set."""
+    digest: str = ""
+    """`set-sha256:<hex>`: the set checksum up to this bucket's last tensor (see the module docstring)."""
+
+    @property
+    def check(self) -> str:
+        """What the receiver verifies the bucket against: the digest, else the sha256."""
+        return self.digest or self.sha256
 
     @property
     def nbytes(self) -> int:
@@ -91,8 +103,9 @@ def bucket_tensors(
     hasher: SetHasher | None = None,
 ) -> Iterator[Bucket]:
     """Buckets of `named_tensors`, which must yield exactly `specs` in order. Each bucket's bytes are
-    copied once, straight from the tensors into the bucket's own buffer; `hasher` (the set checksum) is
-    fed each bucket while its sha256 is computed."""
+    copied once, straight from the tensors into the bucket's own buffer. With `hasher` (the set
+    checksum) each bucket is fed to it and carries its `set-sha256:` digest (one hash pass); without,
+    it carries the sha256 of its bytes."""
     it = iter(named_tensors)
     for planned in plan_buckets(specs, bucket_bytes):
         buffer = bytearray(sum(s.nbytes for s in planned))
@@ -104,9 +117,11 @@ def bucket_tensors(
             _copy_into(buffer, offset, t)
             offset += spec.nbytes
         view = memoryview(buffer)
-        feed = functools.partial(hash_specs, hasher, planned, view) if hasher else (lambda: None)
-        sha = sha256_while(view, feed)
-        yield Bucket(planned, view, sha)
+        if hasher is None:
+            yield Bucket(planned, view, sha256_of(view))
+        else:
+            hash_specs(hasher, planned, view)
+            yield Bucket(planned, view, "", hasher.running())
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
 

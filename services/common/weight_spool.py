@@ -1,8 +1,10 @@
-"""Verified buckets parked in one temporary file until the whole set has checked out.
+"""Received buckets parked in one temporary file until the whole set has checked out.
 
-The rollout server writes each bucket here as soon as it has verified it, so its memory holds one
-bucket; the engine reads the buckets back one at a time through a private memory map (pages come from
-the page cache, nothing is copied into the process until the engine copies into its parameters).
+The rollout server writes each bucket's bytes here as they arrive (its checks run alongside, and the
+bucket is verified before the next one is accepted), so its memory holds one bucket. Nothing is read
+back before the commit verified every bucket and the set: then the engine reads the buckets one at a
+time through a private memory map (pages come from the page cache, nothing is copied into the process
+until the engine copies into its parameters).
 Buckets start on page boundaries so each can be mapped on its own. The file is deleted when the push
 is applied, refused or interrupted."""
 
@@ -97,12 +99,19 @@ class SpoolWriter:
         self._offset = 0
 
     def add(self, specs, data) -> None:
+        self.start(specs)
+        self.write(data)
+
+    def start(self, specs) -> None:
+        """A bucket begins (on a page boundary); its bytes follow through `write`, in pieces."""
         pad = -self._offset % PAGE
         if pad:
             self._file.write(b"\0" * pad)
             self._offset += pad
-        self._file.write(data)
         self._buckets.append(SpooledBucket(self._offset, tuple(specs)))
+
+    def write(self, data) -> None:
+        self._file.write(data)
         self._offset += len(data)
 
     def finish(self) -> WeightSpool:
@@ -130,16 +139,18 @@ class SpooledWeights:
         self.specs, self.checksum, self.spool = list(specs), checksum, spool
 
     def buckets(self, bucket_bytes: int):
-        """The spooled buckets as they were sent (their size was set by the first push)."""
-        import hashlib
+        """The spooled buckets as they were sent (their size was set by the first push), with their
+        `set-sha256:` digests."""
+        from services.common.weight_buckets import Bucket, hash_specs
+        from services.common.weights import SetHasher
 
-        from services.common.weight_buckets import Bucket
-
+        hasher = SetHasher()
         for bucket in self.spool.buckets:
             with open(self.spool.path, "rb") as f:
                 f.seek(bucket.offset)
-                data = f.read(bucket.nbytes)
-            yield Bucket(bucket.specs, memoryview(data), hashlib.sha256(data).hexdigest())
+                data = memoryview(f.read(bucket.nbytes))
+            hash_specs(hasher, bucket.specs, data)
+            yield Bucket(bucket.specs, data, "", hasher.running())
 
 
 class TeeToSpool:

@@ -38,11 +38,27 @@ class SetHasher:
         self._h = hashlib.sha256()
 
     def add(self, spec: TensorSpec, data: bytes) -> None:
+        self.start(spec)
+        self._h.update(data)
+
+    def start(self, spec: TensorSpec) -> None:
+        """A tensor begins: its name, dtype and shape; its bytes follow through `update` (in pieces)."""
         self._h.update(f"{spec.name}\0{spec.dtype}\0{list(spec.shape)}\0".encode())
+
+    def update(self, data) -> None:
         self._h.update(data)
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()
+
+    def running(self) -> str:
+        """The `set-sha256:` bucket digest: the checksum of the set fed so far (a bucket's digest when fed
+        up to its last tensor). The hash state is copied, so feeding goes on."""
+        return SET_SHA256 + self._h.copy().hexdigest()
+
+
+SET_SHA256 = "set-sha256:"
+"""Prefix of a bucket digest chained into the set checksum (see `weight_buckets`)."""
 
 
 def spec_of(name: str, t: torch.Tensor) -> TensorSpec:

@@ -10,12 +10,15 @@ import grpc
 from services.common.errors import rpc_errors
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.common.weight_buckets import Bucket, MiB, WeightSet
-from services.common.weights import CHUNK_BYTES, TensorSpec
+from services.common.weights import TensorSpec
 from services.rollout.backends.base import Generation, SamplingSpec
 from services.rollout.core import PushHeader, RolloutCore, UpdateResult, VersionedGeneration
 from services.rollout.push_auth import auth_metadata
 
 DEFAULT_BUCKET_BYTES = 256 * MiB
+PUSH_CHUNK_BYTES = 4 * MiB
+"""Data message size of a bucketed push: a rollout server takes messages up to 64 MiB
+(`grpc_server.serve`); 4 MiB keeps the per-message steps few (a quarter of 1 MiB chunks')."""
 
 
 class RolloutClient(abc.ABC):
@@ -59,7 +62,7 @@ class InProcessRolloutClient(RolloutClient):
         try:
             for bucket in weights.buckets(bucket_bytes):
                 await self.core.receive(
-                    header, receiver, receiver.start_bucket, bucket.specs, bucket.nbytes, bucket.sha256
+                    header, receiver, receiver.start_bucket, bucket.specs, bucket.nbytes, bucket.check
                 )
                 await self.core.receive(header, receiver, receiver.add_data, bucket.data)
             return await self.core.commit_push(header, receiver, weights.checksum)
@@ -68,6 +71,25 @@ class InProcessRolloutClient(RolloutClient):
 
     async def status(self):
         return self.core.status()
+
+
+def encoded_data_chunk(data) -> bytes:
+    """`WeightChunk(data=data).SerializeToString()` built straight from `data` (a memoryview of a bucket):
+    one copy of the bytes instead of two (into a `bytes`, then into the serialized message)."""
+    size, length = len(data), bytearray()
+    while True:  # the length as a protobuf varint
+        low, size = size & 0x7F, size >> 7
+        length.append(low | (0x80 if size else 0))
+        if not size:
+            break
+    return b"".join((_DATA_TAG, length, data))
+
+
+_DATA_TAG = bytes([2 << 3 | 2])  # WeightChunk field 2 (`data`), wire type 2 (length-delimited)
+
+
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 class GrpcRolloutClient(RolloutClient):
@@ -152,17 +174,24 @@ class GrpcRolloutClient(RolloutClient):
             async for bucket in buckets:
                 yield rollout_pb2.WeightChunk(
                     bucket=rollout_pb2.WeightBucket(
-                        tensors=_specs_to_proto(bucket.specs), nbytes=bucket.nbytes, sha256=bucket.sha256
+                        tensors=_specs_to_proto(bucket.specs),
+                        nbytes=bucket.nbytes,
+                        sha256=bucket.sha256,
+                        digest=bucket.digest,
                     )
                 )
-                for start in range(0, bucket.nbytes, CHUNK_BYTES):
-                    yield rollout_pb2.WeightChunk(data=bytes(bucket.data[start : start + CHUNK_BYTES]))
+                for start in range(0, bucket.nbytes, PUSH_CHUNK_BYTES):
+                    yield encoded_data_chunk(bucket.data[start : start + PUSH_CHUNK_BYTES])
             yield rollout_pb2.WeightChunk(commit=rollout_pb2.WeightCommit(checksum=checksum()))
 
+        _ = self.stub  # opens the channel
+        update = self._channel.stream_unary(  # UpdateWeights, taking data chunks already encoded
+            "/openmanus.rollout.v1.RolloutService/UpdateWeights",
+            request_serializer=_serialize,
+            response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
+        )
         with rpc_errors():
-            reply = await self.stub.UpdateWeights(
-                messages(), timeout=self.push_timeout_s, metadata=auth_metadata(self.weight_token)
-            )
+            reply = await update(messages(), timeout=self.push_timeout_s, metadata=auth_metadata(self.weight_token))
         return UpdateResult(reply.policy_version, reply.checksum, reply.bytes_received, reply.apply_seconds)
 
     async def push_dist(

@@ -104,7 +104,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 elif kind == "bucket":
                     b = message.bucket
                     specs = specs_from_proto(b.tensors)
-                    await self.core.receive(header, receiver, receiver.start_bucket, specs, b.nbytes, b.sha256)
+                    check = b.digest or b.sha256  # a `set-sha256:` digest, or (older senders) the sha256
+                    await self.core.receive(header, receiver, receiver.start_bucket, specs, b.nbytes, check)
                 elif kind == "commit":
                     result = await self.core.commit_push(header, receiver, message.commit.checksum)
                     return self._reply(

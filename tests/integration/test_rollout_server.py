@@ -10,6 +10,7 @@ import redis
 import torch
 
 from services.common.errors import InvalidArgument
+from services.common.weight_buckets import TensorWeights
 from services.common.weights import PackedWeights, pack
 from services.rollout.backends.base import SamplingSpec
 from tests.rollout_server import start_rollout
@@ -85,7 +86,8 @@ def test_every_reply_comes_wholly_from_one_policy_version(server, hf):
     async def scenario(client):
         requests = [asyncio.create_task(client.generate(f"r{i}", prompt, sampling)) for i in range(24)]
         await asyncio.sleep(0.05)
-        update = await client.update_weights(1, pack(list(versions[1].items())))
+        # the learner's form: buckets built from tensors, each checked by its set-sha256 digest
+        update = await client.update_weights(1, TensorWeights.of(list(versions[1].items())), bucket_bytes=1 << 18)
         requests += [asyncio.create_task(client.generate(f"s{i}", prompt, sampling)) for i in range(8)]
         return update, await asyncio.gather(*requests)
 

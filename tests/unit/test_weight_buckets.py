@@ -1,5 +1,5 @@
-"""The bucket producer: boundaries, a tensor larger than a bucket, per-bucket sha256, and a set checksum
-equal to the one computed over the whole set."""
+"""The bucket producer: boundaries, a tensor larger than a bucket, per-bucket digests chained into the set
+checksum (`set-sha256:`), and a set checksum equal to the one computed over the whole set."""
 
 import hashlib
 
@@ -8,7 +8,7 @@ import torch
 
 from services.common.weight_buckets import TensorWeights, plan_buckets
 from services.common.weight_spool import SpoolWriter
-from services.common.weights import TensorSpec, checksum, pack, spec_of
+from services.common.weights import SET_SHA256, TensorSpec, checksum, pack, spec_of
 
 
 def tensors():
@@ -39,11 +39,17 @@ def test_bucket_bytes_are_the_tensors_in_order_with_their_sha_and_the_set_checks
     buckets = list(weights.buckets(bucket_bytes))
     joined = b"".join(bytes(b.data) for b in buckets)
     assert joined == pack(tensors()).payload
-    assert all(b.sha256 == hashlib.sha256(b.data).hexdigest() for b in buckets)
     assert all(b.nbytes <= bucket_bytes or len(b.specs) == 1 for b in buckets)
     assert weights.checksum == checksum(tensors()) == pack(tensors()).checksum
-    packed = [(b.specs, bytes(b.data), b.sha256) for b in pack(tensors()).buckets(bucket_bytes)]
-    assert packed == [(b.specs, bytes(b.data), b.sha256) for b in buckets]
+    # each digest is the set checksum over every tensor up to the bucket's last: the last one is the set's
+    sent = 0
+    for b in buckets:
+        sent += len(b.specs)
+        assert b.sha256 == "" and b.check == b.digest == SET_SHA256 + checksum(tensors()[:sent])
+    assert buckets[-1].digest == SET_SHA256 + weights.checksum
+    packed = list(pack(tensors()).buckets(bucket_bytes))  # a packed set's buckets carry their own sha256
+    assert all(b.check == b.sha256 == hashlib.sha256(b.data).hexdigest() for b in packed)
+    assert [(b.specs, bytes(b.data)) for b in packed] == [(b.specs, bytes(b.data)) for b in buckets]
 
 
 def test_a_source_that_disagrees_with_its_specs_fails():
@@ -83,9 +89,9 @@ def test_a_set_teed_to_a_spool_is_sent_again_bucket_for_bucket(tmp_path):
     from services.common.weight_spool import TeeToSpool
 
     tee = TeeToSpool(TensorWeights.of(tensors()), str(tmp_path))
-    first = [(b.specs, bytes(b.data), b.sha256) for b in tee.buckets(64)]
+    first = [(b.specs, bytes(b.data), b.digest) for b in tee.buckets(64)]
     again = tee.spooled()
     assert again.checksum == checksum(tensors())
-    assert [(b.specs, bytes(b.data), b.sha256) for b in again.buckets(64)] == first
+    assert [(b.specs, bytes(b.data), b.digest) for b in again.buckets(64)] == first
     again.spool.delete()
     assert list(tmp_path.iterdir()) == []

@@ -11,8 +11,8 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weight_buckets import Bucket, TensorWeights, sha256_of
-from services.common.weights import ModelSignature
+from services.common.weight_buckets import Bucket, TensorWeights, hash_specs, sha256_of
+from services.common.weights import SET_SHA256, ModelSignature, SetHasher, WeightSetRejected
 from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
 from services.rollout.core import PushHeader, RolloutCore
 from services.rollout.push_auth import auth_metadata
@@ -68,26 +68,62 @@ class Declared:
     data: memoryview
     sha256: str
     nbytes: int
+    digest: str = ""
+
+    @property
+    def check(self) -> str:
+        return self.digest or self.sha256
 
 
 def truncated(i, b):
-    return Declared(b.specs, b.data[:-4], b.sha256, b.nbytes) if i == 1 else b
+    return Declared(b.specs, b.data[:-4], b.sha256, b.nbytes, b.digest) if i == 1 else b
 
 
-def bad_sha(i, b):
-    return dataclasses.replace(b, sha256="0" * 64) if i == 1 else b
+def bad_sha(i, b):  # a bucket from an older sender: the sha256 of its bytes, here wrong
+    return Bucket(b.specs, b.data, "0" * 64) if i == 1 else b
 
 
-def nan(i, b):
+def bad_digest(i, b):
+    return dataclasses.replace(b, digest=SET_SHA256 + "0" * 64) if i == 1 else b
+
+
+def nan_data(b):
     data = bytearray(b.data)
     data[:4] = torch.tensor([float("nan")]).view(torch.uint8).numpy().tobytes()
-    return resealed(b, data) if i == 1 else b
+    return data
+
+
+def nan(i, b):  # resealed with its own sha256
+    return resealed(b, nan_data(b)) if i == 1 else b
+
+
+def nan_chained(i, b):  # the set-sha256 digests recomputed over the edited bytes (see `Edited`)
+    return dataclasses.replace(b, data=memoryview(nan_data(b))) if i == 1 else b
+
+
+def flipped_data(b):
+    data = bytearray(b.data)
+    data[0] ^= 1
+    return data
 
 
 def flipped(i, b):  # bucket sha resealed, so only the set checksum can tell
-    data = bytearray(b.data)
-    data[0] ^= 1
-    return resealed(b, data) if i == 1 else b
+    return resealed(b, flipped_data(b)) if i == 1 else b
+
+
+def flipped_chained(i, b):  # its set-sha256 digest kept: the bucket's own check tells
+    return dataclasses.replace(b, data=memoryview(flipped_data(b))) if i == 1 else b
+
+
+class Rechained(Edited):
+    """`Edited`, with every bucket's `set-sha256:` digest recomputed over the edited bytes (a sender
+    whose bytes were bad before it hashed them)."""
+
+    def buckets(self, bucket_bytes):
+        hasher = SetHasher()
+        for bucket in super().buckets(bucket_bytes):
+            hash_specs(hasher, bucket.specs, bucket.data)
+            yield dataclasses.replace(bucket, digest=hasher.running())
 
 
 @pytest.mark.parametrize(
@@ -97,16 +133,20 @@ def flipped(i, b):  # bucket sha resealed, so only the set checksum can tell
         (unknown_name, "header's next tensor"),
         (truncated, "bytes received"),
         (bad_sha, "sha256 does not match"),
+        (bad_digest, "set-sha256 digest"),
         (nan, "NaN or Inf"),
+        (nan_chained, "NaN or Inf"),
         (flipped, "checksum"),
+        (flipped_chained, "set-sha256 digest"),
     ],
 )
 def test_a_malformed_bucket_is_refused_and_nothing_is_applied(tmp_path, edit, match):
     core, engine = make_core(tmp_path)
     client = InProcessRolloutClient(core)
     run(client.update_weights(1, TensorWeights.of(named(1.0)), bucket_bytes=64))
+    edited = (Rechained if edit is nan_chained else Edited)(2.0, edit)
     with pytest.raises(InvalidArgument, match=match):
-        run(client.update_weights(2, Edited(2.0, edit), bucket_bytes=64))
+        run(client.update_weights(2, edited, bucket_bytes=64))
     assert (core.policy_version, len(engine.loads)) == (1, 1)
     assert list(tmp_path.iterdir()) == []
     run(client.update_weights(2, TensorWeights.of(named(2.0)), bucket_bytes=64))
@@ -182,7 +222,7 @@ def test_a_push_interrupted_midway_leaves_the_previous_version_served(tmp_path):
                             for s in bucket.specs
                         ],
                         nbytes=bucket.nbytes,
-                        sha256=bucket.sha256,
+                        digest=bucket.digest,
                     )
                 )
                 yield rollout_pb2.WeightChunk(data=bytes(bucket.data))
@@ -247,3 +287,86 @@ def test_an_apply_that_fails_midway_stops_serving_rather_than_mix_versions(tmp_p
     assert not core.serving and core.policy_version == 0 and list(tmp_path.iterdir()) == []
     with pytest.raises(Unavailable, match="half-applied"):
         run(core.generate("r", [1], SamplingSpec(max_tokens=2)))
+
+
+MIXED = [  # empty tensors at a bucket's start, middle and end; sizes that are not multiples of a chunk
+    ("e0", torch.zeros(0)),
+    ("a", torch.arange(7, dtype=torch.float32)),
+    ("e1", torch.zeros(0, 3)),
+    ("h", torch.arange(5, dtype=torch.float16)),
+    ("e2", torch.zeros(0)),
+    ("big", torch.arange(33, dtype=torch.float32)),
+    ("e3", torch.zeros(0)),
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 10, 1000])
+@pytest.mark.parametrize("sha256", [False, True])
+def test_a_bucket_arriving_in_pieces_is_hashed_and_spooled_as_a_whole(tmp_path, chunk, sha256):
+    """The worker feeds the set checksum piece by piece: tensor boundaries, empty tensors and pieces that
+    cut a tensor anywhere give the digest and checksum of the whole set, and the spool holds its bytes."""
+    from services.rollout.weight_receiver import BucketReceiver
+
+    weights = TensorWeights.of(MIXED)
+    buckets = list(weights.buckets(40))
+    assert len(buckets) > 2 and any(len(b.specs) > 2 for b in buckets)
+    receiver = BucketReceiver(weights.specs, 40, sum(s.nbytes for s in weights.specs), str(tmp_path))
+    for b in buckets:
+        receiver.start_bucket(b.specs, b.nbytes, sha256_of(b.data) if sha256 else b.digest)
+        for start in range(0, b.nbytes, chunk):
+            receiver.add_data(bytes(b.data[start : start + chunk]))
+    spool = receiver.commit(weights.checksum)
+    back = list(spool.named_tensors())
+    assert [n for n, _ in back] == [n for n, _ in MIXED]
+    assert all(torch.equal(r, t) and r.dtype == t.dtype for (_, r), (_, t) in zip(back, MIXED, strict=True))
+    spool.delete()
+    receiver.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bucket_whose_piece_differs_is_refused_before_the_next_bucket(tmp_path):
+    from services.rollout.weight_receiver import BucketReceiver
+
+    weights = TensorWeights.of(MIXED)
+    first, second, *_ = weights.buckets(40)
+    receiver = BucketReceiver(weights.specs, 40, sum(s.nbytes for s in weights.specs), str(tmp_path))
+    receiver.start_bucket(first.specs, first.nbytes, first.digest)
+    data = bytearray(first.data)
+    data[-1] ^= 1
+    receiver.add_data(bytes(data[:5]))
+    receiver.add_data(bytes(data[5:]))
+    with pytest.raises(WeightSetRejected, match="set-sha256 digest"):
+        receiver.start_bucket(second.specs, second.nbytes, second.digest)
+    receiver.abort()
+    other = BucketReceiver(weights.specs, 40, sum(s.nbytes for s in weights.specs), str(tmp_path))
+    with pytest.raises(WeightSetRejected, match="neither"):  # the process-group form is not taken here
+        other.start_bucket(first.specs, first.nbytes, "sha256:" + first.digest.split(":")[1])
+    other.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, (4 << 20) + 3])
+def test_a_data_chunk_encoded_by_hand_is_the_message_protobuf_would_send(size):
+    from services.rollout.client import encoded_data_chunk
+
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    encoded = encoded_data_chunk(memoryview(data))
+    assert encoded == rollout_pb2.WeightChunk(data=data).SerializeToString()
+    parsed = rollout_pb2.WeightChunk.FromString(encoded)
+    assert parsed.WhichOneof("payload") == "data" and parsed.data == data
+
+
+def test_a_receiver_used_after_its_abort_refuses_rather_than_waits(tmp_path):
+    from services.rollout.weight_receiver import BucketReceiver
+
+    weights = TensorWeights.of(MIXED)
+    first, second, *_ = weights.buckets(40)
+    receiver = BucketReceiver(weights.specs, 40, sum(s.nbytes for s in weights.specs), str(tmp_path))
+    receiver.start_bucket(first.specs, first.nbytes, first.digest)
+    receiver.add_data(bytes(first.data)[:3])
+    receiver.abort()
+    receiver.start_bucket(second.specs, second.nbytes, second.digest)
+    receiver.add_data(bytes(second.data))
+    with pytest.raises(WeightSetRejected, match="already ended"):
+        receiver.commit(weights.checksum)
+    assert list(tmp_path.iterdir()) == []
