@@ -58,6 +58,8 @@ def overrides(args: argparse.Namespace) -> list[str]:
         f"learner.steps={args.steps}",
         "algorithm.ppo_epochs=1",  # TRL: one optimizer step per generation batch (num_iterations=1)
         "algorithm.entropy_coeff=0",  # TRL has no entropy bonus
+        # TRL saves nothing (save_strategy "no"); the project saves once, at its last step (always forced)
+        f"learner.checkpoint_every={args.steps}",
         *args.set,
     ]
 

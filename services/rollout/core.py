@@ -45,6 +45,7 @@ ACTIVE_REQUESTS = metrics.gauge("rollout", "active_requests", "Generation reques
 ENGINE_IDLE = metrics.counter(
     "rollout", "engine_idle_seconds_total", "Time with no generation request in flight (counted when one arrives)"
 )
+WEIGHTS_WAIT = LOOP_STAGE_SECONDS.labels("weights_wait")
 POLICY_VERSION = metrics.gauge("rollout", "policy_version", "Policy version being served")
 WEIGHT_UPDATE_SECONDS = metrics.histogram(
     "rollout", "weight_update_seconds", "Time to apply a weight set", buckets=metrics.DURATION_BUCKETS
@@ -147,7 +148,7 @@ class RolloutCore:
             )
         queued = time.perf_counter()
         async with self._lock.read():
-            LOOP_STAGE_SECONDS.labels("weights_wait").observe(time.perf_counter() - queued)
+            WEIGHTS_WAIT.observe(time.perf_counter() - queued)
             version = self.policy_version
             ACTIVE_REQUESTS.inc()
             start = time.perf_counter()

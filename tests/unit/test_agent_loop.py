@@ -115,3 +115,23 @@ def test_every_stage_between_two_engine_requests_is_timed(tokenizer):
     assert calls["tokenize"] == 6 and calls["env_create"] == calls["env_close"] == 3
     assert all(loop.clock.seconds[stage] >= 0 for stage in calls)
     assert {stage: observed(stage) - before[stage] for stage in before} == {"generate": 9, "env_step": 9, "tokenize": 6}
+
+
+def test_formatter_initial_prompts_are_cached_and_equal_to_a_fresh_render(tokenizer, monkeypatch):
+    import services.rollout.prompting as prompting
+
+    monkeypatch.setattr(prompting, "INITIAL_CACHE", 2)
+    formatter, fresh = ChatFormatter(tokenizer), ChatFormatter(tokenizer)
+    renders = []
+    render = formatter._render
+    monkeypatch.setattr(formatter, "_render", lambda *a: renders.append(a) or render(*a))
+    first = formatter.initial("You are in cell 3.")
+    first.append(-1)  # the caller owns the list it gets: the cached ids stay as they were
+    assert formatter.initial("You are in cell 3.") == fresh.initial("You are in cell 3.")
+    assert len(renders) == 1
+    formatter.initial("You are in cell 4.")
+    formatter.initial("You are in cell 3.")  # most recently used: kept when cell 5 comes in
+    formatter.initial("You are in cell 5.")
+    assert list(formatter._initial) == ["You are in cell 3.", "You are in cell 5."]
+    assert len(renders) == 3
+    assert formatter.observation("cell 9") == fresh.observation("cell 9")

@@ -153,6 +153,7 @@ class VllmBackend(RolloutBackend):
             logprobs=0,  # the sampled token's own logprob only
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
+            skip_clone=True,  # built for this request alone: vLLM's deep copy of it (~0.3 ms) is not needed
         )
         # Token ids go through the renderer (vLLM 0.32 deprecates passing raw prompts to generate).
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))

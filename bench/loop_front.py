@@ -1,0 +1,159 @@
+"""The agent loop's front-process cost, variants interleaved on one engine (the agent-loop side of
+bench/vs_vllm.py: 512 one-turn corridor episodes, env service in-process). Per pass: wall, tokens/s, the
+front process's CPU seconds (`time.process_time`: the loop, the env service's threads, vLLM's input and
+output processing; not the engine core or worker), and when the engine requests went in and came back.
+
+Variants (the same engine, passes interleaved a, b, a, b, ... after one warm-up pass):
+  new     the code as it is
+  old     the first prompt rendered and tokenised per episode, vLLM's deep copy of each SamplingParams
+          (the behaviour before the front-CPU cut of issue 12)
+  noprom  `new` with vLLM's Prometheus stat logger recording nothing
+  inline  `new` with the env service's calls run inline instead of on its worker threads
+
+    python bench/loop_front.py --model-dir runs/bench-vs-trl/model-tiny/warm --variants old,new --passes 5
+
+JSON goes to `--out` (default bench/results/loop_front_<time>.json)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import vs_vllm  # noqa: E402
+
+
+def _quantiles(xs: list[float]) -> list[float]:
+    xs = sorted(xs)
+    return [round(xs[min(len(xs) - 1, int(len(xs) * q))], 3) for q in (0.1, 0.5, 0.9)] + [round(xs[-1], 3)]
+
+
+async def run(args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.v1.metrics import loggers
+
+    import services.rollout.backends.vllm as vllm_backend
+    from services.envs import service as env_service
+    from services.envs.client import InProcessEnvClient
+    from services.rollout.action_parsers import PARSERS
+    from services.rollout.agent_loop import AgentLoop
+    from services.rollout.app import build_backend
+    from services.rollout.core import RolloutCore
+    from services.rollout.prompting import ChatFormatter
+
+    config, groups = vs_vllm.load(args), vs_vllm.episodes(args)
+    backend = build_backend(config)
+    await backend.start()
+    sent: list[float] = []
+    back: list[float] = []
+    generate = backend.generate
+
+    async def timed_generate(*a, **k):
+        sent.append(time.perf_counter())
+        try:
+            return await generate(*a, **k)
+        finally:
+            back.append(time.perf_counter())
+
+    backend.generate = timed_generate
+    core = RolloutCore(backend, config.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+
+    class OldFormatter(ChatFormatter):
+        def initial(self, observation):
+            return self._encode(self._render([*self.system, {"role": "user", "content": observation}], True))
+
+    def deep_copied(**kw):
+        return SamplingParams(**{**kw, "skip_clone": False})
+
+    async def run_inline(self, env_name, fn, ep=None):
+        return fn()
+
+    prom_record, env_run = loggers.PrometheusStatLogger.record, env_service.EnvService._run
+
+    def make_loop(variant: str) -> AgentLoop:
+        env_service.EnvService._run = run_inline if variant == "inline" else env_run
+        loggers.PrometheusStatLogger.record = (lambda *a, **k: None) if variant == "noprom" else prom_record
+        vllm_backend.SamplingParams = deep_copied if variant == "old" else SamplingParams
+        formatter = (OldFormatter if variant == "old" else ChatFormatter)(tokenizer)
+        return AgentLoop(
+            core,
+            InProcessEnvClient(env_service.EnvService()),
+            formatter,
+            PARSERS.create(config.rollout.action_parser),
+            config.rollout,
+            config.env,
+            config.model.max_model_len,
+        )
+
+    variants = args.variants.split(",")
+    rows: dict[str, list[dict]] = {v: [] for v in variants}
+    try:
+        warm = make_loop(variants[0])
+        await asyncio.gather(*(warm.run_group(t, seed=s) for t, s in groups))
+        for i in range(args.passes):
+            for v in variants:
+                loop = make_loop(v)
+                sent.clear()
+                back.clear()
+                cpu0, t0 = time.process_time(), time.perf_counter()
+                out = await asyncio.gather(*(loop.run_group(t, seed=s) for t, s in groups))
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                tokens = sum(traj.turns[0].model_tokens for group in out for traj in group)
+                row = {
+                    "wall_s": round(wall, 3),
+                    "tokens": tokens,
+                    "tokens_per_s": round(tokens / wall, 1),
+                    "front_cpu_s": round(cpu, 3),
+                    "sent_at_s_q10_q50_q90_last": _quantiles([x - t0 for x in sent]),
+                    "back_at_s_q10_q50_q90_last": _quantiles([x - t0 for x in back]),
+                }
+                rows[v].append(row)
+                print(f"pass {i} {v}: {row}", flush=True)
+    finally:
+        loggers.PrometheusStatLogger.record, env_service.EnvService._run = prom_record, env_run
+        vllm_backend.SamplingParams = SamplingParams
+        await backend.shutdown()
+    return {
+        "variants": {
+            v: {
+                "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows[v]),
+                "median_front_cpu_s": statistics.median(r["front_cpu_s"] for r in rows[v]),
+                "passes": rows[v],
+            }
+            for v in variants
+        },
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--episodes", type=int, default=512)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--variants", default="old,new")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    result = asyncio.run(run(args))
+    result.update(cores=len(os.sched_getaffinity(0)), load_avg_at_end=os.getloadavg(), episodes=args.episodes)
+    for v, s in result["variants"].items():
+        print(f"{v}: median {s['median_tokens_per_s']} tok/s, front CPU {s['median_front_cpu_s']} s a pass")
+    out = Path(args.out or ROOT / "bench" / "results" / f"loop_front_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
