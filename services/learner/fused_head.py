@@ -31,14 +31,18 @@ def _stats(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
     return lse, logp, lse - (p * z).sum(-1)
 
 
-def _logits_grad(logits, targets, lse, ent, g_lp, g_ent, out_dtype: torch.dtype):
+def _softmax_grad(logits, lse, ent, g_lp, g_ent):
+    """The gradient of (target logprob, entropy) at the logits, without the target's own term."""
     z = logits.float()
     log_p = z - lse.unsqueeze(-1)
     p = torch.exp(log_p)
     if g_ent is None:
-        grad = -p * g_lp.unsqueeze(-1)
-    else:
-        grad = -p * (g_lp.unsqueeze(-1) + g_ent.unsqueeze(-1) * (log_p + ent.unsqueeze(-1)))
+        return z, -p * g_lp.unsqueeze(-1)
+    return z, -p * (g_lp.unsqueeze(-1) + g_ent.unsqueeze(-1) * (log_p + ent.unsqueeze(-1)))
+
+
+def _logits_grad(logits, targets, lse, ent, g_lp, g_ent, out_dtype: torch.dtype):
+    _, grad = _softmax_grad(logits, lse, ent, g_lp, g_ent)
     return grad.scatter_add(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1)).to(out_dtype)
 
 
@@ -46,13 +50,7 @@ def _logits_grad_pointwise(logits, targets, lse, ent, g_lp, g_ent, out_dtype: to
     """`_logits_grad` with the target's term added where the column index equals the target instead of by a
     scatter: under torch.compile one pointwise kernel that writes the gradient in `out_dtype` (the scatter made
     inductor write the float32 [chunk, V] gradient, scatter into it, then cast it in a second pass)."""
-    z = logits.float()
-    log_p = z - lse.unsqueeze(-1)
-    p = torch.exp(log_p)
-    if g_ent is None:
-        grad = -p * g_lp.unsqueeze(-1)
-    else:
-        grad = -p * (g_lp.unsqueeze(-1) + g_ent.unsqueeze(-1) * (log_p + ent.unsqueeze(-1)))
+    z, grad = _softmax_grad(logits, lse, ent, g_lp, g_ent)
     is_target = torch.arange(z.shape[-1], device=z.device) == targets.unsqueeze(-1)
     return torch.where(is_target, grad + g_lp.unsqueeze(-1), grad).to(out_dtype)
 
