@@ -502,7 +502,9 @@ def test_deadlines_scaled_by_queue_waves_let_every_queued_episode_finish(tokeniz
 
         unscaled = EnvService(step_timeout_s=config.env.step_timeout_s)
         loop, _ = make_loop(tokenizer, options, timeout_s=0.5, attempts=1, group_size=24, service=unscaled)
-        with pytest.raises(EpisodeFailed, match="DeadlineExceeded"):
+        # the queue outlasts the fixed deadline: a step ends in DeadlineExceeded, or a reset that never got a
+        # slot within the deadline is given up (which of the two comes first depends on the call order)
+        with pytest.raises(EpisodeFailed, match=r"DeadlineExceeded|no free slot within"):
             asyncio.run(loop.run_group(task_index=1, group_id="g2"))
     finally:
         server.kill()
