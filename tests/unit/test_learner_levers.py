@@ -254,11 +254,16 @@ def test_train_step_same_with_activation_checkpointing(model_dir):
         trainer = PolicyTrainer(make_config({"activation_checkpointing": on}, **settings), model_dir)
         runs.append((untimed(trainer.train_step(trajs)), trainer.named_weights_for_push()))
     (plain, plain_w), (ckpt, ckpt_w) = runs
-    assert ckpt.keys() == plain.keys()
-    for key, value in plain.items():
-        assert ckpt[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    assert [n for n, _ in ckpt_w] == [n for n, _ in plain_w]
-    for (name, a), (_, b) in zip(plain_w, ckpt_w):
+    _assert_same_step(ckpt, ckpt_w, plain, plain_w)
+
+
+def _assert_same_step(metrics, weights, want_metrics, want_weights):
+    """Step metrics and pushed weights equal to float tolerance."""
+    assert metrics.keys() == want_metrics.keys()
+    for key, value in want_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert [n for n, _ in weights] == [n for n, _ in want_weights]
+    for (name, a), (_, b) in zip(want_weights, weights):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -285,12 +290,7 @@ def test_fsdp_wrap_root_is_one_unit_and_trains_as_per_layer_units(model_dir):
     (layers, layers_w), *others = runs
     for metrics, weights in others:
         for got, want in zip(metrics, layers):
-            assert got.keys() == want.keys()
-            for key, value in want.items():
-                assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-        assert [n for n, _ in weights] == [n for n, _ in layers_w]
-        for (name, a), (_, b) in zip(layers_w, weights):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+            _assert_same_step(got, weights, want, layers_w)
 
 
 def test_fsdp_wrap_auto_is_root_on_one_process_only(monkeypatch):

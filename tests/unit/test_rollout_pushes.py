@@ -235,13 +235,18 @@ class BrokenGroupEngine(FakeEngine):
         raise RuntimeError("the process group is broken")
 
 
-def test_a_broken_group_at_the_end_of_an_nccl_push_deletes_the_spool_and_frees_the_push_slot(tmp_path):
+def _dist_push_core(engine, tmp_path):
+    """A rollout core serving the two-tensor model of `weights`, and the header of an nccl push of it."""
     from services.rollout.core import PushHeader
 
-    engine = BrokenGroupEngine()
     signature = ModelSignature.of([("w", torch.zeros(2, 3)), ("b", torch.zeros(3))])
     core = RolloutCore(engine, "fake", signature=signature, run="run-a", spool_dir=str(tmp_path))
-    header = PushHeader(1, list(weights(1.0).specs), checksum="", bucket_bytes=1 << 20)
+    return core, PushHeader(1, list(weights(1.0).specs), checksum="", bucket_bytes=1 << 20)
+
+
+def test_a_broken_group_at_the_end_of_an_nccl_push_deletes_the_spool_and_frees_the_push_slot(tmp_path):
+    engine = BrokenGroupEngine()
+    core, header = _dist_push_core(engine, tmp_path)
 
     async def scenario():
         for checksum in (None, "0" * 64):  # the stream broke / the commit came
@@ -275,12 +280,8 @@ class LastBucketBadEngine(FakeEngine):
 
 
 def test_a_last_bucket_that_fails_at_the_flush_is_refused_before_the_commit_with_nothing_applied(tmp_path):
-    from services.rollout.core import PushHeader
-
     engine = LastBucketBadEngine()
-    signature = ModelSignature.of([("w", torch.zeros(2, 3)), ("b", torch.zeros(3))])
-    core = RolloutCore(engine, "fake", signature=signature, run="run-a", spool_dir=str(tmp_path))
-    header = PushHeader(1, list(weights(1.0).specs), checksum="", bucket_bytes=1 << 20)
+    core, header = _dist_push_core(engine, tmp_path)
 
     async def scenario():
         staging = await core.begin_dist_push(header, {})
