@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.result_path import result_path  # noqa: E402
+
 
 async def wave(address: str, episodes: int, batch: bool) -> tuple[float, float]:
     from services.envs.client import GrpcEnvClient
@@ -79,7 +81,7 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    out = Path(args.out or ROOT / "bench" / "results" / f"env_steps_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    out = result_path(args.out, "env_steps")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"load_avg_at_end": os.getloadavg(), "results": results}, indent=1))
     print(f"wrote {out}")

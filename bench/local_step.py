@@ -38,6 +38,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.result_path import result_path  # noqa: E402
+
 
 def build_model(out_dir: Path, overrides: list[str], config: str | None) -> Path:
     from services.common.config import load_config
@@ -412,7 +414,7 @@ def main() -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     model = Path(args.model) if args.model else build_model(runs_dir, args.set, args.config)
     results = [run_once(mode, i, args, model, runs_dir) for i in range(args.runs) for mode in args.modes.split(",")]
-    out = Path(args.out or ROOT / "bench" / "results" / f"local_step_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    out = result_path(args.out, "local_step")
     summary = {
         "cores": len(os.sched_getaffinity(0)),
         "load_avg_at_end": os.getloadavg(),

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import vs_vllm  # noqa: E402
+from bench.result_path import result_path  # noqa: E402
 
 
 def _quantiles(xs: list[float]) -> list[float]:
@@ -149,7 +150,7 @@ def main() -> int:
     result.update(cores=len(os.sched_getaffinity(0)), load_avg_at_end=os.getloadavg(), episodes=args.episodes)
     for v, s in result["variants"].items():
         print(f"{v}: median {s['median_tokens_per_s']} tok/s, front CPU {s['median_front_cpu_s']} s a pass")
-    out = Path(args.out or ROOT / "bench" / "results" / f"loop_front_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    out = result_path(args.out, "loop_front")
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
     return 0

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "tiny_model_rl.yaml"
 OPTIONS = {"distance": 1, "max_turns": 1}
 from bench.local_step import forget_run  # noqa: E402
+from bench.result_path import result_path  # noqa: E402
 from bench.weight_sync import SHAPES as WEIGHT_SYNC_SHAPES  # noqa: E402
 
 SHAPE_85M = WEIGHT_SYNC_SHAPES["85m"]
@@ -316,7 +317,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     trl_python = ensure_trl_venv(Path(args.venv)) if any(s.startswith("trl") for s in sides) else None
     model = Path(args.model_dir) if args.model_dir else build_model(args, work)
-    out = Path(args.out or ROOT / "bench" / "results" / f"vs_trl_{args.model}_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    out = result_path(args.out, f"vs_trl_{args.model}")
     results: list[dict] = []
     for i in range(args.runs):
         for side in sides:

@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.result_path import result_path  # noqa: E402
+
 CONFIG = ROOT / "configs" / "tiny_model_rl.yaml"
 OPTIONS = {"distance": 1, "max_turns": 1}
 
@@ -224,7 +226,7 @@ def main() -> int:
         f"median: agent loop {summary['median_agent_loop_tokens_per_s']} tok/s, bare vLLM "
         f"{summary['median_bare_vllm_tokens_per_s']} tok/s, ratio {summary['median_ratio']} (rounds {ratios})"
     )
-    out = Path(args.out or ROOT / "bench" / "results" / f"vs_vllm_{time.strftime('%Y%m%d_%H%M%S')}.json")
+    out = result_path(args.out, "vs_vllm")
     out.write_text(json.dumps(summary, indent=1))
     print(f"wrote {out}")
     return 0
