@@ -145,12 +145,60 @@ def forward_flops(n_params: int, layers: int, width: int, lengths: list[int]) ->
     return float(sum(2 * n_params * s + 2 * layers * width * s * s for s in lengths))
 
 
+class CollectionClock:
+    """Seconds and runs (by generation) of Python's garbage collections since `reset` (gc.callbacks)."""
+
+    def __init__(self):
+        import gc
+
+        self.reset()
+        self._start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def reset(self) -> None:
+        self.seconds, self.runs = 0.0, [0, 0, 0]
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.runs[info["generation"]] += 1
+
+    def close(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._on_gc)
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds every core of the host (or container view) spent busy so far, from /proc/stat; 0 elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def allocator_counts(cuda: bool) -> dict[str, int]:
+    """The CUDA caching allocator's retries (a failed cudaMalloc: every cached block freed, the device synced)
+    and its cudaMalloc/cudaFree calls so far."""
+    if not cuda:
+        return {}
+    import torch
+
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")}
+
+
 def bare_loop(trainer, batches: list, warmup: int, sync) -> list[float]:
     """Seconds of a plain step on each batch after the first `warmup`: the trainer's own model, optimizer and
     micro-batches (so the same packing, attention kernel, chunked head and FSDP), a mean token NLL, one optimizer
     step."""
     import torch
 
+    from services.learner import fsdp
     from services.learner.batch import collate
     from services.learner.model import token_logprobs
 
@@ -161,10 +209,11 @@ def bare_loop(trainer, batches: list, warmup: int, sync) -> list[float]:
         start = time.perf_counter()
         trainer.optimizer.zero_grad(set_to_none=True)
         for mini in trainer._mini_batches(batch):
-            for m in mini.micro:
+            for j, m in enumerate(mini.micro):
                 b = m.batch
                 lp = token_logprobs(trainer.model, b.input_ids, b.attention_mask, chunk, trainer.pack)
                 loss = -(lp * b.response_mask).sum() / mini.norm["num_tokens"]
+                fsdp.set_last_micro_batch(trainer.model, j == len(mini.micro) - 1)
                 (loss * trainer.world_size).backward()
         torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
         trainer.optimizer.step()
@@ -325,11 +374,15 @@ def main() -> None:
     times, metrics, phases = [], {}, {}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    compiles = {}
+    compiles, stalls = {}, []
+    collections = CollectionClock()
     for i, batch in enumerate(batches):
         if i == args.warmup:
             compiles["after_warmup"] = dynamo_counts()
         sync()
+        allocator = allocator_counts(cuda)
+        collections.reset()
+        cpu_own, cpu_all = time.process_time(), host_busy_seconds()
         start = time.perf_counter()
         metrics = trainer.train_step(batch)
         sync()
@@ -338,6 +391,17 @@ def main() -> None:
             for key, value in metrics.items():
                 if key.startswith("time/"):
                     phases.setdefault(key, []).append(value)
+            after = allocator_counts(cuda)
+            stalls.append(
+                {
+                    "gc_s": collections.seconds,
+                    "gc_runs": collections.runs,
+                    "cpu_own_s": time.process_time() - cpu_own,
+                    "cpu_host_busy_s": host_busy_seconds() - cpu_all,
+                }
+                | {k: after[k] - allocator[k] for k in after}
+            )
+    collections.close()
     compiles["after_timed_steps"] = dynamo_counts()
     step_s = statistics.median(times)
     lengths = [len(t.token_ids) for t in batches[0]]
@@ -401,6 +465,8 @@ def main() -> None:
         "fused_scoring": fused,
         "min_len": args.min_len,
         "torch": torch.__version__,
+        "phase_seconds": {k.removeprefix("time/"): v for k, v in phases.items()},
+        "stalls_per_step": stalls,
         "phase_seconds_median": {k.removeprefix("time/"): statistics.median(v) for k, v in phases.items()},
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "overrides": args.set,

@@ -18,7 +18,10 @@
 # logprob_chunk_tokens=16384; `mb40k`: micro_batch_tokens=40960, 2 micro-batches where 32k gives 3), `all`
 # (the three, --profile), `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and
 # `all_fused_adamw`; each row gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped
-# under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only.
+# under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only; ROW_CAP_S: a row's most seconds (180);
+# `all_cdtune` (Inductor's coordinate-descent tuning of its kernels' block sizes) runs only when named there.
+# B_ONLY=1: the (b) rows alone (no (a) rows, no gpu tests): the 7B row with the defaults, then, if time is left,
+# `b_7b_fsdp_levers` (16k-token head chunks, 40k-token micro-batches) instead of the row without checkpointing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -26,6 +29,10 @@ work=$(mktemp -d)
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
+# Inductor's parallel compile workers left the learner's host work (collate, advantages) 5-10x slower for the
+# first ~3-10 steps after compiling (6.5 CPU-s in the learner process per 1 s step, H100 host, 27 Nov): steady-state
+# rows compile in-process
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-1}
 PY=${PYTHON:-python3}
 BUDGET=${BUDGET_S:-530}  # the whole suite's seconds; the device call allows 600
 [ "${LEVERS:-0}" = 1 ] && A_ONLY=1 BUDGET=${BUDGET_S:-450}
@@ -58,8 +65,11 @@ row() {  # name, timeout, command...: runs one row, its JSON and log in $work
 
 # the models first: the (a) rows would race to build the same directory; the 7B one, and the gpu tests of the
 # fused head and varlen attention, on the GPU (a) leaves free
-"$PY" bench/learner_step.py "${a_args[@]}" --build-only
-if [ "${A_ONLY:-0}" = 1 ]; then
+[ "${B_ONLY:-0}" = 1 ] || "$PY" bench/learner_step.py "${a_args[@]}" --build-only
+if [ "${B_ONLY:-0}" = 1 ]; then
+  "$PY" bench/learner_step.py "${b_args[@]}" --build-only > "$work/build_7b.txt" 2>&1 &
+  build_7b=$! gpu_tests=""
+elif [ "${A_ONLY:-0}" = 1 ]; then
   build_7b="" gpu_tests=""
 else
   env $(a_env 3) "$PY" bench/learner_step.py "${b_args[@]}" --build-only > "$work/build_7b.txt" 2>&1 &
@@ -87,7 +97,8 @@ if [ "${LEVERS:-0}" = 1 ]; then
     local name=$1 prof=$2 left=$((BUDGET - SECONDS)); shift 2
     [ -z "${LEVER_ROWS:-}" ] || [[ " $LEVER_ROWS " == *" $name "* ]] || return 0
     [ "$left" -ge 60 ] || { echo "skipped $name: $left s left"; return; }
-    a_timeout=$((left < 180 ? left : 180))
+    local cap=${ROW_CAP_S:-180}
+    a_timeout=$((left < cap ? left : cap))
     [ "${TINY:-0}" = 1 ] && a_timeout=400
     a_args=("${plain[@]}"); [ "$prof" = 1 ] && a_args+=(--profile)
     a_row "$name" 0 "${base[@]}" "$@"
@@ -97,8 +108,15 @@ if [ "${LEVERS:-0}" = 1 ]; then
   lever_row l2_root 0 "${levers[0]}"
   lever_row l3_chunk16k 0 "${levers[1]}"
   lever_row l4_mb40k 0 "${levers[2]}"
+  if [[ " ${LEVER_ROWS:-} " == *" l7_all_cdtune "* ]]; then
+    export TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1
+    lever_row l7_all_cdtune 0 "${levers[@]}"
+    unset TORCHINDUCTOR_COORDINATE_DESCENT_TUNING
+  fi
   lever_row l5_all_decoder_compile 0 "${levers[@]}" learner.compile_scope=decoder
   lever_row l6_all_fused_adamw 0 "${levers[@]}" learner.fused_optimizer=true
+elif [ "${B_ONLY:-0}" = 1 ]; then
+  :
 elif [ "${A_ONLY:-0}" = 1 ]; then  # (a) alone, one row after another on GPU 0: no neighbour shares the host
   a_row a_05b_fused_head 0 learner.logprob_head=fused
   a_row a_05b_recompute_head 0 learner.logprob_head=recompute
@@ -116,8 +134,7 @@ fi
 # (b) 7B shape, FSDP over every GPU, in the time left
 if [ "${A_ONLY:-0}" != 1 ]; then
 wait "$build_7b" || tail -5 "$work/build_7b.txt"
-wait "$gpu_tests"
-tail -4 "$work/gpu_tests.txt"
+[ -z "$gpu_tests" ] || { wait "$gpu_tests"; tail -4 "$work/gpu_tests.txt"; }
 b_timeout=$((BUDGET - SECONDS))
 [ "$b_timeout" -ge 60 ] || b_timeout=60  # timeout 0 would mean none
 b_sets=(--set learner.activation_checkpointing=true --set learner.logprob_head=fused)
@@ -128,6 +145,10 @@ if [ ! -s "$work/b_7b_fsdp.json" ] && [ "$left" -gt 150 ]; then
   echo "retrying (b) without compile, 16k-token micro-batches ($left s left)"
   row b_7b_fsdp_nocompile_16k "$left" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" \
     "${b_sets[@]}" --set learner.compile=false --set algorithm.micro_batch_tokens=16384
+elif [ "${B_ONLY:-0}" = 1 ] && [ "$left" -gt 150 ]; then
+  echo "(b) with 16k-token head chunks and 40k-token micro-batches ($left s left)"
+  row b_7b_fsdp_levers "$left" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" "${b_sets[@]}" \
+    --set learner.logprob_chunk_tokens=16384 --set algorithm.micro_batch_tokens=40960
 elif [ "$left" -gt 170 ]; then
   echo "(b) without activation checkpointing, 6k-token micro-batches ($left s left)"
   row b_7b_fsdp_noac_6k "$left" "${b_launch[@]}" bench/learner_step.py "${common[@]}" "${b_args[@]}" \

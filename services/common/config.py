@@ -327,8 +327,9 @@ class LearnerConfig(Section):
     fsdp_wrap: Literal["auto", "layers", "root"] = "auto"
     """FSDP2's units for the policy, critic and reference: `layers`, each decoder layer gathered before it runs and
     freed after it (the memory that sharding over GPUs is for); `root`, the whole model one unit, gathered once a
-    forward pass and kept through its backward pass (no per-layer hooks; one all-gather and bf16 cast of the
-    weights a micro-batch); `auto`: `root` on one process, where sharding saves nothing, `layers` otherwise."""
+    forward pass and kept through its backward pass (no per-layer hooks; on one process kept across a mini-batch's
+    micro-batches and the gradient reduced once: one all-gather and bf16 cast of the weights a mini-batch);
+    `auto`: `root` on one process, where sharding saves nothing, `layers` otherwise."""
     compile: bool = False
     """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP)."""
     compile_scope: Literal["layers", "decoder"] = "layers"

@@ -92,6 +92,7 @@ a plain model imports nothing of the learner's model code (bench/weight_sync_gpu
 
 
 WRAPS = ("auto", "layers", "root")
+ONE_UNIT = "_omrl_one_fsdp_unit"
 
 
 def resolve_wrap(wrap: str = "auto") -> str:
@@ -109,8 +110,8 @@ def shard_model(
     """FSDP2. `wrap` (`resolve_wrap`): `layers`, `fully_shard` on each decoder layer, then on the root
     (embeddings and head), each layer gathered before it runs and freed after it; `root`, one unit for the
     whole model, gathered once a forward pass and kept until its backward pass is done (no per-layer hooks,
-    one all-gather and bf16 cast of the weights a micro-batch instead of two a layer). Moves the model to
-    `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
+    one all-gather and bf16 cast of the weights a micro-batch instead of two a layer; `set_last_micro_batch`).
+    Moves the model to `device`; bf16 compute with fp32 gradient reduction only on CUDA and when asked."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -121,6 +122,7 @@ def shard_model(
     model.to(device)
     if resolve_wrap(wrap) == "root":
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        setattr(model, ONE_UNIT, True)
     else:
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp)
@@ -128,6 +130,19 @@ def shard_model(
     if hasattr(model, TOKEN_STATS_METHOD):  # it runs the root's layers and head outside `forward`
         register_fsdp_forward_method(model, TOKEN_STATS_METHOD)
     return model
+
+
+def set_last_micro_batch(model: nn.Module, last: bool) -> None:
+    """Called before each micro-batch's backward pass. With one FSDP unit (`root`) on one process, the gathered
+    bf16 weights stay from one micro-batch's backward pass to the next one's forward pass instead of being freed,
+    gathered and cast again, and the gradient accumulates unsharded and is reduced once, after the last
+    micro-batch: there the unsharded weights and gradient are what the unit holds anyway. Per-layer units and
+    several processes free and reduce after every micro-batch (keeping would hold the whole model's weights and
+    gradients on every rank)."""
+    if not getattr(model, ONE_UNIT, False) or world_size() != 1:
+        return
+    model.set_reshard_after_backward(last)
+    model.set_requires_gradient_sync(last)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -316,7 +316,7 @@ class PolicyTrainer:
         """Forward and backward over the mini-batch's micro-batches; returns the clipped gradient's norm."""
         algo, chunk, norm = self.config.algorithm, self.config.learner.logprob_chunk_tokens, mini.norm
         self.optimizer.zero_grad(set_to_none=True)
-        for m in mini.micro:
+        for i, m in enumerate(mini.micro):
             b, mask = m.batch, m.batch.response_mask
             scoring = m.old_logprobs is None  # fused scoring: this pass gives the pre-update logprobs
             if algo.entropy_coeff > 0 or scoring:
@@ -351,6 +351,7 @@ class PolicyTrainer:
                 loss = loss + algo.kl_loss_coef * kl_loss
                 sums["kl_loss"] += kl_loss.detach()
             # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss.
+            fsdp.set_last_micro_batch(self.model, i == len(mini.micro) - 1)
             (loss * self.world_size).backward()
             n = mask.sum()
             sums["loss"] += loss.detach()

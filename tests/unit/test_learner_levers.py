@@ -406,3 +406,26 @@ def test_fused_adamw_takes_the_foreach_steps_and_its_checkpoint_resumes_either_w
     want, got = untimed(fused.train_step(batches[2])), untimed(resumed.train_step(batches[2]))
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_one_fsdp_unit_keeps_weights_and_gradient_across_micro_batches(model_dir, monkeypatch):
+    """With `root` on one process the weights are freed and the gradient reduced only after a mini-batch's
+    last micro-batch (8 trajectories, 3 a micro-batch: 3 backward passes); per-layer units are left alone."""
+    from torch.distributed.fsdp import FSDPModule
+
+    calls = []
+    for method in ("set_reshard_after_backward", "set_requires_gradient_sync"):
+        original = getattr(FSDPModule, method)
+
+        def spy(self, value, *args, _method=method, _original=original, **kwargs):
+            calls.append((_method, value))
+            return _original(self, value, *args, **kwargs)
+
+        monkeypatch.setattr(FSDPModule, method, spy)
+    trajs = synthetic_trajectories(8, 4, seed=3)
+    PolicyTrainer(make_config({"fsdp_wrap": "root"}), model_dir).train_step(trajs)
+    assert [v for m, v in calls if m == "set_reshard_after_backward"] == [False, False, True]
+    assert [v for m, v in calls if m == "set_requires_gradient_sync"] == [False, False, True]
+    calls.clear()
+    PolicyTrainer(make_config({"fsdp_wrap": "layers"}), model_dir).train_step(trajs)
+    assert calls == []
