@@ -26,7 +26,7 @@ STEPS, GROUPS, GROUP_SIZE = 8, 4, 4
 
 
 @pytest.fixture(scope="module")
-def outcome(tmp_path_factory, redis_url):
+def outcome(tmp_path_factory, redis_url, warm_tiny_model):
     tmp = tmp_path_factory.mktemp("replica-loss")
     config = load_config(
         None,
@@ -38,7 +38,7 @@ def outcome(tmp_path_factory, redis_url):
             f"learner.steps={STEPS}",
             f"rollout.group_size={GROUP_SIZE}",
             f"rollout.groups_per_step={GROUPS}",
-            "model.warmstart_steps=20",
+            f"model.path={warm_tiny_model}",
             f"stream.redis_url={redis_url}",
             f"output_dir={tmp}",
             f"run=replica-loss-{uuid.uuid4().hex[:6]}",

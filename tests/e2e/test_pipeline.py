@@ -17,7 +17,7 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(tmp_path_factory, warm_tiny_model):
     config = load_config(
         None,
         [
@@ -26,7 +26,7 @@ def finished_run(tmp_path_factory):
             f"learner.steps={STEPS}",
             "rollout.group_size=4",
             "rollout.groups_per_step=2",
-            "model.warmstart_steps=20",
+            f"model.path={warm_tiny_model}",
         ],
     )
     lines: list[str] = []

@@ -73,7 +73,7 @@ def wait_for(check, timeout_s: float, what: str, poll_s: float = 0.5):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, warm_tiny_model):
     if not (shutil.which("prometheus") and shutil.which("promtool")):
         pytest.fail("needs Debian's prometheus package (scripts/setup.sh installs it)")
     tmp = tmp_path_factory.mktemp("prom")
@@ -86,7 +86,7 @@ def stack(tmp_path_factory):
             "learner.steps=1000",
             "rollout.group_size=4",
             "rollout.groups_per_step=2",
-            "model.warmstart_steps=20",
+            f"model.path={warm_tiny_model}",
             "env.validation_every=2",
             "env.validation_tasks=4",
         ],

@@ -62,7 +62,7 @@ class PrivateRedis:
 
 
 @pytest.fixture(scope="module", params=["empty", "aof"])
-def drill(request, tmp_path_factory):
+def drill(request, tmp_path_factory, warm_tiny_model):
     tmp = tmp_path_factory.mktemp(f"redis-restart-{request.param}")
     server = PrivateRedis(tmp, free_port(), aof=request.param == "aof").start()
 
@@ -82,7 +82,7 @@ def drill(request, tmp_path_factory):
                 STEPS,
                 GROUPS,
                 GROUP_SIZE,
-                overrides=("rollout.lease_ttl_s=15",),
+                overrides=("rollout.lease_ttl_s=15", f"model.path={warm_tiny_model}"),
             ),
         )
     finally:

@@ -33,7 +33,7 @@ def _kill_later(name: str, after_s: float):
 
 
 @pytest.fixture(scope="module")
-def drill(tmp_path_factory, redis_url):
+def drill(tmp_path_factory, redis_url, warm_tiny_model):
     faults = {step: _kill_later(name, KILL_AFTER_S.get(step, 0.0)) for step, name in KILLS.items()}
     print(f"kills after steps {KILLS}, {KILL_AFTER_S or 'at once'}; restart delay {RESTART_DELAY_S:.0f}s")
     return run_drill(
@@ -45,7 +45,7 @@ def drill(tmp_path_factory, redis_url):
         GROUPS,
         GROUP_SIZE,
         restart_delay_s=RESTART_DELAY_S,
-        overrides=("rollout.lease_ttl_s=15",),
+        overrides=("rollout.lease_ttl_s=15", f"model.path={warm_tiny_model}"),
     )
 
 
