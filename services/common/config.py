@@ -339,6 +339,13 @@ class LearnerConfig(Section):
     fuse_scoring: bool = True
     """With one optimizer step per batch (one epoch, one mini-batch) and no KL in the reward, take the pre-update
     logprobs from the update's own forward pass instead of a separate scoring pass (the same values)."""
+    share_prefix: bool = False
+    """Run the prompt that a group's sequences share once per group (its key/value cache repeated over the group's
+    rows) in the policy's and the reference's passes, instead of once per sequence; the same logprobs and
+    gradients. Saves (group_size - 1) / group_size of the prompt tokens' compute (69% of the tokens at 8 samples of
+    a 59-token prompt with 16 new tokens). Two decoder calls per group instead of one per micro-batch (with FSDP
+    `layers` units, as many gathers of each layer). Needs the chunked head (`logprob_chunk_tokens` > 0); not with
+    `pack_sequences` or `activation_checkpointing`; the critic's pass does not share."""
     pack_sequences: bool = False
     """Each micro-batch's real tokens as one row, positions restarting per sequence and attention kept within
     each (no compute on padding); the same losses and gradients as padded rows. Pair with `micro_batch_tokens`."""
@@ -352,6 +359,13 @@ class LearnerConfig(Section):
     def _check_attention(self) -> LearnerConfig:
         if self.attention == "varlen" and not self.pack_sequences:
             raise ValueError("learner.attention 'varlen' attends over packed rows: set learner.pack_sequences")
+        if self.share_prefix and self.pack_sequences:
+            raise ValueError("learner.share_prefix runs padded rows: unset learner.pack_sequences")
+        if self.share_prefix and not self.logprob_chunk_tokens:
+            raise ValueError("learner.share_prefix needs the chunked head: set learner.logprob_chunk_tokens > 0")
+        if self.share_prefix and self.activation_checkpointing:
+            # a recomputed layer would append its keys to the shared cache a second time
+            raise ValueError("learner.share_prefix keeps a key/value cache: unset learner.activation_checkpointing")
         if self.weight_push == "nccl":
             if not self.weight_dist_host:
                 raise ValueError(

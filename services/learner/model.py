@@ -19,6 +19,7 @@ from services.learner.batch import entropy_from_logits, logprobs_from_logits
 from services.learner.fsdp import TOKEN_STATS_METHOD  # the method that computes chunked logprobs
 from services.learner.fused_head import head_token_stats
 from services.learner.packing import pack_rows
+from services.learner.prefix import Prefix, shared_prefix_hidden
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADS = ("fused", "recompute")
@@ -72,14 +73,16 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     chunk_tokens: int = 0,
     pack: bool = False,
+    prefixes: list[Prefix] | None = None,
 ) -> torch.Tensor:
     """[B, T] float32: position t = log p(token t | tokens < t), position 0 = 0. `pack`: one forward pass
-    over the real tokens only (`packing`), the same values."""
+    over the real tokens only (`packing`), the same values. `prefixes` (not with `pack`; chunked head only):
+    each shared prefix computed once (`services.learner.prefix`), the same values."""
     if pack:
         rows = pack_rows(input_ids, attention_mask)
         kw = _packed_kwargs(model, rows)
         return rows.unpack(_token_logprobs(model, rows.input_ids, None, chunk_tokens, rows.position_ids, **kw))
-    return _token_logprobs(model, input_ids, attention_mask, chunk_tokens)
+    return _token_logprobs(model, input_ids, attention_mask, chunk_tokens, prefixes=prefixes)
 
 
 def token_logprobs_and_entropy(
@@ -88,24 +91,29 @@ def token_logprobs_and_entropy(
     attention_mask: torch.Tensor,
     chunk_tokens: int = 0,
     pack: bool = False,
+    prefixes: list[Prefix] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if pack:
         rows = pack_rows(input_ids, attention_mask)
         kw = _packed_kwargs(model, rows)
         lp, ent = _token_logprobs_and_entropy(model, rows.input_ids, None, chunk_tokens, rows.position_ids, **kw)
         return rows.unpack(lp), rows.unpack(ent)
-    return _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens)
+    return _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens, prefixes=prefixes)
 
 
 def _token_logprobs(model, input_ids, attention_mask, chunk_tokens, position_ids=None, **kw) -> torch.Tensor:
+    prefixes = kw.pop("prefixes", None)
     if _chunkable(model, chunk_tokens):
-        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, False, position_ids, **kw)[0]
+        stats = _token_stats(model)
+        return stats(input_ids, attention_mask, chunk_tokens, False, position_ids, prefixes=prefixes, **kw)[0]
     return logprobs_from_logits(_logits(model, input_ids, attention_mask, position_ids, **kw), input_ids)
 
 
 def _token_logprobs_and_entropy(model, input_ids, attention_mask, chunk_tokens, position_ids=None, **kw):
+    prefixes = kw.pop("prefixes", None)
     if _chunkable(model, chunk_tokens):
-        return _token_stats(model)(input_ids, attention_mask, chunk_tokens, True, position_ids, **kw)
+        stats = _token_stats(model)
+        return stats(input_ids, attention_mask, chunk_tokens, True, position_ids, prefixes=prefixes, **kw)
     logits = _logits(model, input_ids, attention_mask, position_ids, **kw)
     return logprobs_from_logits(logits, input_ids), entropy_from_logits(logits)
 
@@ -130,12 +138,16 @@ def _chunked_token_stats(
     position_ids=None,
     head: str = "fused",
     compiled: bool = False,
+    prefixes: list[Prefix] | None = None,
     **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
-    ).last_hidden_state
+    if prefixes:
+        hidden = shared_prefix_hidden(model.get_decoder(), input_ids, attention_mask, prefixes)
+    else:
+        hidden = model.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kw
+        ).last_hidden_state
     lm_head = model.get_output_embeddings()
     b, t = input_ids.shape
     flat = hidden.reshape(b * t, -1)

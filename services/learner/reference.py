@@ -35,8 +35,8 @@ class ReferencePolicy:
         parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap)
 
     @torch.no_grad()
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return token_logprobs(self.model, input_ids, attention_mask, self.chunk_tokens, self.pack)
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefixes=None) -> torch.Tensor:
+        return token_logprobs(self.model, input_ids, attention_mask, self.chunk_tokens, self.pack, prefixes)
 
     def check(self, saved: dict[str, Any]) -> None:
         """Refuses to resume against other reference weights than the checkpointed run used."""

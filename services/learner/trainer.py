@@ -30,6 +30,7 @@ from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, 
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
 from services.learner.packing import token_budget_chunks
 from services.learner.parallelize import parallelize
+from services.learner.prefix import Prefix, shared_prefixes
 from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_optimizer, build_scheduler, restore_scheduler
 
@@ -65,6 +66,7 @@ class _Micro:
     is_weights: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    prefixes: list[Prefix] | None = None  # shared prompts of its rows (`learner.share_prefix`)
 
 
 @dataclass
@@ -143,12 +145,18 @@ class PolicyTrainer:
         chunks = [self._micro_rows(batch, share) for share in shares]
         n_micro = max(len(c) for c in chunks)
         # a share may be empty (a mini-batch smaller than the world): then this rank runs fillers only
-        out = [_Micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in chunks[self.rank]]
+        out = [self._micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in chunks[self.rank]]
         while len(out) < n_micro:
             mb = batch.select(slice(0, 1)).trim()
             mb.response_mask = torch.zeros_like(mb.response_mask)
             out.append(_Micro(mb.to(self.device), None))
         return out
+
+    def _micro(self, mb: TrainBatch, rows: torch.Tensor) -> _Micro:
+        prefixes = None
+        if self.config.learner.share_prefix:
+            prefixes = shared_prefixes(mb.input_ids, mb.attention_mask, mb.group_index)
+        return _Micro(mb, rows, prefixes=prefixes)
 
     def _micro_rows(self, batch: TrainBatch, share: torch.Tensor) -> list[torch.Tensor]:
         """A rank's share of rows in micro-batches: by `micro_batch_tokens` real tokens when set, else by
@@ -179,11 +187,13 @@ class PolicyTrainer:
             for m in micro:
                 b = m.batch
                 if self.reference is not None:
-                    m.ref_logprobs = self.reference.logprobs(b.input_ids, b.attention_mask)
+                    m.ref_logprobs = self.reference.logprobs(b.input_ids, b.attention_mask, m.prefixes)
                 if self.critic is not None:
                     m.values = self.critic.values(b.input_ids, b.attention_mask)
                 if not fused:
-                    old, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk, self.pack)
+                    old, ent = token_logprobs_and_entropy(
+                        self.model, b.input_ids, b.attention_mask, chunk, self.pack, m.prefixes
+                    )
                     self._set_old_logprobs(m, old, ent, sums)
 
     def _set_old_logprobs(self, m: _Micro, old: torch.Tensor, ent: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
@@ -320,9 +330,11 @@ class PolicyTrainer:
             b, mask = m.batch, m.batch.response_mask
             scoring = m.old_logprobs is None  # fused scoring: this pass gives the pre-update logprobs
             if algo.entropy_coeff > 0 or scoring:
-                lp, ent = token_logprobs_and_entropy(self.model, b.input_ids, b.attention_mask, chunk, self.pack)
+                lp, ent = token_logprobs_and_entropy(
+                    self.model, b.input_ids, b.attention_mask, chunk, self.pack, m.prefixes
+                )
             else:
-                lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk, self.pack), None
+                lp, ent = token_logprobs(self.model, b.input_ids, b.attention_mask, chunk, self.pack, m.prefixes), None
             if scoring:
                 self._set_old_logprobs(m, lp.detach(), ent.detach(), sums)
                 if algo.entropy_coeff <= 0:
