@@ -9,6 +9,9 @@ Variants (the same engine, passes interleaved a, b, a, b, ... after one warm-up 
           (the behaviour before the front-CPU cut of issue 12)
   noprom  `new` with vLLM's Prometheus stat logger recording nothing
   inline  `new` with the env service's calls run inline instead of on its worker threads
+  single  `new` with one env create per episode, each from its own episode (before CreateBatch)
+  nocache `new` with vLLM's envs cache off in this process (before the backend turned it on)
+  before  `single` and `nocache` together (the code before CreateBatch and the envs cache)
 
     python bench/loop_front.py --model-dir runs/bench-vs-trl/model-tiny/warm --variants old,new --passes 5
 
@@ -40,6 +43,7 @@ def _quantiles(xs: list[float]) -> list[float]:
 async def run(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
     from vllm import SamplingParams
+    from vllm import envs as vllm_envs
     from vllm.v1.metrics import loggers
 
     import services.rollout.backends.vllm as vllm_backend
@@ -81,12 +85,16 @@ async def run(args: argparse.Namespace) -> dict:
 
     prom_record, env_run = loggers.PrometheusStatLogger.record, env_service.EnvService._run
 
+    async def single_creates(task_index, count):
+        return [None] * count  # each episode creates its own environment
+
     def make_loop(variant: str) -> AgentLoop:
         env_service.EnvService._run = run_inline if variant == "inline" else env_run
+        (vllm_envs.disable_envs_cache if variant in ("nocache", "before") else vllm_envs.enable_envs_cache)()
         loggers.PrometheusStatLogger.record = (lambda *a, **k: None) if variant == "noprom" else prom_record
         vllm_backend.SamplingParams = deep_copied if variant == "old" else SamplingParams
         formatter = (OldFormatter if variant == "old" else ChatFormatter)(tokenizer)
-        return AgentLoop(
+        loop = AgentLoop(
             core,
             InProcessEnvClient(env_service.EnvService()),
             formatter,
@@ -95,6 +103,9 @@ async def run(args: argparse.Namespace) -> dict:
             config.env,
             config.model.max_model_len,
         )
+        if variant in ("single", "before"):
+            loop._create_group = single_creates
+        return loop
 
     variants = args.variants.split(",")
     rows: dict[str, list[dict]] = {v: [] for v in variants}

@@ -35,6 +35,18 @@ class EnvClient(abc.ABC):
     async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         """A new episode, already reset to `task_index`."""
 
+    async def create_batch(
+        self, env: str, task_index: int = 0, options: dict[str, Any] | None = None, count: int = 1
+    ) -> list[EpisodeState | ServiceError]:
+        """`count` new episodes of one task (a group's), in one call where the service has one (bad
+        arguments then raise, as `create`'s do); an episode that could not be built is its error in its
+        place of the list. This default makes `count` single creates, concurrently, and returns every
+        failure in its place."""
+        results = await asyncio.gather(
+            *(self.create(env, task_index, options) for _ in range(count)), return_exceptions=True
+        )
+        return _service_errors_only(results)
+
     @abc.abstractmethod
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState: ...
 
@@ -66,6 +78,11 @@ class InProcessEnvClient(EnvClient):
     async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         return await self.service.create(env, task_index, options)
 
+    async def create_batch(
+        self, env: str, task_index: int = 0, options: dict[str, Any] | None = None, count: int = 1
+    ) -> list[EpisodeState | ServiceError]:
+        return await self.service.create_batch(env, task_index, options, count)
+
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
         return await self.service.reset(episode_id, task_index)
 
@@ -77,15 +94,17 @@ class InProcessEnvClient(EnvClient):
 
 
 class GrpcEnvClient(EnvClient):
-    def __init__(self, address: str, timeout_s: float = 30.0, batch_steps: bool = False):
+    def __init__(self, address: str, timeout_s: float = 30.0, batch_steps: bool = False, batch_creates: bool = True):
         """`timeout_s` bounds every call; keep it above the server's step timeout so a slow env is
         reported by the server (DEADLINE_EXCEEDED with the env's name) rather than cut off here.
         `address` may name several replicas (`ipv4:h1:p1,h2:p2`, or a DNS name with several records):
         calls are spread round-robin, and the replicas route each episode's calls to its owner.
         `batch_steps`: the steps asked for in one pass of the event loop (episodes whose replies came out
         of the same engine step) travel as one StepBatch call; a server without StepBatch gets single
-        Steps from then on."""
+        Steps from then on. `batch_creates`: `create_batch` is one CreateBatch call (a server without it
+        gets single Creates from then on); false: single Creates always."""
         self.address, self.timeout_s, self.batch_steps = address, timeout_s, batch_steps
+        self.batch_creates = batch_creates
         self._channel: grpc.aio.Channel | None = None
         self._stub: envs_pb2_grpc.EnvServiceStub | None = None
         self._queued: list[tuple[envs_pb2.StepRequest, asyncio.Future]] = []
@@ -108,6 +127,26 @@ class GrpcEnvClient(EnvClient):
         request = _request(envs_pb2.CreateRequest, env=env, task_index=task_index, options=options)
         with rpc_errors():
             return EpisodeState.from_proto(await self.stub.Create(request, timeout=self.timeout_s))
+
+    async def create_batch(
+        self, env: str, task_index: int = 0, options: dict[str, Any] | None = None, count: int = 1
+    ) -> list[EpisodeState | ServiceError]:
+        if not self.batch_creates:
+            return await super().create_batch(env, task_index, options, count)
+        create = _request(envs_pb2.CreateRequest, env=env, task_index=task_index, options=options)
+        request = _request(envs_pb2.CreateBatchRequest, create=create, count=count)
+        try:
+            with rpc_errors():
+                reply = await self.stub.CreateBatch(request, timeout=self.timeout_s)
+        except ServiceError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.warning("the env service at %s has no CreateBatch: single creates from now on", self.address)
+            self.batch_creates = False
+            return await super().create_batch(env, task_index, options, count)
+        if len(reply.results) != count:
+            raise Internal(f"CreateBatch answered {len(reply.results)} results for {count} episodes")
+        return [_state_or_error(result) for result in reply.results]
 
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
         request = _request(envs_pb2.ResetRequest, episode_id=episode_id, task_index=task_index)
@@ -162,10 +201,11 @@ class GrpcEnvClient(EnvClient):
         for (_, future), result in zip(batch, results):
             if future.done():  # the episode was cancelled meanwhile
                 continue
-            if result.code:
-                future.set_exception(error_for(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.error))
+            outcome = _state_or_error(result)
+            if isinstance(outcome, ServiceError):
+                future.set_exception(outcome)
             else:
-                future.set_result(EpisodeState.from_proto(result.state))
+                future.set_result(outcome)
 
     async def _single(self, request: envs_pb2.StepRequest, future: asyncio.Future) -> None:
         try:
@@ -187,6 +227,20 @@ class GrpcEnvClient(EnvClient):
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub = None
+
+
+def _state_or_error(result: envs_pb2.StepResult) -> EpisodeState | ServiceError:
+    if result.code:
+        return error_for(_CODES.get(result.code, grpc.StatusCode.UNKNOWN), result.error)
+    return EpisodeState.from_proto(result.state)
+
+
+def _service_errors_only(results: list[Any]) -> list[EpisodeState | ServiceError]:
+    """gather(return_exceptions=True) results, with any exception that is not a ServiceError raised."""
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, ServiceError):
+            raise result
+    return results
 
 
 def _request(message: type, **fields: Any) -> Any:

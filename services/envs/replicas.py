@@ -100,6 +100,11 @@ class RoutedEnvService:
     async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         return await self.local.create(env, task_index, options)
 
+    async def create_batch(
+        self, env: str, task_index: int = 0, options: dict[str, Any] | None = None, count: int = 1
+    ) -> list[EpisodeState | ServiceError]:
+        return await self.local.create_batch(env, task_index, options, count)
+
     async def reset(self, episode_id: str, task_index: int, forwarded: bool = False) -> EpisodeState:
         if self._is_local(episode_id, forwarded):
             return await self.local.reset(episode_id, task_index)

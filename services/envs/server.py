@@ -32,6 +32,13 @@ class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
         state = await self.service.create(request.env, request.task_index, from_struct(request.options))
         return state.to_proto()
 
+    async def CreateBatch(self, request: envs_pb2.CreateBatchRequest, context) -> envs_pb2.CreateBatchResponse:
+        create = request.create
+        results = await self.service.create_batch(
+            create.env, create.task_index, from_struct(create.options), request.count
+        )
+        return envs_pb2.CreateBatchResponse(results=[_step_result(result) for result in results])
+
     async def Reset(self, request: envs_pb2.ResetRequest, context) -> envs_pb2.EpisodeState:
         return (await self.service.reset(request.episode_id, request.task_index, _forwarded(context))).to_proto()
 
@@ -52,12 +59,13 @@ class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
 
 
 def _step_result(result) -> envs_pb2.StepResult:
+    """One episode's outcome in a batch reply: its state, or its failure's code and message."""
     if isinstance(result, ServiceError):
         return envs_pb2.StepResult(code=result.code.value[0], error=result.message)
     if isinstance(result, BaseException):
         if isinstance(result, asyncio.CancelledError):
             raise result
-        log.error("step in a batch failed: %s: %s", type(result).__name__, result)
+        log.error("a call in a batch failed: %s: %s", type(result).__name__, result)
         return envs_pb2.StepResult(code=grpc.StatusCode.INTERNAL.value[0], error=f"{type(result).__name__}: {result}")
     return envs_pb2.StepResult(state=result.to_proto())
 

@@ -134,34 +134,75 @@ class EnvService:
 
     async def create(self, env: str, task_index: int = 0, options: dict[str, Any] | None = None) -> EpisodeState:
         with self._errors(env if env in self._envs.names() else "unknown"):
-            _check_task_index(task_index)
-            if options is not None and not isinstance(options, dict):
-                raise InvalidArgument(f"options must be a mapping, got {type(options).__name__}")
+            cls, options = self._admit(env, task_index, options, 1)
+            return await self._create(env, cls, task_index, options)
+
+    async def create_batch(
+        self, env: str, task_index: int = 0, options: dict[str, Any] | None = None, count: int = 1
+    ) -> list[EpisodeState | ServiceError]:
+        """`count` episodes of one env and task (a group's), each built as `create` builds one: concurrently,
+        each in its own worker call under its own deadline. The arguments are checked once and fail the call
+        as a whole (as Create's would, or InvalidArgument for a count outside 1..max_episodes, or
+        ResourceExhausted when the episodes would not all fit); an episode whose build fails is that
+        error in its place of the list, in order, and the others are unaffected."""
+        with self._errors(env if env in self._envs.names() else "unknown"):
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= self.max_episodes:
+                raise InvalidArgument(f"count must be an int in 1..{self.max_episodes}, got {count!r}")
+            cls, options = self._admit(env, task_index, options, count)
+            tasks = [asyncio.ensure_future(self._create(env, cls, task_index, options)) for _ in range(count)]
             try:
-                cls = self._envs.get(env)
-            except KeyError as exc:
-                raise NotFound(exc.args[0]) from None
-            self._sweep_idle()
-            if len(self._episodes) >= self.max_episodes:
-                raise ResourceExhausted(f"{len(self._episodes)} episodes open (max {self.max_episodes}); close some")
-            options = dict(options or {})
+                await asyncio.wait(tasks)
+            except asyncio.CancelledError:  # the caller is gone: nobody will close what was built
+                for task in tasks:
+                    task.cancel()
+                    if task.done() and not task.cancelled() and task.exception() is None:
+                        await self.close(task.result().episode_id)
+                raise
+        results = [task.exception() or task.result() for task in tasks]
+        for result in results:
+            if isinstance(result, ServiceError):
+                self._m_errors.labels(env, type(result).__name__).inc()
+            elif isinstance(result, BaseException):
+                raise result  # cancelled, or a bug of ours (env failures are ServiceErrors already)
+        return results
 
-            def build() -> tuple[TextEnv, str, dict[str, Any]]:
-                instance = cls()
-                try:
-                    observation = instance.reset(task_index, options)
-                    return instance, observation, instance.episode_info()
-                except BaseException:
-                    _close_quietly(instance)
-                    raise
+    def _admit(
+        self, env: str, task_index: int, options: dict[str, Any] | None, count: int
+    ) -> tuple[type[TextEnv], dict[str, Any]]:
+        """Checks a create's arguments and that `count` more episodes fit; the env class and a copy of the options."""
+        _check_task_index(task_index)
+        if options is not None and not isinstance(options, dict):
+            raise InvalidArgument(f"options must be a mapping, got {type(options).__name__}")
+        try:
+            cls = self._envs.get(env)
+        except KeyError as exc:
+            raise NotFound(exc.args[0]) from None
+        self._sweep_idle()
+        if len(self._episodes) + count > self.max_episodes:
+            raise ResourceExhausted(
+                f"{len(self._episodes)} episodes open, {count} more asked for (max {self.max_episodes}); close some"
+            )
+        return cls, dict(options or {})
 
-            start = time.perf_counter()
-            instance, observation, info = await self._run(env, build)
-            self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
-            episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
-            self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
-            self._m_active.set(len(self._episodes))
-            return self._state(episode_id, StepResult(observation, info=dict(info)))
+    async def _create(self, env: str, cls: type[TextEnv], task_index: int, options: dict[str, Any]) -> EpisodeState:
+        options = dict(options)  # each episode its own (an env may keep or edit what it was given)
+
+        def build() -> tuple[TextEnv, str, dict[str, Any]]:
+            instance = cls()
+            try:
+                observation = instance.reset(task_index, options)
+                return instance, observation, instance.episode_info()
+            except BaseException:
+                _close_quietly(instance)
+                raise
+
+        start = time.perf_counter()
+        instance, observation, info = await self._run(env, build)
+        self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
+        episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
+        self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
+        self._m_active.set(len(self._episodes))
+        return self._state(episode_id, StepResult(observation, info=dict(info)))
 
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
         ep = self._get(episode_id)

@@ -16,6 +16,7 @@ from services.common import metrics
 from services.common.config import EnvConfig, RolloutConfig
 from services.common.errors import InvalidArgument, ServiceError
 from services.common.trajectory import Trajectory, TrajectoryBuilder
+from services.envs.messages import EpisodeState
 from services.rollout.action_parsers import ActionParser
 from services.rollout.backends.base import SamplingSpec
 from services.rollout.loop_stages import StageClock
@@ -90,34 +91,53 @@ class AgentLoop:
     async def run_group(
         self, task_index: int, group_id: str | None = None, seed: int | None = None
     ) -> list[Trajectory]:
-        """`group_size` episodes of one task, concurrently. An episode lost to infrastructure is played
-        again on a fresh environment (up to env.max_episode_attempts tries); once one runs out of tries
-        the group fails as a whole and its other episodes are cancelled, so a partial group never
-        reaches advantage statistics."""
+        """`group_size` episodes of one task, concurrently. Their environments are created in one call
+        (`create_batch`), and each episode sends its first request as soon as that call returns. An
+        episode lost to infrastructure (its create included) is played again on a fresh environment (up to
+        env.max_episode_attempts tries); once one runs out of tries the group fails as a whole and its
+        other episodes are cancelled, so a partial group never reaches advantage statistics."""
         group_id = group_id or uuid.uuid4().hex
-        tasks = [
-            asyncio.create_task(
-                self.run_episode_with_retries(task_index, group_id, None if seed is None else seed * 1000 + i)
+        size = self.rollout.group_size
+        prepared: list[Any] = await self._create_group(task_index, size)
+
+        async def episode(i: int) -> Trajectory:
+            state, prepared[i] = prepared[i], None  # this episode closes it from here on
+            return await self.run_episode_with_retries(
+                task_index, group_id, None if seed is None else seed * 1000 + i, state
             )
-            for i in range(self.rollout.group_size)
-        ]
+
+        tasks = [asyncio.create_task(episode(i)) for i in range(size)]
         try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # cancelled episodes close their envs first
+            for state in prepared:  # created for an episode that was cancelled before it started
+                if isinstance(state, EpisodeState):
+                    await self._close_quietly(state.episode_id)
         failed = next((t for t in tasks if t in done and not t.cancelled() and t.exception() is not None), None)
         if failed is not None:
-            await asyncio.gather(*pending, return_exceptions=True)  # let cancelled episodes close their envs
             exc = failed.exception()
             raise EpisodeFailed(f"group {group_id} dropped: {exc}", getattr(exc, "retryable", True)) from exc
         return [t.result() for t in tasks]
 
-    async def run_episode_with_retries(self, task_index: int, group_id: str, seed: int | None = None) -> Trajectory:
+    async def _create_group(self, task_index: int, count: int) -> list[EpisodeState | ServiceError]:
+        """The group's environments in one call; a call that fails as a whole fails every episode's first try."""
+        try:
+            with self.clock.time("env_create"):
+                return await self.envs.create_batch(self.env.name, task_index, self.env.options, count)
+        except ServiceError as exc:
+            return [exc] * count
+
+    async def run_episode_with_retries(
+        self, task_index: int, group_id: str, seed: int | None = None, state: EpisodeState | ServiceError | None = None
+    ) -> Trajectory:
+        """`state`: the first try's environment, already created (or the error its create ended in)."""
         attempts = self.env.max_episode_attempts
         for attempt in range(1, attempts + 1):
             try:
-                return await self.run_episode(task_index, group_id, seed)
+                return await self.run_episode(task_index, group_id, seed, state if attempt == 1 else None)
             except EpisodeFailed as exc:
                 self.stats["episodes_failed"] += 1
                 if not exc.retryable or attempt == attempts:
@@ -136,13 +156,19 @@ class AgentLoop:
                 )
         raise AssertionError("unreachable")
 
-    async def run_episode(self, task_index: int, group_id: str, seed: int | None = None) -> Trajectory:
+    async def run_episode(
+        self, task_index: int, group_id: str, seed: int | None = None, state: EpisodeState | ServiceError | None = None
+    ) -> Trajectory:
+        """Plays one episode on `state`'s environment (None: a new one); it is closed when this returns."""
         ACTIVE_EPISODES.inc()
-        episode_id = None
+        episode_id = state.episode_id if isinstance(state, EpisodeState) else None
         try:
-            with self.clock.time("env_create"):
-                state = await self.envs.create(self.env.name, task_index, self.env.options)
-            episode_id = state.episode_id
+            if isinstance(state, ServiceError):
+                raise state
+            if state is None:
+                with self.clock.time("env_create"):
+                    state = await self.envs.create(self.env.name, task_index, self.env.options)
+                episode_id = state.episode_id
             traj = await self._play(state, task_index, group_id, seed)
             EPISODES.labels(outcome="success" if traj.success else "failure").inc()
             return traj

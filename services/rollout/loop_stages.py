@@ -5,7 +5,8 @@ Stages (each observation is one call, so `_sum` is busy time summed over concurr
 - generate: an episode waiting on the engine for one model turn (queueing inside vLLM included, and
   weights_wait: the time the request waited for a weight update to finish before entering the engine);
 - detokenize, parse, tokenize: the reply's text, its action, the next observation's tokens;
-- env_create, env_step, env_close: calls to the environment service;
+- env_create, env_step, env_close: calls to the environment service (env_create: one per group, for all its
+  episodes, and one per episode played again on a fresh environment);
 - reward: one scoring call per group; publish: the group's encoding and its Redis write;
 - slot_wait: a producer worker waiting for a group slot it may start (a fresh enough policy, a free slot).
 

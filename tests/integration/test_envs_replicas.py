@@ -233,6 +233,11 @@ class PoisonTaskClient(InProcessEnvClient):
         self.episodes[state.episode_id] = task_index
         return state
 
+    async def create_batch(self, env, task_index=0, options=None, count=1):
+        states = await super().create_batch(env, task_index, options, count)
+        self.episodes.update((s.episode_id, task_index) for s in states if not isinstance(s, Exception))
+        return states
+
     async def step(self, episode_id, action):
         if self.episodes.get(episode_id) == self.poison:
             raise Unavailable("env server crashed")

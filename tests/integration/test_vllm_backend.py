@@ -155,6 +155,9 @@ def engine(request, tmp_path_factory):
     finally:
         eng.run(eng.backend.shutdown())
         eng.loop.close()
+        from vllm import envs as vllm_envs
+
+        assert not vllm_envs._is_envs_cache_enabled(), "an engine started next in this process must read VLLM_* afresh"
         psutil.wait_procs(vllm_children(), timeout=30)
         assert not vllm_children(), "vLLM processes left after shutdown"
 
@@ -164,6 +167,14 @@ def test_registered_and_described(engine):
     info = engine.backend.describe()
     assert info["backend"] == "vllm" and info["model"] == str(engine.model_dir) and info["dtype"] == "float32"
     assert info["engine_args"] == ENGINE_SETTINGS["engine_args"] and info["gpus"] == 1
+
+
+def test_vllm_settings_are_cached_in_this_process_while_the_engine_runs(engine):
+    """vLLM reads VLLM_* from os.environ at every use until its envs cache is on (per request, in input and
+    output processing); its engine core and workers turn it on, and so does the backend once started."""
+    from vllm import envs as vllm_envs
+
+    assert vllm_envs._is_envs_cache_enabled()
 
 
 def test_engine_args_reach_vllm(engine):

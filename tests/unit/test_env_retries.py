@@ -27,6 +27,10 @@ class FlakyEnvClient(InProcessEnvClient):
         self.created += 1
         return await super().create(env, task_index, options)
 
+    async def create_batch(self, env, task_index=0, options=None, count=1):
+        self.created += count
+        return await super().create_batch(env, task_index, options, count)
+
     async def step(self, episode_id, action):
         if episode_id in self.lost or len(self.lost) < self.failures:
             self.lost.add(episode_id)
@@ -77,3 +81,57 @@ def test_configuration_errors_are_not_retried(tokenizer):
     with pytest.raises(EpisodeFailed, match="InvalidArgument") as err:
         asyncio.run(loop.run_episode_with_retries(task_index=1, group_id="g"))
     assert not err.value.retryable and client.created == 1 and loop.stats["episode_retries"] == 0
+
+
+class BatchFailingClient(InProcessEnvClient):
+    """create_batch loses one episode (`lose_one`) or fails as a whole; single creates work."""
+
+    def __init__(self, service, lose_one):
+        super().__init__(service)
+        self.lose_one, self.singles = lose_one, 0
+
+    async def create_batch(self, env, task_index=0, options=None, count=1):
+        if not self.lose_one:
+            raise Unavailable("env service restarting")
+        states = await super().create_batch(env, task_index, options, count)
+        await super().close(states[1].episode_id)
+        return [states[0], Unavailable("replica gone while creating"), *states[2:]]
+
+    async def create(self, env, task_index=0, options=None):
+        self.singles += 1
+        return await super().create(env, task_index, options)
+
+
+@pytest.mark.parametrize("lose_one", [True, False])
+def test_episodes_whose_group_create_failed_are_retried_on_single_creates(tokenizer, lose_one):
+    service = EnvService()
+    client = BatchFailingClient(service, lose_one)
+    loop = make_loop(tokenizer, client)
+    group = asyncio.run(loop.run_group(task_index=5, group_id="g"))
+    assert len(group) == 4 and all(t.success for t in group)
+    lost = 1 if lose_one else 4
+    assert client.singles == lost and loop.stats == {"episodes_failed": lost, "episode_retries": lost}
+    assert service.active == 0
+
+
+def test_a_cancelled_group_closes_every_environment_it_created(tokenizer):
+    service = EnvService()
+    loop = make_loop(tokenizer, InProcessEnvClient(service))
+    started = asyncio.Event()
+
+    async def never_answers(request_id, prompt_ids, sampling):
+        started.set()
+        await asyncio.Event().wait()
+
+    loop.generator.generate = never_answers
+
+    async def main():
+        group = asyncio.ensure_future(loop.run_group(task_index=5, group_id="g"))
+        await started.wait()
+        assert service.active == 4
+        group.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await group
+        assert service.active == 0
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -282,3 +282,100 @@ def test_malformed_step_result_is_internal():
             await client.step(state.episode_id, "go")
 
     run(main())
+
+
+class EveryOtherReset(TextEnv):
+    """Its builds fail in turn (the 2nd, 4th, ... reset raises): per-episode failures inside one batch."""
+
+    name = "every_other"
+    resets = 0
+    lock = threading.Lock()
+
+    def reset(self, task_index, options):
+        with EveryOtherReset.lock:
+            EveryOtherReset.resets += 1
+            if EveryOtherReset.resets % 2 == 0:
+                raise RuntimeError("reset exploded")
+        return "ready"
+
+    def step(self, action):
+        return StepResult("fine")
+
+
+def test_create_batch_builds_a_group_and_fails_per_episode_or_as_a_whole():
+    client, metrics = make_client(max_episodes=6)
+    client.service._envs.register("every_other")(EveryOtherReset)
+
+    async def main():
+        single = await client.create("corridor", 7, {"length": 8})
+        batch = await client.create_batch("corridor", 7, {"length": 8}, 3)
+        assert len({s.episode_id for s in batch} | {single.episode_id}) == 4 and client.service.active == 4
+        assert all((s.observation, s.info) == (single.observation, single.info) for s in batch)
+        moved = await client.step(batch[1].episode_id, "left")  # each is an episode of its own
+        assert (await client.step(batch[2].episode_id, "left")).observation == moved.observation
+        for state in (single, *batch):
+            assert await client.close(state.episode_id)
+
+        EveryOtherReset.resets = 0
+        mixed = await client.create_batch("every_other", 0, None, 4)
+        assert [type(s).__name__ for s in mixed] == ["EpisodeState", "Internal"] * 2
+        assert "reset exploded" in str(mixed[1]) and client.service.active == 2  # the built ones stay open
+
+        with pytest.raises(NotFound, match="nope"):
+            await client.create_batch("nope", 0, None, 2)
+        with pytest.raises(InvalidArgument, match="task_index"):
+            await client.create_batch("corridor", -1, None, 2)
+        with pytest.raises(InvalidArgument, match="mapping"):
+            await client.create_batch("corridor", 0, ["length"], 2)
+        for count in (0, -1, 7, 1.0, True):
+            with pytest.raises(InvalidArgument, match="count must be an int in 1..6"):
+                await client.create_batch("corridor", 0, None, count)
+        with pytest.raises(ResourceExhausted, match="2 episodes open, 5 more asked for"):
+            await client.create_batch("corridor", 0, None, 5)  # all or nothing: none of them is built
+        assert client.service.active == 2
+        rejected = await client.create_batch("corridor", 0, {"bogus": 1}, 2)  # the env's own check, per episode
+        assert all(isinstance(s, InvalidArgument) and "bogus" in str(s) for s in rejected)
+
+    run(main())
+    assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "every_other", "kind": "Internal"}) == 2
+    assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "corridor", "kind": "InvalidArgument"}) == 9
+
+
+class Staggered(TextEnv):
+    """The first build of a batch is quick, the others take a while."""
+
+    name = "staggered"
+    resets = 0
+    closed = 0
+
+    def reset(self, task_index, options):
+        Staggered.resets += 1
+        if Staggered.resets > 1:
+            time.sleep(2.0)
+        return "ready"
+
+    def step(self, action):
+        return StepResult("fine")
+
+    def close(self):
+        Staggered.closed += 1
+
+
+def test_a_cancelled_create_batch_closes_what_it_built():
+    client, _ = make_client()
+    client.service._envs.register("staggered")(Staggered)
+
+    async def main():
+        call = asyncio.ensure_future(client.create_batch("staggered", 0, None, 3))
+        while not client.service.active:  # the quick one is built and open, the others still building
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert client.service.active == 0
+        deadline = time.monotonic() + 10
+        while Staggered.closed < 3 and time.monotonic() < deadline:  # the abandoned builds close once built
+            await asyncio.sleep(0.05)
+        assert Staggered.closed == 3
+
+    run(main())

@@ -67,6 +67,55 @@ def test_grpc_and_in_process_clients_agree():
     run(main())
 
 
+def test_create_batch_over_grpc_matches_in_process_and_falls_back_on_an_old_server():
+    service = EnvService(max_episodes=8)
+
+    class OldServicer(EnvServicer):
+        CreateBatch = envs_pb2_grpc.EnvServiceServicer.CreateBatch  # answers UNIMPLEMENTED
+
+    async def group(client, count=3):
+        states = await client.create_batch("corridor", 9, {"length": 10, "distance": 3}, count)
+        described = [(s.observation, s.reward, s.done, s.info) for s in states]
+        for state in states:
+            assert await client.close(state.episode_id)
+        return described
+
+    async def main():
+        old_server = grpc.aio.server()  # a bare server, as one built before CreateBatch: UNIMPLEMENTED
+        envs_pb2_grpc.add_EnvServiceServicer_to_server(OldServicer(service), old_server)
+        old_address = f"127.0.0.1:{old_server.add_insecure_port('127.0.0.1:0')}"
+        await old_server.start()
+        try:
+            await check(old_address)
+        finally:
+            await old_server.stop(None)
+
+    async def check(old_address):
+        async with (
+            running(add_env_service(service)) as address,
+            GrpcEnvClient(address, timeout_s=5) as remote,
+            GrpcEnvClient(old_address, timeout_s=5) as legacy,
+        ):
+            expected = await group(InProcessEnvClient(service))
+            assert len(expected) == 3 and await group(remote) == expected
+            assert remote.batch_creates
+            rejected = await remote.create_batch("corridor", 0, {"distance": 7}, 2)  # the env's check, per episode
+            assert all(isinstance(s, InvalidArgument) and "distance 7" in str(s) for s in rejected)
+            with pytest.raises(NotFound):
+                await remote.create_batch("nope", 0, None, 2)
+            with pytest.raises(InvalidArgument, match="count must be an int in 1..8"):
+                await remote.create_batch("corridor", 0, None, 0)
+            with pytest.raises(InvalidArgument, match="count must be an int in 1..8"):
+                await remote.create_batch("corridor", 0, None, 9)
+            with pytest.raises(InvalidArgument, match="CreateBatchRequest"):
+                await remote.create_batch("corridor", 0, None, -1)
+            assert await group(legacy) == expected and not legacy.batch_creates  # single creates from then on
+            assert await group(legacy) == expected
+            assert service.active == 0
+
+    run(main())
+
+
 def test_health_per_service_and_error_codes():
     service = EnvService()
     closed = []

@@ -17,6 +17,7 @@ import psutil
 import torch
 from vllm import SamplingParams
 from vllm import __version__ as VLLM_VERSION
+from vllm import envs as vllm_envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
@@ -126,11 +127,16 @@ class VllmBackend(RolloutBackend):
         # torch's libgomp, VLLM_WORKER_MULTIPROC_METHOD=spawn, ...); the workers are running once
         # this returns, so put it back rather than leak it into processes this one starts later.
         saved = dict(os.environ)
+        vllm_envs.disable_envs_cache()  # another engine's cache must not hide what this start sets
         try:
             self._engine = AsyncLLM.from_engine_args(self._engine_args, stat_loggers=[EngineStatsLogger])
         finally:
             os.environ.clear()
             os.environ.update(saved)
+        # vLLM reads its `VLLM_*` settings from os.environ at every use (several times per request in this
+        # process: input and output processing) until its envs cache is on; its engine core and workers, and
+        # its own API server once started, turn it on. This process sets none of them from here on.
+        vllm_envs.enable_envs_cache()
 
     @property
     def engine(self) -> AsyncLLM:
@@ -242,6 +248,7 @@ class VllmBackend(RolloutBackend):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+            vllm_envs.disable_envs_cache()  # an engine started later in this process reads the settings afresh
 
     def describe(self) -> dict[str, Any]:
         return {
