@@ -464,7 +464,9 @@ def test_a_server_slowed_by_concurrency_gets_at_most_max_concurrent_calls(tokeni
             attempts=1,
             group_size=32,
         )
-        with pytest.raises(EpisodeFailed, match="DeadlineExceeded"):
+        # a group's resets start together (one create_batch), so the first call to miss its deadline may be a
+        # reset (the task then counts as hung) as well as a step
+        with pytest.raises(EpisodeFailed, match="DeadlineExceeded|reset of task 1 never answered"):
             asyncio.run(loop.run_group(task_index=1, group_id="g"))
         assert stats(overloaded)["peak_in_flight"] >= 8
     finally:
