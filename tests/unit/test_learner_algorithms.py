@@ -25,11 +25,6 @@ def untimed(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
-
-
 def make_config(**algorithm):
     return TrainConfig.model_validate(
         {

@@ -14,18 +14,6 @@ def untimed(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
-
-
-@pytest.fixture(scope="module")
-def tiny64(model_dir):
-    from services.learner.model import load_model
-
-    return load_model(model_dir, "float32").double()
-
-
 def make_config(learner=None, **algorithm):
     return TrainConfig.model_validate(
         {

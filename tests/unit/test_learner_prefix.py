@@ -8,20 +8,7 @@ import torch
 
 from services.learner.model import token_logprobs, token_logprobs_and_entropy
 from services.learner.prefix import Prefix, shared_prefix_hidden, shared_prefixes
-from services.learner.smoke import build_tiny_llama
 from tests.unit.test_learner_levers import make_config, untimed
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model"))
-
-
-@pytest.fixture(scope="module")
-def tiny64(model_dir):
-    from services.learner.model import load_model
-
-    return load_model(model_dir, "float32").double()
 
 
 def _grouped_inputs():
