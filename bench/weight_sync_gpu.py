@@ -12,15 +12,14 @@ k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, o
 bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`).
 `serial`: one bucket at a time (pack, digest, send, then receive, check, apply: `BucketReceiver.receive`).
 
-Per shape, bucket size, bucket ramp (`--ramp`: `plan_buckets`' small first and last buckets) and mode:
-seconds per full sync (median of --repeats, each ended by an all-reduce after the receiver applied and
-synchronized), GB/s, % of the raw broadcast bandwidth (the same bucket sizes), the GPUs, and two phases
-timed alone (no transfer): the sender's pack + digest of every bucket, the receiver's check + apply of
-every bucket. The per-bucket digests go to the receiver through the rendezvous store (the gRPC
+Per shape, bucket size and mode: seconds per full sync (median of --repeats, each ended by an all-reduce
+after the receiver applied and synchronized), GB/s, % of the raw broadcast bandwidth, the GPUs, and two
+phases timed alone (no transfer): the sender's pack + digest of every bucket, the receiver's check +
+apply of every bucket. The per-bucket digests go to the receiver through the rendezvous store (the gRPC
 control stream's role in a real push).
 
     bash bench/weight_sync_gpu.sh --modes pipelined,serial          # 2 GPUs: 0.5b and 7b, 256 MB and 1 GB
-    python bench/weight_sync_gpu.py --device cpu --shapes tiny --bucket-mb 0.02,0.1 --ramp 0,3 --modes pipelined,serial
+    python bench/weight_sync_gpu.py --device cpu --shapes tiny --bucket-mb 0.02,0.1 --modes pipelined,serial
 """
 
 from __future__ import annotations
@@ -72,26 +71,14 @@ def _barrier(group, device) -> None:
     _sync(device)
 
 
-def _combos(args) -> list[tuple[float, int, str]]:
-    """(bucket MiB, ramp, mode) of every run, in order; sender and receiver walk the same list."""
-    return [
-        (float(mb), int(ramp), mode)
-        for mb in str(args.bucket_mb).split(",")
-        for ramp in str(args.ramp).split(",")
-        for mode in args.modes.split(",")
-    ]
-
-
-def _plan(specs, bucket_mb: float, ramp: int):
-    """The buckets of a combo (the sync's and the raw broadcast's sizes): what `pack_buckets` plans."""
-    from services.common.weight_buckets import plan_buckets
-
-    return plan_buckets(specs, int(bucket_mb * 2**20), ramp)
+def _combos(args) -> list[tuple[int, str]]:
+    return [(float(mb), mode) for mb in str(args.bucket_mb).split(",") for mode in args.modes.split(",")]
 
 
 def _sender(args, port, shape, gpu, results) -> None:
     import torch
 
+    from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import Group, Rendezvous, SendWindow, open_store, pack_buckets
     from services.learner import fsdp
 
@@ -108,9 +95,9 @@ def _sender(args, port, shape, gpu, results) -> None:
     group = Group.host(rdv, store)
     group.store.set("specs", json.dumps([[s.name, s.dtype, list(s.shape), s.nbytes] for s in weights.specs]))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    for c, (bucket_mb, ramp, mode) in enumerate(_combos(args)):
+    for c, (bucket_mb, mode) in enumerate(_combos(args)):
         bucket_bytes = int(bucket_mb * 2**20)
-        sizes = [sum(s.nbytes for s in b) for b in _plan(weights.specs, bucket_mb, ramp)]
+        sizes = [sum(s.nbytes for s in b) for b in plan_buckets(weights.specs, bucket_bytes)]
         raw = torch.empty(max(sizes), dtype=torch.uint8, device=device)
         raw_times, sync_times = [], []
         for i in range(args.repeats + 1):  # the first of each is a warm-up (communicator set-up, allocations)
@@ -130,7 +117,7 @@ def _sender(args, port, shape, gpu, results) -> None:
             start = time.perf_counter()
             window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
             buckets = pack_buckets(
-                weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2 if pipelined else None, ramp=ramp
+                weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2 if pipelined else None
             )
             for b, bucket in enumerate(buckets):
                 group.store.set(f"digest/{c}/{i}/{b}", bucket.digest)
@@ -147,9 +134,7 @@ def _sender(args, port, shape, gpu, results) -> None:
         for _ in range(2):
             _sync(device)
             start = time.perf_counter()
-            for _bucket in pack_buckets(
-                weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2, ramp=ramp
-            ):
+            for _bucket in pack_buckets(weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2):
                 pass
             _sync(device)
             pack_times.append(time.perf_counter() - start)
@@ -164,8 +149,6 @@ def _sender(args, port, shape, gpu, results) -> None:
                 bytes=total,
                 buckets=len(sizes),
                 bucket_mb=bucket_mb,
-                ramp=ramp,
-                bucket_sizes=sizes,
                 tensors=len(weights.specs),
                 raw_broadcast_s=raw_times,
                 sync_s=sync_times,
@@ -184,6 +167,7 @@ def _digest_of(group, combo: int, sync: int, bucket: int) -> str:
 def _receiver(args, port, shape, gpu, results) -> None:
     import torch
 
+    from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import (
         BucketReceiver,
         Group,
@@ -203,8 +187,8 @@ def _receiver(args, port, shape, gpu, results) -> None:
     group = Group.join(rdv, 1, 2)
     specs = [TensorSpec(n, d, tuple(s), b) for n, d, s, b in json.loads(group.store.get("specs"))]
     check_against(params, specs)  # names, dtypes, shapes against the model before any data moves
-    for c, (bucket_mb, ramp, mode) in enumerate(_combos(args)):
-        plan = _plan(specs, bucket_mb, ramp)
+    for c, (bucket_mb, mode) in enumerate(_combos(args)):
+        plan = plan_buckets(specs, int(bucket_mb * 2**20))
         sizes = [sum(s.nbytes for s in b) for b in plan]
         raw = torch.empty(max(sizes), dtype=torch.uint8, device=device)
         for _ in range(args.repeats + 1):
@@ -292,8 +276,6 @@ def run_shape(args, shape: str) -> list[dict]:
                 tensors=s["tensors"],
                 buckets=s["buckets"],
                 bucket_mb=s["bucket_mb"],
-                ramp=s["ramp"],
-                bucket_sizes=s["bucket_sizes"],
                 sync_s_median=sync,
                 sync_s=s["sync_s"],
                 sync_gb_s=s["bytes"] / sync / 1e9,
@@ -317,12 +299,6 @@ def main() -> None:
     ap.add_argument("--shapes", default="0.5b,7b", help=f"comma-separated, of {sorted(SHAPES)}")
     ap.add_argument("--bucket-mb", default="256,1024", help="comma-separated bucket sizes (MiB), each run in turn")
     ap.add_argument(
-        "--ramp",
-        default="0",
-        help="comma-separated bucket ramps (`plan_buckets`: the first and last R buckets at 1/2^R..1/2 of the size), "
-        "each run with every bucket size",
-    )
-    ap.add_argument(
         "--modes",
         default="pipelined",
         help="comma-separated: pipelined (the push's path: two buffers a side, bucket k+1 packed and bucket k-1 "
@@ -344,8 +320,7 @@ def main() -> None:
         for r in run_shape(args, shape):
             rows.append(r)
             print(
-                f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB "
-                f"ramp {r['ramp']}  "
+                f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
                 f"sync {r['sync_s_median']:.4f}s {r['sync_gb_s']:7.2f} GB/s  raw {r['raw_broadcast_s_median']:.4f}s "
                 f"{r['raw_gb_s']:7.2f} GB/s  {r['pct_of_raw']:5.1f}% of raw  "
                 f"pack+digest {r['sender_pack_digest_s']:.4f}s check+apply {r['receiver_check_apply_s']:.4f}s  "

@@ -301,10 +301,6 @@ class LearnerConfig(Section):
     weight_bucket_mb: int = Field(256, ge=1, le=4096)
     """A weight push travels in buckets of at most this many MiB (a larger tensor alone): the learner holds the
     bucket it sends and the one it gathers, a rollout server the one it checks."""
-    weight_bucket_ramp: int = Field(3, ge=0, le=6)
-    """`weight_push: nccl`: the first R buckets of a push (R = this) are capped at `weight_bucket_mb` / 2^R,
-    / 2^(R-1), ..., / 2 and the last R likewise in reverse (the last one the smallest); the others take the full
-    size. The pipelined push then starts sending, and ends checking, sooner. 0: every bucket up to the full size."""
     weight_dist_host: str = ""
     """`weight_push: nccl`: the address at which the rollout servers' engine workers reach the learner's
     rendezvous store (the learner's Service name or host); required with that transport."""

@@ -72,45 +72,22 @@ class WeightSet(Protocol):
     def buckets(self, bucket_bytes: int) -> Iterator[Bucket]: ...
 
 
-def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int, ramp: int = 0) -> list[tuple[TensorSpec, ...]]:
-    """Splits `specs` (in order) into buckets of at most `bucket_bytes`, a larger tensor on its own.
-
-    `ramp` R > 0 caps the first R buckets at `bucket_bytes` >> R, >> R-1, ..., >> 1 and, planned from the
-    end, the last R buckets likewise (the very last the smallest), so a pipelined push starts sending and
-    finishes checking sooner. The two ramps take turns from either end, so on a set too small for both
-    the caps still rise, then fall."""
+def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[tuple[TensorSpec, ...]]:
+    """Splits `specs` (in order) into buckets of at most `bucket_bytes`, a larger tensor on its own."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket size must be positive, got {bucket_bytes}")
-    if ramp < 0:
-        raise ValueError(f"bucket ramp must be >= 0, got {ramp}")
-    head: list[tuple[TensorSpec, ...]] = []
-    tail: list[tuple[TensorSpec, ...]] = []
-    lo, hi = 0, len(specs)  # specs[lo:hi] are still to plan
-    for shift in range(ramp, 0, -1):
-        cap = bucket_bytes >> shift
-        if lo < hi:
-            n = _fitting((specs[i].nbytes for i in range(lo, hi)), cap)
-            head.append(tuple(specs[lo : lo + n]))
-            lo += n
-        if lo < hi:
-            n = _fitting((specs[i].nbytes for i in reversed(range(lo, hi))), cap)
-            tail.append(tuple(specs[hi - n : hi]))
-            hi -= n
-    while lo < hi:
-        n = _fitting((specs[i].nbytes for i in range(lo, hi)), bucket_bytes)
-        head.append(tuple(specs[lo : lo + n]))
-        lo += n
-    return head + tail[::-1]
-
-
-def _fitting(sizes: Iterable[int], cap: int) -> int:
-    """How many of the leading `sizes` one bucket of `cap` bytes takes: at least one (a larger tensor alone)."""
-    count = total = 0
-    for size in sizes:
-        if count and total + size > cap:
-            break
-        count, total = count + 1, total + size
-    return count
+    plan: list[tuple[TensorSpec, ...]] = []
+    current: list[TensorSpec] = []
+    size = 0
+    for spec in specs:
+        if current and size + spec.nbytes > bucket_bytes:
+            plan.append(tuple(current))
+            current, size = [], 0
+        current.append(spec)
+        size += spec.nbytes
+    if current:
+        plan.append(tuple(current))
+    return plan
 
 
 def _copy_into(buffer: bytearray, offset: int, t: torch.Tensor) -> None:

@@ -265,21 +265,25 @@ def pack_buckets(
     device,
     *,
     slots: int | None = None,
-    ramp: int = 0,
 ) -> Iterator[DeviceBucket]:
     """Buckets of `named_tensors` (which must yield exactly `specs` in order) packed on `device`, each
-    with its digest, as `plan_buckets(specs, bucket_bytes, ramp)` splits them. `slots=None`: a new buffer
-    per bucket (one alive at a time unless the caller keeps them). `slots=2`: the buckets take turns in two
-    buffers, each allocated once at the largest bucket it will hold (bucket k+2 is packed into bucket k's),
-    for a sender that posts bucket k's broadcast and packs bucket k+1 while it runs: the caller must have
-    waited for every send of bucket k (`work.wait()`, on NCCL a stream wait, no host sync) before it asks
-    for bucket k+2 (`SendWindow` does that)."""
+    with its digest. `slots=None`: a new buffer per bucket (one alive at a time unless the caller keeps
+    them). `slots=2`: the buckets take turns in two buffers allocated once (bucket k+2 is packed into
+    bucket k's), for a sender that posts bucket k's broadcast and packs bucket k+1 while it runs: the
+    caller must have waited for every send of bucket k (`work.wait()`, on NCCL a stream wait, no host
+    sync) before it asks for bucket k+2 (`SendWindow` does that)."""
     it = iter(named_tensors)
-    plan = plan_buckets(specs, bucket_bytes, ramp)
-    sizes = [sum(s.nbytes for s in planned) for planned in plan]
-    buffers = [_empty(max(sizes[slot::slots]), device) for slot in range(min(slots or 0, len(plan)))]
-    for k, (planned, nbytes) in enumerate(zip(plan, sizes, strict=True)):
-        buffer = buffers[k % slots][:nbytes] if slots else _empty(nbytes, device)
+    buffers: list[torch.Tensor | None] = [None] * (slots or 0)
+    for k, planned in enumerate(plan_buckets(specs, bucket_bytes)):
+        nbytes = sum(s.nbytes for s in planned)
+        if slots:
+            held = buffers[k % slots]
+            if held is None or held.numel() < nbytes:
+                buffers[k % slots] = None  # release the smaller one first
+                held = buffers[k % slots] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+            buffer = held[:nbytes]
+        else:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
         pending: list[torch.Tensor] = []
         start = end = 0  # the bucket's bytes [start, end) are pending
         for spec in planned:
@@ -296,10 +300,6 @@ def pack_buckets(
         yield DeviceBucket(planned, buffer, bucket_digest(buffer))
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
-
-
-def _empty(nbytes: int, device) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 class SendWindow:
@@ -431,8 +431,6 @@ class BucketReceiver:
             raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
 
     def _slot(self, slot: int, nbytes: int) -> torch.Tensor:
-        """`nbytes` of buffer `slot`, which grows to the largest bucket it has taken and is kept across
-        pushes: ramped buckets (`plan_buckets`) reallocate only in the first push."""
         buffer = self._buffers[slot]
         if buffer is None or buffer.numel() < nbytes:
             self._buffers[slot] = None  # release the smaller one first

@@ -44,7 +44,6 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
             "port": learner.weight_dist_port,
             "backend": learner.weight_dist_backend,
             "dist_timeout_s": learner.weight_dist_timeout_s,
-            "bucket_ramp": learner.weight_bucket_ramp,
         }
         if learner.weight_push == "nccl"
         else {}

@@ -5,8 +5,6 @@ import hashlib
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from services.common.weight_buckets import TensorWeights, plan_buckets
 from services.common.weight_spool import SpoolWriter
@@ -32,53 +30,6 @@ def test_buckets_hold_whole_tensors_up_to_the_size_and_a_larger_tensor_alone():
     assert [[s.name for s in b] for b in plan_buckets(specs, 1)] == [["a"], ["b"], ["c"], ["big"], ["empty"], ["d"]]
     with pytest.raises(ValueError):
         plan_buckets(specs, 0)
-    with pytest.raises(ValueError):
-        plan_buckets(specs, 100, ramp=-1)
-
-
-def _specs(sizes):
-    return [TensorSpec(f"t{i}", "uint8", (n,), n) for i, n in enumerate(sizes)]
-
-
-def _greedy(specs, bucket_bytes):
-    """The plan without a ramp, as it was before the ramp came: fill each bucket up to the size, in order."""
-    plan, current, size = [], [], 0
-    for spec in specs:
-        if current and size + spec.nbytes > bucket_bytes:
-            plan.append(tuple(current))
-            current, size = [], 0
-        current.append(spec)
-        size += spec.nbytes
-    return plan + ([tuple(current)] if current else [])
-
-
-def _sizes(plan):
-    return [sum(s.nbytes for s in bucket) for bucket in plan]
-
-
-def test_a_ramp_makes_the_first_and_last_buckets_small_and_the_middle_full():
-    specs = _specs([8] * 40)  # 320 bytes, buckets of 64
-    assert _sizes(plan_buckets(specs, 64, ramp=0)) == [64] * 5
-    assert _sizes(plan_buckets(specs, 64, ramp=2)) == [16, 32, 64, 64, 64, 32, 32, 16]  # the middle: what is left
-    assert _sizes(plan_buckets(_specs([8] * 3), 64, ramp=3)) == [8, 8, 8]  # smaller than the ramps: up, then down
-    assert _sizes(plan_buckets(_specs([8] * 5), 64, ramp=2)) == [16, 8, 16]
-    names = [[s.name for s in b] for b in plan_buckets([spec_of(n, t) for n, t in tensors()], 100, ramp=2)]
-    assert names == [["a"], ["b"], ["c"], ["big"], ["empty", "d"]]  # a tensor over its cap alone, as ever
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 256), st.integers(0, 6))
-def test_every_tensor_is_in_one_bucket_in_order_and_a_bucket_n_from_either_end_is_capped_by_the_ramp(
-    sizes, bucket_bytes, ramp
-):
-    specs = _specs(sizes)
-    plan = plan_buckets(specs, bucket_bytes, ramp)
-    assert [s for bucket in plan for s in bucket] == specs and all(plan)
-    for i, (bucket, size) in enumerate(zip(plan, _sizes(plan), strict=True)):
-        from_end = min(i, len(plan) - 1 - i)
-        assert len(bucket) == 1 or size <= bucket_bytes >> max(ramp - from_end, 0), (i, plan)
-    if ramp == 0:
-        assert plan == _greedy(specs, bucket_bytes)
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 64, 100, 1 << 20])

@@ -30,9 +30,6 @@ def test_nccl_is_a_registered_transport_with_its_defaults():
     cfg = _learner("weight_push=nccl", "weight_dist_host=omrl-learner")
     assert PUSHERS.get("nccl").__name__ == "NcclWeightPusher"
     assert (cfg.weight_dist_port, cfg.weight_dist_backend, cfg.weight_dist_timeout_s) == (29600, "auto", 60.0)
-    assert cfg.weight_bucket_ramp == 3
-    pusher = PUSHERS.create("nccl", token="t", bucket_mb=cfg.weight_bucket_mb, bucket_ramp=cfg.weight_bucket_ramp)
-    assert (pusher.bucket_bytes, pusher.bucket_ramp) == (256 << 20, 3)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +41,6 @@ def test_nccl_is_a_registered_transport_with_its_defaults():
         (["weight_dist_port=80"], "greater than or equal to 1024"),
         (["weight_dist_backend=mpi"], "'auto', 'gloo' or 'nccl'"),
         (["weight_dist_timeout_s=0"], "greater than 0"),
-        (["weight_bucket_ramp=7"], "less than or equal to 6"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(overrides, words):
@@ -251,41 +247,6 @@ def test_packing_in_two_slots_reuses_their_buffers_and_each_bucket_is_right_when
     assert ptrs[0] == ptrs[2] and ptrs[1] == ptrs[3] and ptrs[0] != ptrs[1]
 
 
-def _ramped():
-    named = [(f"t{i}", torch.randn(8, generator=torch.Generator().manual_seed(i))) for i in range(24)]  # 32 B each
-    return named, [spec_of(n, t) for n, t in named]
-
-
-def test_ramped_buckets_take_turns_in_two_buffers_each_allocated_once_at_its_largest_bucket():
-    named, specs = _ramped()
-    fresh = [(b.specs, b.data.clone()) for b in pack_buckets(named, specs, 128, "cpu", ramp=2)]
-    assert [len(b) for b, _ in fresh] == [1, 2, 4, 4, 4, 4, 2, 2, 1]  # 32, 64, then 128 B; the tail mirrored
-    storages = []
-    for k, b in enumerate(pack_buckets(named, specs, 128, "cpu", slots=2, ramp=2)):
-        assert b.specs == fresh[k][0] and torch.equal(b.data, fresh[k][1]) and b.digest == bucket_digest(b.data)
-        storages.append((b.data.untyped_storage().data_ptr(), b.data.untyped_storage().nbytes()))
-    assert storages[0::2] == [storages[0]] * 5 and storages[1::2] == [storages[1]] * 4
-    assert storages[0][0] != storages[1][0] and storages[0][1] == storages[1][1] == 128
-
-
-def test_ramped_buckets_round_trip_through_the_receiver_whose_buffers_last_across_pushes():
-    from services.common.weight_dist import BucketReceiver
-
-    named, specs = _ramped()
-    buckets = list(pack_buckets(named, specs, 128, "cpu", ramp=3))
-    declared = [(b.specs, b.nbytes) for b in buckets]
-    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets] * 2))
-    storages = []
-    for _push in range(2):
-        got = {}
-        for tensors in receiver.receive_all(declared, lambda i: buckets[i].digest):
-            got.update((n, t.clone()) for n, t in tensors)
-            storages.append(receiver.last.untyped_storage().data_ptr())
-        assert list(got) == [n for n, _ in named] and all(torch.equal(got[n], t) for n, t in named)
-    first, second = storages[: len(buckets)], storages[len(buckets) :]
-    assert set(second) == set(first[-2:])  # the second push allocated nothing
-
-
 class _Work:
     def __init__(self, log, name, error=None):
         self.log, self.name, self.error = log, name, error
@@ -345,8 +306,7 @@ def test_post_hands_back_the_previous_bucket_and_flush_the_last_one_with_a_nan_r
     assert receiver.flush() == []
 
 
-@pytest.mark.parametrize("ramp", [0, 2])
-def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path, ramp):
+def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path):
     import threading
 
     from services.common.grpc_server import free_port
@@ -363,7 +323,7 @@ def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path
         try:
             group = Group.join(rdv, 1, 2)
             receiver = BucketReceiver(group)
-            declared = [(b, sum(s.nbytes for s in b)) for b in plan_buckets(specs, 30000, ramp)]
+            declared = [(b, sum(s.nbytes for s in b)) for b in plan_buckets(specs, 30000)]
             digest_of = lambda i: group.store.get(f"d/{i}").decode()  # noqa: E731 - the control stream's role
             for tensors in receiver.receive_all(declared, digest_of):
                 for n, t in tensors:
@@ -377,7 +337,7 @@ def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path
     thread.start()
     group = Group.host(rdv, store)
     window = SendWindow()
-    for i, bucket in enumerate(pack_buckets(named, specs, 30000, "cpu", slots=2, ramp=ramp)):
+    for i, bucket in enumerate(pack_buckets(named, specs, 30000, "cpu", slots=2)):
         group.store.set(f"d/{i}", bucket.digest)
         window.add([(i, group.post(bucket.data))])
         assert window.settle() == []

@@ -4,9 +4,7 @@
 
 Each bucket is packed once on the learner's device and broadcast to every live server's group in turn,
 while the next one is packed into the other of two buffers; memory beyond the learner's shards is two
-buckets. The first and last buckets are smaller (`bucket_ramp`, see `plan_buckets`), so little packing
-precedes the first transfer and little checking follows the last; a spooled re-push keeps its host
-buckets' plan (no ramp). The pass runs to its end even when every server failed (an FSDP source gathers
+buckets. The pass runs to its end even when every server failed (an FSDP source gathers
 collectively). A group that failed in any way is closed and replaced by a new one (a new name) at the
 next push to that server."""
 
@@ -73,11 +71,10 @@ class NcclWeightPusher(WeightPusher):
         backend: str = "auto",
         dist_timeout_s: float = 60.0,
         device: str | None = None,
-        bucket_ramp: int = 3,
     ):
         from services.rollout.push_auth import token_from_env
 
-        self.timeout_s, self.bucket_bytes, self.bucket_ramp = timeout_s, bucket_mb * MiB, bucket_ramp
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_mb * MiB
         self.token = token if token is not None else token_from_env()
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -161,9 +158,7 @@ class NcclWeightPusher(WeightPusher):
 
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
-            return pack_buckets(
-                weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=2, ramp=self.bucket_ramp
-            )
+            return pack_buckets(weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=2)
         return self._from_host_buckets(weights)
 
     def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
