@@ -4,16 +4,21 @@ front process's CPU seconds (`time.process_time`: the loop, the env service's th
 output processing; not the engine core or worker), and when the engine requests went in and came back.
 
 Variants (the same engine, passes interleaved a, b, a, b, ... after one warm-up pass):
-  new     the code as it is
-  old     the first prompt rendered and tokenised per episode, vLLM's deep copy of each SamplingParams
-          (the behaviour before the front-CPU cut of issue 12)
-  noprom  `new` with vLLM's Prometheus stat logger recording nothing
-  inline  `new` with the env service's calls run inline instead of on its worker threads
-  single  `new` with one env create per episode, each from its own episode (before CreateBatch)
-  nocache `new` with vLLM's envs cache off in this process (before the backend turned it on)
-  before  `single` and `nocache` together (the code before CreateBatch and the envs cache)
+  new      the code as it is, with the settings of configs/tiny_model_rl.yaml: vLLM's own Prometheus
+           series off (`rollout.vllm_metrics: false`), the corridor env's calls inline on the env
+           service's event loop (`TextEnv.runs_inline`)
+  old      `new` with the first prompt rendered and tokenised per episode, vLLM's deep copy of each
+           SamplingParams (the behaviour before the front-CPU cut of issue 12)
+  prom     `new` with `rollout.vllm_metrics` on (the default outside the CPU recipe): the engine's stat
+           loggers swapped per pass for those the backend gives vLLM with that setting
+  threaded `new` with the env's calls on the env service's worker threads (`runs_inline` False, as for an
+           env that may block)
+  single   `new` with one env create per episode, each from its own episode (before CreateBatch)
+  nocache  `new` with vLLM's envs cache off in this process (before the backend turned it on)
+  before   `single` and `nocache` together (the code before CreateBatch and the envs cache)
 
     python bench/loop_front.py --model-dir runs/bench-vs-trl/model-tiny/warm --variants old,new --passes 5
+    python bench/loop_front.py --model-dir runs/bench-vs-vllm/model/warm --variants new,prom,threaded --passes 4
 
 JSON goes to `--out` (default bench/results/loop_front_<time>.json)."""
 
@@ -40,15 +45,42 @@ def _quantiles(xs: list[float]) -> list[float]:
     return [round(xs[min(len(xs) - 1, int(len(xs) * q))], 3) for q in (0.1, 0.5, 0.9)] + [round(xs[-1], 3)]
 
 
+def stat_logger_switch(backend, vllm_metrics: bool):
+    """Sets the started engine's stat loggers to those it would have been built with under
+    `rollout.vllm_metrics` = the argument: a `StatLoggerManager` built as `AsyncLLM` builds its own, from
+    the backend's `stat_loggers`, and put in place as vLLM's own elastic scale-up replaces it."""
+    from vllm.v1.metrics.loggers import StatLoggerManager, load_stat_logger_plugin_factories
+
+    from services.rollout.backends.vllm import stat_loggers
+
+    engine = backend._engine
+    managers = {vllm_metrics: engine.logger_manager}
+
+    def use(metrics_on: bool) -> None:
+        if metrics_on not in managers:
+            managers[metrics_on] = StatLoggerManager(
+                vllm_config=engine.vllm_config,
+                engine_idxs=engine.engine_core.engine_ranks_managed,
+                custom_stat_loggers=[*stat_loggers(metrics_on), *load_stat_logger_plugin_factories()],
+                enable_default_loggers=not backend._engine_args.disable_log_stats,
+            )
+            managers[metrics_on].log_engine_initialized()
+        engine.logger_manager = managers[metrics_on]
+        if hasattr(engine, "_logger_ref"):  # the output handler's reference, once it runs
+            engine._logger_ref[0] = managers[metrics_on]
+
+    return use
+
+
 async def run(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
     from vllm import SamplingParams
     from vllm import envs as vllm_envs
-    from vllm.v1.metrics import loggers
 
     import services.rollout.backends.vllm as vllm_backend
     from services.envs import service as env_service
     from services.envs.client import InProcessEnvClient
+    from services.envs.registry import ENVS
     from services.rollout.action_parsers import PARSERS
     from services.rollout.agent_loop import AgentLoop
     from services.rollout.app import build_backend
@@ -80,18 +112,17 @@ async def run(args: argparse.Namespace) -> dict:
     def deep_copied(**kw):
         return SamplingParams(**{**kw, "skip_clone": False})
 
-    async def run_inline(self, env_name, fn, ep=None):
-        return fn()
-
-    prom_record, env_run = loggers.PrometheusStatLogger.record, env_service.EnvService._run
+    env_class = ENVS.get(config.env.name)
+    runs_inline = env_class.runs_inline
+    use_stat_loggers = stat_logger_switch(backend, config.rollout.vllm_metrics)
 
     async def single_creates(task_index, count):
         return [None] * count  # each episode creates its own environment
 
     def make_loop(variant: str) -> AgentLoop:
-        env_service.EnvService._run = run_inline if variant == "inline" else env_run
+        env_class.runs_inline = runs_inline and variant != "threaded"
         (vllm_envs.disable_envs_cache if variant in ("nocache", "before") else vllm_envs.enable_envs_cache)()
-        loggers.PrometheusStatLogger.record = (lambda *a, **k: None) if variant == "noprom" else prom_record
+        use_stat_loggers(variant == "prom" or config.rollout.vllm_metrics)
         vllm_backend.SamplingParams = deep_copied if variant == "old" else SamplingParams
         formatter = (OldFormatter if variant == "old" else ChatFormatter)(tokenizer)
         loop = AgentLoop(
@@ -132,7 +163,7 @@ async def run(args: argparse.Namespace) -> dict:
                 rows[v].append(row)
                 print(f"pass {i} {v}: {row}", flush=True)
     finally:
-        loggers.PrometheusStatLogger.record, env_service.EnvService._run = prom_record, env_run
+        env_class.runs_inline = runs_inline
         vllm_backend.SamplingParams = SamplingParams
         await backend.shutdown()
     return {

@@ -122,6 +122,10 @@ class RolloutConfig(Section):
     engine_args: FreeForm = Field(default_factory=dict)
     """More vLLM AsyncEngineArgs, e.g. {"max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8"}; checked
     against vLLM 0.32's fields (keys with their own field here, or that the backend sets, are refused)."""
+    vllm_metrics: bool = True
+    """Also export vLLM's own `vllm:*` Prometheus series (request-latency histograms and more). They cost the
+    rollout process about 0.5 CPU-s per 512 short requests on CPU (bench/loop_front.py, variant `prom`); the
+    engine statistics on the dashboards (`omrl_rollout_engine_*`) come from the rollout's own logger either way."""
     max_new_tokens: int = Field(16, ge=1, le=32768)
     """Token budget of one model turn."""
     temperature: float = Field(1.0, ge=0, le=5)

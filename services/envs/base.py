@@ -60,6 +60,11 @@ class TextEnv(abc.ABC):
     Options: ClassVar[type[EnvOptions]] = EnvOptions
     offline_prompts: ClassVar[bool] = True
     """False where `reset` needs a remote server, so datasets are written without prompts."""
+    runs_inline: ClassVar[bool] = False
+    """True where create, reset, step and close return at once (pure Python, no I/O, no waiting): the env
+    service then calls them on its event loop, as a hop to a worker thread costs more than such a call.
+    An env that does I/O or may block must leave it False, so that a slow call cannot stall the event loop
+    and the call's deadline (`step_timeout_s`) still applies."""
 
     @classmethod
     def task_range(cls, options: dict[str, Any] | None) -> range | None:

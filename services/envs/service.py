@@ -1,5 +1,6 @@
-"""The env service core: many concurrent episodes, each env call in a worker thread under a deadline.
-Failures are typed errors (services.common.errors); one failing episode never affects another."""
+"""The env service core: many concurrent episodes, each env call in a worker thread under a deadline, or on
+the event loop for an env that never waits (`TextEnv.runs_inline`). Failures are typed errors
+(services.common.errors), the same either way; one failing episode never affects another."""
 
 from __future__ import annotations
 
@@ -197,7 +198,7 @@ class EnvService:
                 raise
 
         start = time.perf_counter()
-        instance, observation, info = await self._run(env, build)
+        instance, observation, info = await self._run(env, build, inline=cls.runs_inline)
         self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
         episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
         self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
@@ -212,7 +213,10 @@ class EnvService:
                 self._usable(ep)
                 start = time.perf_counter()
                 observation, info = await self._run(
-                    ep.env_name, lambda: (ep.env.reset(task_index, ep.options), ep.env.episode_info()), ep
+                    ep.env_name,
+                    lambda: (ep.env.reset(task_index, ep.options), ep.env.episode_info()),
+                    ep,
+                    inline=ep.env.runs_inline,
                 )
                 self._m_latency.labels(ep.env_name, "reset").observe(time.perf_counter() - start)
                 ep.done, ep.last_used, ep.steps = False, time.monotonic(), 0
@@ -228,7 +232,7 @@ class EnvService:
                 if ep.done:
                     raise FailedPrecondition(f"episode {episode_id} is done; reset or close it")
                 start = time.perf_counter()
-                result = await self._run(ep.env_name, lambda: ep.env.step(action), ep)
+                result = await self._run(ep.env_name, lambda: ep.env.step(action), ep, inline=ep.env.runs_inline)
                 self._m_latency.labels(ep.env_name, "step").observe(time.perf_counter() - start)
                 if not isinstance(result, StepResult) or not isinstance(result.info, dict):
                     raise Internal(f"{ep.env_name}.step returned {type(result).__name__}, not a StepResult")
@@ -267,13 +271,20 @@ class EnvService:
         if ep.broken:
             raise FailedPrecondition(f"episode {ep.id} is unusable ({ep.broken}); close it and create another")
 
-    async def _run(self, env_name: str, fn: Callable[[], Any], ep: _Episode | None = None) -> Any:
+    async def _run(
+        self, env_name: str, fn: Callable[[], Any], ep: _Episode | None = None, *, inline: bool = False
+    ) -> Any:
+        """Calls `fn` (an env's create, reset or step) in a worker thread under the deadline, or with
+        `inline` on the event loop, where nothing can stop it: only for envs that return at once."""
         deadline = time.monotonic() + self.step_timeout_s
 
         def call() -> Any:
             with call_deadline_at(deadline):  # an env that waits (a queue, a remote call) ends before we give up
                 return fn()
 
+        if inline:
+            with self._env_errors(env_name):
+                return call()
         cf = self._pool.submit(call)
         if ep is not None:
             ep.running = cf
@@ -286,8 +297,14 @@ class EnvService:
         if not done:
             self._abandon(cf, fut, ep, f"a call timed out after {self.step_timeout_s:g}s")
             raise DeadlineExceeded(f"{env_name}: env call timed out after {self.step_timeout_s:g}s")
-        try:
+        with self._env_errors(env_name):
             return fut.result()
+
+    @contextlib.contextmanager
+    def _env_errors(self, env_name: str) -> Iterator[None]:
+        """What an env call raised, as the service's typed errors."""
+        try:
+            yield
         except TaskRejected as exc:
             self.abandoned_tasks += 1
             self._m_abandoned.labels(env_name, exc.reason).inc()
@@ -313,7 +330,10 @@ class EnvService:
             cf.add_done_callback(_close_built)
 
     def _close_later(self, ep: _Episode) -> None:
-        """Closes the env in a worker once any call still running on it has returned."""
+        """Closes the env (in a worker unless it runs inline) once any call still running on it has returned."""
+        if ep.env.runs_inline:
+            _close_quietly(ep.env)
+            return
         if ep.running is not None and not ep.running.done():
             ep.running.add_done_callback(lambda _: _close_quietly(ep.env))
             return

@@ -43,6 +43,7 @@ def build_backend(config: TrainConfig):
         seed=config.seed,
         gpus=r.gpus,
         engine_args=r.engine_args,
+        vllm_metrics=r.vllm_metrics,
     )
 
 

@@ -15,10 +15,11 @@ from services.common.errors import (
     ResourceExhausted,
 )
 from services.common.registry import Registry
-from services.envs.base import StepResult, TextEnv
+from services.envs.base import InvalidTask, StepResult, TaskRejected, TextEnv
 from services.envs.builtin.corridor import Corridor
 from services.envs.builtin.guess_number import GuessNumber
 from services.envs.client import InProcessEnvClient
+from services.envs.registry import ENVS
 from services.envs.service import TRUNCATION_MARK, EnvService
 
 
@@ -379,3 +380,93 @@ def test_a_cancelled_create_batch_closes_what_it_built():
         assert Staggered.closed == 3
 
     run(main())
+
+
+class ThreadRecorder(TextEnv):
+    """Notes the thread of each call; its steps fail in every way an env can, by action."""
+
+    name = "threaded_recorder"
+    threads: list[int] = []
+
+    def reset(self, task_index, options):
+        self.threads.append(threading.get_ident())
+        return "ready"
+
+    def step(self, action):
+        self.threads.append(threading.get_ident())
+        failures = {
+            "rejected": TaskRejected("task 7 is outside the server's range"),
+            "invalid": InvalidTask("no such task"),
+            "typed": FailedPrecondition("not now"),
+            "boom": ZeroDivisionError("step exploded"),
+        }
+        if action in failures:
+            raise failures[action]
+        return StepResult("fine")
+
+    def close(self):
+        self.threads.append(threading.get_ident())
+
+
+class InlineRecorder(ThreadRecorder):
+    name = "inline_recorder"
+    runs_inline = True
+
+
+def recorder_client() -> tuple[InProcessEnvClient, CollectorRegistry]:
+    client, metrics = make_client()
+    for cls in (ThreadRecorder, InlineRecorder):
+        client.service._envs.register(cls.name)(cls)
+    return client, metrics
+
+
+@pytest.mark.parametrize("env", [ThreadRecorder, InlineRecorder])
+def test_an_inline_env_is_called_on_the_event_loop_and_others_in_a_worker(env):
+    client, _ = recorder_client()
+    env.threads = []
+
+    async def main():
+        loop_thread = threading.get_ident()
+        state = await client.create_batch(env.name, 0, None, 2)
+        await client.step(state[0].episode_id, "go")
+        await client.close(state[0].episode_id)
+        await client.service.aclose()
+        return loop_thread
+
+    loop_thread = run(main())
+    deadline = time.monotonic() + 5
+    while len(env.threads) < 5 and time.monotonic() < deadline:  # worker closes may still be running
+        time.sleep(0.01)
+    assert len(env.threads) == 5  # two resets, a step, two closes
+    on_loop = [ident == loop_thread for ident in env.threads]
+    assert on_loop == [env.runs_inline] * 5
+
+
+def test_env_failures_map_to_the_same_errors_inline_or_threaded():
+    client, metrics = recorder_client()
+    actions = ("rejected", "invalid", "typed", "boom")
+
+    async def failures(env_name):
+        state = await client.create(env_name)
+        errors = []
+        for action in actions:
+            with pytest.raises(Exception) as caught:
+                await client.step(state.episode_id, action)
+            errors.append((type(caught.value).__name__, str(caught.value).replace(env_name, "<env>")))
+        return errors
+
+    threaded, inline = run(failures("threaded_recorder")), run(failures("inline_recorder"))
+    assert threaded == inline
+    assert [kind for kind, _ in inline] == ["InvalidArgument", "InvalidArgument", "FailedPrecondition", "Internal"]
+    assert client.service.abandoned_tasks == 2
+    for env_name in ("threaded_recorder", "inline_recorder"):
+        for kind, count in (("InvalidArgument", 2), ("FailedPrecondition", 1), ("Internal", 1)):
+            assert metrics.get_sample_value("omrl_envs_errors_total", {"env": env_name, "kind": kind}) == count
+        labels = {"env": env_name, "reason": "invalid"}
+        assert metrics.get_sample_value("omrl_envs_tasks_abandoned_total", labels) == 1
+
+
+def test_builtin_envs_that_never_wait_run_inline_and_the_rest_stay_threaded():
+    inline = {name for name in ENVS.names() if ENVS.get(name).runs_inline}
+    assert inline == {"corridor", "crafting", "guess_number", "maze", "wordle"}
+    assert not SlowEnv.runs_inline  # so the step timeout above still applies to it

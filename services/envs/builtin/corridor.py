@@ -35,6 +35,7 @@ class CorridorOptions(EnvOptions):
 class Corridor(TextEnv):
     description = "Walk left or right along a corridor to the exit."
     max_turns = 4
+    runs_inline = True
     Options = CorridorOptions
 
     def reset(self, task_index: int, options: dict) -> str:

@@ -172,6 +172,7 @@ def plan(goal: str, recipes: dict[str, Recipe]) -> list[str]:
 class Crafting(TextEnv):
     description = "Fetch raw materials and craft them into a goal item (TextCraft style)."
     max_turns = 8
+    runs_inline = True
     Options = CraftingOptions
 
     def reset(self, task_index: int, options: dict) -> str:

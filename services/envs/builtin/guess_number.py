@@ -25,6 +25,7 @@ def turn_limit(n: int) -> int:
 class GuessNumber(TextEnv):
     description = "Find a secret number from higher/lower feedback."
     max_turns = turn_limit(16)
+    runs_inline = True
     Options = GuessNumberOptions
 
     def reset(self, task_index: int, options: dict) -> str:

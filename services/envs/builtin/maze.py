@@ -79,6 +79,7 @@ def generate(seed: int, size: int, wall_density: float) -> tuple[set[Cell], Cell
 class Maze(TextEnv):
     description = "Find the way through a grid maze to the goal."
     max_turns = 12
+    runs_inline = True
     Options = MazeOptions
 
     def reset(self, task_index: int, options: dict) -> str:

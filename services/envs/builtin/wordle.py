@@ -58,6 +58,7 @@ class WordleOptions(EnvOptions):
 class Wordle(TextEnv):
     description = "Guess a secret five-letter word from per-letter feedback."
     max_turns = 6
+    runs_inline = True
     Options = WordleOptions
 
     def reset(self, task_index: int, options: dict) -> str:

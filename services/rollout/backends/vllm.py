@@ -23,7 +23,7 @@ from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 
 from services.rollout import engine_metrics
 from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
@@ -60,6 +60,34 @@ class EngineStatsLogger(StatLoggerBase):
         pass
 
 
+class SilentPrometheusStatLogger(PrometheusStatLogger):
+    """Takes the place of vLLM's Prometheus stat logger, which vLLM adds unless it is given one of its
+    subclasses: registers no metric and records nothing (so `PrometheusStatLogger.__init__` never runs)."""
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None):
+        self.engine_indexes = engine_indexes or [0]
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0):
+        pass
+
+    def record_admission_rejection(self, reason: str) -> None:
+        pass
+
+    def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+def stat_loggers(vllm_metrics: bool) -> list[type[StatLoggerBase]]:
+    """The engine's stat logger factories: ours, and without `vllm_metrics` the silent stand-in for vLLM's."""
+    return [EngineStatsLogger] if vllm_metrics else [EngineStatsLogger, SilentPrometheusStatLogger]
+
+
 @BACKENDS.register("vllm")
 class VllmBackend(RolloutBackend):
     """One vLLM `AsyncLLM` engine. Build it, `await start()` inside the event loop that will call
@@ -73,9 +101,9 @@ class VllmBackend(RolloutBackend):
     `kv_cache_memory_bytes` (the legacy `VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides both).
 
     vLLM's statistics are on: `EngineStatsLogger` feeds `omrl_rollout_engine_*` (KV-cache use, running
-    and waiting requests, prefix-cache queries and hits, preemptions), and vLLM's own Prometheus stat
-    logger registers its `vllm:*` metrics; both live in this process's default registry, which the
-    rollout's metrics endpoint serves.
+    and waiting requests, prefix-cache queries and hits, preemptions), and with `vllm_metrics` vLLM's own
+    Prometheus stat logger registers its `vllm:*` metrics; both live in this process's default registry,
+    which the rollout's metrics endpoint serves.
     """
 
     name = "vllm"
@@ -93,6 +121,7 @@ class VllmBackend(RolloutBackend):
         gpus: int = 1,
         logprobs_mode: str = "processed_logprobs",
         engine_args: dict[str, Any] | None = None,
+        vllm_metrics: bool = True,
     ):
         self.model = str(model)
         self.dtype = dtype
@@ -100,6 +129,7 @@ class VllmBackend(RolloutBackend):
         self.logprobs_mode = logprobs_mode
         self.gpus = gpus
         self.engine_args = dict(engine_args or {})
+        self.vllm_metrics = vllm_metrics
         kwargs = engine_kwargs(
             model=self.model,
             dtype=dtype,
@@ -129,7 +159,7 @@ class VllmBackend(RolloutBackend):
         saved = dict(os.environ)
         vllm_envs.disable_envs_cache()  # another engine's cache must not hide what this start sets
         try:
-            self._engine = AsyncLLM.from_engine_args(self._engine_args, stat_loggers=[EngineStatsLogger])
+            self._engine = AsyncLLM.from_engine_args(self._engine_args, stat_loggers=stat_loggers(self.vllm_metrics))
         finally:
             os.environ.clear()
             os.environ.update(saved)
