@@ -1,9 +1,11 @@
 """Weight sync over a process group (the `nccl` push's data plane), without vLLM: a learner process on
-GPU0 holds a random-weight bf16 model sharded with FSDP2 (as the learner does, a world of one) and
-pushes it through the sender's code (`fsdp.streamed_weights` -> `weight_dist.pack_buckets` with each
-bucket's on-device digest -> `Group.post` through a `SendWindow`, as `nccl_push._stream` does); a
-receiver process on GPU1 takes each bucket through the shared receiving code (`BucketReceiver`) and
-copies it into a Hugging Face model's named parameters (`check_against` first, then `copy_into`). In
+GPU0 holds a random-weight model (bf16, or fp32 master weights with `--learner-dtype float32`; sent as
+bf16 either way) sharded with FSDP2 (as the learner does, a world of one) and pushes it through the
+sender's code (`fsdp.streamed_weights` -> `weight_dist.BucketPacker`, kept across pushes as the pusher
+keeps it, with each bucket's on-device digest -> `Group.post` through a `SendWindow`, as
+`nccl_push._stream` does); a receiver process on GPU1 takes each bucket through the shared receiving
+code (`BucketReceiver`) and copies it into a Hugging Face model's named parameters (`check_against`
+first, then a `ParamCopier`, `copy_into` with each bucket's parameter list kept). In
 the same run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the
 ceiling the push is compared against.
 
@@ -14,8 +16,9 @@ bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker
 
 Per shape, bucket size and mode: seconds per full sync (median of --repeats, each ended by an all-reduce
 after the receiver applied and synchronized), GB/s, % of the raw broadcast bandwidth, the GPUs, and two
-phases timed alone (no transfer): the sender's pack + digest of every bucket, the receiver's check +
-apply of every bucket. The per-bucket digests go to the receiver through the rendezvous store (the gRPC
+phases timed alone (no transfer), each with its host CPU seconds (`time.process_time`): the sender's
+pack + digest of every bucket, the receiver's check + apply of every bucket (through the same receiver,
+over buckets left zeroed). The per-bucket digests go to the receiver through the rendezvous store (the gRPC
 control stream's role in a real push).
 
     bash bench/weight_sync_gpu.sh --modes pipelined,serial          # 2 GPUs: 0.5b and 7b, 256 MB and 1 GB
@@ -45,14 +48,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _model(shape: str, device):
+def _model(shape: str, device, dtype: str = "bfloat16"):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     cfg = Qwen2Config(**{**SHAPES[shape], "max_position_embeddings": 4096})
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     return model.eval()
 
 
@@ -79,14 +82,14 @@ def _sender(args, port, shape, gpu, results) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import Group, Rendezvous, SendWindow, open_store, pack_buckets
+    from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, open_store
     from services.learner import fsdp
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     fsdp.init_distributed(device)  # FSDP's own world of one, as a one-process learner has
-    model = fsdp.shard_model(_model(shape, device), device)
+    model = fsdp.shard_model(_model(shape, device, args.learner_dtype), device)
     weights = fsdp.streamed_weights(model, torch.bfloat16)
     total = sum(s.nbytes for s in weights.specs)
 
@@ -112,13 +115,13 @@ def _sender(args, port, shape, gpu, results) -> None:
         if mode not in ("pipelined", "serial"):
             raise ValueError(f"unknown mode {mode!r}")
         pipelined = mode != "serial"
+        # kept across pushes as the nccl pusher keeps one (its layout of a one-process learner's set)
+        packers = {p: BucketPacker(bucket_bytes, device, slots=2 if p else None) for p in (False, True)}
         for i in range(args.repeats + 1):
             _barrier(group, device)
             start = time.perf_counter()
             window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
-            buckets = pack_buckets(
-                weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2 if pipelined else None
-            )
+            buckets = packers[pipelined].buckets(weights)
             for b, bucket in enumerate(buckets):
                 group.store.set(f"digest/{c}/{i}/{b}", bucket.digest)
                 window.add([(b, group.post(bucket.data))])
@@ -130,14 +133,15 @@ def _sender(args, port, shape, gpu, results) -> None:
             if i:
                 sync_times.append(time.perf_counter() - start)
         # phase: the sender's pack + digest alone (no transfer), as the pipelined push packs
-        pack_times = []
-        for _ in range(2):
+        pack_times, pack_cpu = [], []
+        for _ in range(3):
             _sync(device)
-            start = time.perf_counter()
-            for _bucket in pack_buckets(weights.named_tensors(), weights.specs, bucket_bytes, device, slots=2):
+            start, cpu = time.perf_counter(), time.process_time()
+            for _bucket in packers[True].buckets(weights):
                 pass
             _sync(device)
             pack_times.append(time.perf_counter() - start)
+            pack_cpu.append(time.process_time() - cpu)
         results.put(
             dict(
                 role="sender",
@@ -153,6 +157,8 @@ def _sender(args, port, shape, gpu, results) -> None:
                 raw_broadcast_s=raw_times,
                 sync_s=sync_times,
                 pack_digest_s=min(pack_times),
+                pack_digest_cpu_s=min(pack_cpu),
+                layouts_built=packers[True].builds,
             )
         )
         _barrier(group, device)
@@ -168,15 +174,8 @@ def _receiver(args, port, shape, gpu, results) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import (
-        BucketReceiver,
-        Group,
-        Rendezvous,
-        check_against,
-        checked_digest,
-        copy_into,
-    )
-    from services.common.weights import TensorSpec, tensor_views
+    from services.common.weight_dist import BucketReceiver, Group, ParamCopier, Rendezvous, bucket_digest, check_against
+    from services.common.weights import TensorSpec
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -187,6 +186,7 @@ def _receiver(args, port, shape, gpu, results) -> None:
     group = Group.join(rdv, 1, 2)
     specs = [TensorSpec(n, d, tuple(s), b) for n, d, s, b in json.loads(group.store.get("specs"))]
     check_against(params, specs)  # names, dtypes, shapes against the model before any data moves
+    copy_into = ParamCopier(params)  # kept across pushes, as a receiver keeps its model
     for c, (bucket_mb, mode) in enumerate(_combos(args)):
         plan = plan_buckets(specs, int(bucket_mb * 2**20))
         sizes = [sum(s.nbytes for s in b) for b in plan]
@@ -204,32 +204,60 @@ def _receiver(args, port, shape, gpu, results) -> None:
             digest_of = functools.partial(_digest_of, group, c, i)  # the control stream's role
             if mode == "pipelined":  # the vLLM worker's post/flush
                 for tensors in receiver.receive_all(declared, digest_of):
-                    copy_into(params, tensors)
+                    copy_into(tensors)
             else:  # one bucket at a time
                 for b, (bucket_specs, nbytes) in enumerate(declared):
-                    copy_into(params, receiver.receive(bucket_specs, nbytes, digest_of(b)))
+                    copy_into(receiver.receive(bucket_specs, nbytes, digest_of(b)))
             _sync(device)
             _barrier(group, device)
-        receiver.release()
         probe = next(iter(params.values()))
         finite = bool(probe.float().isfinite().all())
-        # phase: the receiver's checks (digest + finite, one read back) and apply alone, over a zeroed
-        # buffer of each bucket's size (the model's values do not matter to the next syncs)
-        zeros = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
-        check_times = []
-        for _ in range(2):
+        # phase: the receiver's checks (digest + finite, one read back) and apply alone, through the same
+        # receiver over zeroed buckets (a first pass zeroes them; the model's values do not matter to the
+        # next syncs)
+        zero_digests = [bucket_digest(torch.zeros(n, dtype=torch.uint8, device=device)) for n in sizes]
+        receiver.group = _Replay(group)
+        check_times, check_cpu = [], []
+        for i in range(4):
+            receiver.group.zero = i == 0
             _sync(device)
-            start = time.perf_counter()
-            for bucket_specs, n in zip(plan, sizes, strict=True):
-                checked_digest(bucket_specs, zeros[:n])
-                copy_into(params, tensor_views(bucket_specs, zeros[:n]))
+            start, cpu = time.perf_counter(), time.process_time()
+            for tensors in receiver.receive_all(declared, zero_digests.__getitem__):
+                copy_into(tensors)
             _sync(device)
-            check_times.append(time.perf_counter() - start)
-        del zeros
-        check_s = min(check_times)
-        results.put(dict(role="receiver", combo=c, device=str(device), probe_finite=finite, check_apply_s=check_s))
+            if i:
+                check_times.append(time.perf_counter() - start)
+                check_cpu.append(time.process_time() - cpu)
+        receiver.release()
+        results.put(
+            dict(
+                role="receiver",
+                combo=c,
+                device=str(device),
+                probe_finite=finite,
+                check_apply_s=min(check_times),
+                check_apply_cpu_s=min(check_cpu),
+            )
+        )
         _barrier(group, device)
     group.close()
+
+
+class _Replay:
+    """A stand-in group for the receiver's phase timed alone: a "broadcast" leaves the buffer as it is
+    (zeroed by the first pass)."""
+
+    class _Done:
+        def wait(self):
+            pass
+
+    def __init__(self, group):
+        self.rdv, self.zero = group.rdv, False
+
+    def post(self, buffer):
+        if self.zero:
+            buffer.zero_()
+        return self._Done()
 
 
 def run_shape(args, shape: str) -> list[dict]:
@@ -283,8 +311,12 @@ def run_shape(args, shape: str) -> list[dict]:
                 raw_broadcast_s=s["raw_broadcast_s"],
                 raw_gb_s=s["bytes"] / raw / 1e9,
                 pct_of_raw=100.0 * raw / sync,
+                learner_dtype=args.learner_dtype,
                 sender_pack_digest_s=s["pack_digest_s"],
+                sender_pack_digest_cpu_s=s["pack_digest_cpu_s"],
+                sender_layouts_built=s["layouts_built"],
                 receiver_check_apply_s=r["check_apply_s"],
+                receiver_check_apply_cpu_s=r["check_apply_cpu_s"],
                 receiver_weights_finite=r["probe_finite"],
             )
         )
@@ -305,6 +337,12 @@ def main() -> None:
         "checked while bucket k moves) and/or serial (one bucket at a time: pack, send, check, apply)",
     )
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--learner-dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="the sender's model dtype (sent as bf16 either way): float32 is a learner's fp32 master weights",
+    )
     ap.add_argument("--timeout-s", type=float, default=120.0, help="group formation and each broadcast")
     ap.add_argument("--shape-timeout-s", type=float, default=240.0)
     out = os.path.join(os.environ["OUT"], "weight_sync_gpu.json") if os.environ.get("OUT") else ""
@@ -323,7 +361,8 @@ def main() -> None:
                 f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
                 f"sync {r['sync_s_median']:.4f}s {r['sync_gb_s']:7.2f} GB/s  raw {r['raw_broadcast_s_median']:.4f}s "
                 f"{r['raw_gb_s']:7.2f} GB/s  {r['pct_of_raw']:5.1f}% of raw  "
-                f"pack+digest {r['sender_pack_digest_s']:.4f}s check+apply {r['receiver_check_apply_s']:.4f}s  "
+                f"pack+digest {r['sender_pack_digest_s']:.4f}s (cpu {r['sender_pack_digest_cpu_s']:.4f}s) "
+                f"check+apply {r['receiver_check_apply_s']:.4f}s (cpu {r['receiver_check_apply_cpu_s']:.4f}s)  "
                 f"[{r['gpu']}: {r['sender_device']} -> "
                 f"{r['receiver_device']}]",
                 flush=True,

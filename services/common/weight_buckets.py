@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from services.common.weights import SetHasher, TensorSpec, spec_of
+from services.common.weights import SetHasher, TensorSpec, check_source, spec_of, wire_dtype
 
 MiB = 1 << 20
 
@@ -90,9 +90,11 @@ def plan_buckets(specs: Sequence[TensorSpec], bucket_bytes: int) -> list[tuple[T
     return plan
 
 
-def _copy_into(buffer: bytearray, offset: int, t: torch.Tensor) -> None:
+def _copy_into(buffer: bytearray, offset: int, t: torch.Tensor, dtype: torch.dtype) -> None:
+    """`t`'s bytes as `dtype` (cast first where the source holds another float dtype: on its own device,
+    so fewer bytes cross to the host) into `buffer` at `offset`."""
     if t.numel():
-        flat = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+        flat = t.detach().to(dtype).contiguous().cpu().reshape(-1).view(torch.uint8)
         torch.frombuffer(buffer, dtype=torch.uint8, offset=offset, count=flat.numel()).copy_(flat)
 
 
@@ -102,7 +104,8 @@ def bucket_tensors(
     bucket_bytes: int,
     hasher: SetHasher | None = None,
 ) -> Iterator[Bucket]:
-    """Buckets of `named_tensors`, which must yield exactly `specs` in order. Each bucket's bytes are
+    """Buckets of `named_tensors`, which must yield exactly `specs` in order (a float tensor may be held in
+    another float dtype than its spec's: it is cast on the way, `weights.fits_spec`). Each bucket's bytes are
     copied once, straight from the tensors into the bucket's own buffer. With `hasher` (the set
     checksum) each bucket is fed to it and carries its `set-sha256:` digest (one hash pass); without,
     it carries the sha256 of its bytes."""
@@ -112,9 +115,8 @@ def bucket_tensors(
         offset = 0
         for spec in planned:
             name, t = next(it, (None, None))
-            if name is None or spec_of(name, t) != spec:
-                raise ValueError(f"weight source yielded {name!r}, expected {spec}")
-            _copy_into(buffer, offset, t)
+            check_source(name, t, spec)
+            _copy_into(buffer, offset, t, wire_dtype(spec.dtype))
             offset += spec.nbytes
         view = memoryview(buffer)
         if hasher is None:
@@ -128,19 +130,34 @@ def bucket_tensors(
 
 class TensorWeights:
     """A weight set read from tensors on demand: `source()` is called for each pass and yields
-    (name, tensor) in `specs` order (an FSDP source gathers each tensor as it is asked for). The
-    checksum is filled in by the first complete pass."""
+    (name, tensor) in `specs` order (an FSDP source gathers each tensor as it is asked for), each in its
+    spec's dtype or, for a float tensor, in the dtype it is stored in (cast where it is packed). The
+    checksum is filled in by the first complete pass.
 
-    def __init__(self, specs: Sequence[TensorSpec], source: Callable[[], Iterable[tuple[str, torch.Tensor]]]):
+    `stable`: the set's tensors, in `specs` order, where every pass yields exactly these (no gather, no
+    copy: plain tensors, a one-process FSDP mesh), so a sender may lay out its buckets once and reuse the
+    layout while the tensors keep their storage (`weight_dist.BucketPacker`)."""
+
+    def __init__(
+        self,
+        specs: Sequence[TensorSpec],
+        source: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+        stable: Sequence[torch.Tensor] | None = None,
+    ):
         self.specs, self.checksum, self._source = list(specs), "", source
+        self._stable = list(stable) if stable is not None else None
 
     @classmethod
     def of(cls, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> TensorWeights:
         named = list(named_tensors)
-        return cls([spec_of(n, t) for n, t in named], lambda: named)
+        return cls([spec_of(n, t) for n, t in named], lambda: named, [t for _, t in named])
 
     def named_tensors(self) -> Iterable[tuple[str, torch.Tensor]]:
         return self._source()
+
+    def stable_tensors(self) -> list[torch.Tensor] | None:
+        """The tensors every pass yields (see the class docstring), or None where a pass gathers or copies."""
+        return self._stable
 
     def buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
         hasher = SetHasher()

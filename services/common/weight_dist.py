@@ -34,7 +34,14 @@ from dataclasses import dataclass
 import torch
 
 from services.common.weight_buckets import plan_buckets
-from services.common.weights import TensorSpec, WeightSetRejected, check_finite, spec_of, tensor_views
+from services.common.weights import (
+    TensorSpec,
+    WeightSetRejected,
+    check_finite,
+    check_source,
+    tensor_views,
+    wire_dtype,
+)
 
 BACKENDS = ("gloo", "nccl")
 
@@ -208,7 +215,11 @@ def checked_digest(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> tuple[s
     (False: it needs `check_finite` tensor by tensor, to name a culprit or to clear an overflowing sum of
     finite values, or because the bucket mixes dtypes). On a GPU the digest's two sums and the finite
     sum are read back together: one host sync per bucket."""
-    dtype = _whole_dtype(specs, buffer)
+    return _checked_digest_as(buffer, _whole_dtype(specs, buffer))
+
+
+def _checked_digest_as(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple[str, bool]:
+    """`checked_digest` with the bucket's one floating dtype (`_whole_dtype`) already known."""
     if buffer.device.type == "cpu":
         finite = dtype is not None and bool(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)))
         return bucket_digest(buffer), finite
@@ -266,40 +277,157 @@ def pack_buckets(
     *,
     slots: int | None = None,
 ) -> Iterator[DeviceBucket]:
-    """Buckets of `named_tensors` (which must yield exactly `specs` in order) packed on `device`, each
-    with its digest. `slots=None`: a new buffer per bucket (one alive at a time unless the caller keeps
+    """Buckets of `named_tensors` (which must yield exactly `specs` in order; a float tensor may be held in
+    another float dtype, it is cast as it is copied in: `weights.fits_spec`) packed on `device`, each with
+    its digest. `slots=None`: a new buffer per bucket (one alive at a time unless the caller keeps
     them). `slots=2`: the buckets take turns in two buffers allocated once (bucket k+2 is packed into
     bucket k's), for a sender that posts bucket k's broadcast and packs bucket k+1 while it runs: the
     caller must have waited for every send of bucket k (`work.wait()`, on NCCL a stream wait, no host
     sync) before it asks for bucket k+2 (`SendWindow` does that)."""
     it = iter(named_tensors)
-    buffers: list[torch.Tensor | None] = [None] * (slots or 0)
+    slot_buffers = _Slots(slots, device)
     for k, planned in enumerate(plan_buckets(specs, bucket_bytes)):
-        nbytes = sum(s.nbytes for s in planned)
-        if slots:
-            held = buffers[k % slots]
-            if held is None or held.numel() < nbytes:
-                buffers[k % slots] = None  # release the smaller one first
-                held = buffers[k % slots] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-            buffer = held[:nbytes]
-        else:
-            buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        buffer = slot_buffers.take(k, sum(s.nbytes for s in planned))
         pending: list[torch.Tensor] = []
+        wires: list[torch.dtype] = []
         start = end = 0  # the bucket's bytes [start, end) are pending
         for spec in planned:
             name, t = next(it, (None, None))
-            if name is None or spec_of(name, t) != spec:
-                raise ValueError(f"weight source yielded {name!r}, expected {spec}")
+            check_source(name, t, spec)
             if spec.nbytes:
                 pending.append(t.to(device).reshape(-1))
+                wires.append(wire_dtype(spec.dtype))
                 end += spec.nbytes
             if (end - start) * 4 >= bucket_bytes:  # gathered sources held at most a quarter of a bucket
-                _copy_pending(pending, buffer[start:end])
+                _copy_pending(pending, wires, buffer[start:end])
                 start = end
-        _copy_pending(pending, buffer[start:end])
+        _copy_pending(pending, wires, buffer[start:end])
         yield DeviceBucket(planned, buffer, bucket_digest(buffer))
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
+
+
+class _Slots:
+    """The buffers buckets are packed into: `slots` reused in turn (grown when a bucket needs more), or
+    with `slots=None` a new one a bucket."""
+
+    def __init__(self, slots: int | None, device):
+        self.device = device
+        self.buffers: list[torch.Tensor | None] = [None] * (slots or 0)
+
+    def take(self, k: int, nbytes: int) -> torch.Tensor:
+        if not self.buffers:
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        slot = k % len(self.buffers)
+        held = self.buffers[slot]
+        if held is None or held.numel() < nbytes:
+            self.buffers[slot] = None  # release the smaller one first
+            held = self.buffers[slot] = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=self.device)
+        return held[:nbytes]
+
+
+class BucketPacker:
+    """`pack_buckets(slots=2)` for a sender that pushes the same set again and again (the nccl pusher keeps
+    one). A set whose tensors stay put (`TensorWeights.stable_tensors`: plain tensors, a one-process FSDP
+    mesh) is laid out once: per bucket, the flat views of its tensors and the dtype the bucket is viewed
+    as; each push is then one `torch.cat` (casting where the set is stored in another float dtype) and the
+    digest per bucket, no host work a tensor. The layout is rebuilt when the specs change or a tensor's
+    storage moved (its `data_ptr`: the layout's views keep the old storage alive until the next push
+    rebuilds it or `release`, so an equal pointer is the same memory; an optimizer's in-place step keeps
+    it). A set that gathers, holds a tensor on another
+    device or a strided one, or mixes dtypes that need a cast within one bucket streams through
+    `pack_buckets`."""
+
+    def __init__(self, bucket_bytes: int, device, slots: int | None = 2):
+        self.bucket_bytes, self.device, self.slots = bucket_bytes, torch.device(device), slots
+        self.builds = 0  # layouts built (a test's and a log's view of the cache)
+        self._layout: _Layout | None = None
+
+    def buckets(self, weights) -> Iterator[DeviceBucket]:
+        stable = getattr(weights, "stable_tensors", None)
+        tensors = stable() if stable is not None else None
+        layout = self._layout_for(weights.specs, tensors) if tensors is not None else None
+        if layout is None or layout.buckets is None:
+            yield from pack_buckets(
+                weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=self.slots
+            )
+        else:
+            yield from layout.pack(self.slots)
+
+    def release(self) -> None:
+        """Forgets the layout (and the storage its views hold)."""
+        self._layout = None
+
+    def _layout_for(self, specs: Sequence[TensorSpec], tensors: Sequence[torch.Tensor]) -> _Layout:
+        ptrs = [t.data_ptr() for t in tensors]
+        layout = self._layout
+        if layout is None or layout.ptrs != ptrs or layout.specs != specs:
+            self._layout = None  # the old views go before the new are made
+            layout = self._layout = _Layout.build(specs, tensors, ptrs, self.bucket_bytes, self.device)
+            self.builds += 1
+        return layout
+
+
+@dataclass
+class _Packed:
+    """One bucket of a `_Layout`: its flat sources, copied by one `torch.cat` into the bucket's bytes
+    viewed as `dtype`."""
+
+    specs: tuple[TensorSpec, ...]
+    nbytes: int
+    sources: list[torch.Tensor]
+    dtype: torch.dtype
+
+
+@dataclass
+class _Layout:
+    specs: list[TensorSpec]
+    ptrs: list[int]
+    device: torch.device
+    buckets: list[_Packed] | None  # None: the set cannot be laid out (see `BucketPacker`)
+
+    @classmethod
+    def build(cls, specs, tensors, ptrs, bucket_bytes: int, device: torch.device) -> _Layout:
+        if len(tensors) != len(specs):
+            raise ValueError(f"weight source holds {len(tensors)} tensors, its specs declare {len(specs)}")
+        for spec, t in zip(specs, tensors, strict=True):
+            check_source(spec.name, t, spec)
+        device = torch.empty(0, device=device).device  # `cuda` as the index it allocates on
+        layout = cls(list(specs), ptrs, device, [])
+        at = 0
+        for planned in plan_buckets(specs, bucket_bytes):
+            packed = _packed(planned, tensors[at : at + len(planned)], device)
+            at += len(planned)
+            if packed is None:
+                layout.buckets = None
+                break
+            layout.buckets.append(packed)
+        return layout
+
+    def pack(self, slots: int | None) -> Iterator[DeviceBucket]:
+        slot_buffers = _Slots(slots, self.device)
+        for k, b in enumerate(self.buckets):
+            buffer = slot_buffers.take(k, b.nbytes)
+            if b.sources:
+                with torch.no_grad():
+                    torch.cat(b.sources, out=buffer.view(b.dtype))
+            yield DeviceBucket(b.specs, buffer, bucket_digest(buffer))
+
+
+def _packed(specs: tuple[TensorSpec, ...], tensors: Sequence[torch.Tensor], device: torch.device) -> _Packed | None:
+    """A bucket's cached copy, or None where its tensors cannot be read in place by one cat: on another
+    device, strided (flattening copies it), or of mixed wire dtypes with one needing a cast."""
+    kept = [(s, t) for s, t in zip(specs, tensors, strict=True) if s.nbytes]
+    if any(t.device != device or not t.is_contiguous() for _, t in kept):
+        return None
+    kept = [(s, t.detach().reshape(-1)) for s, t in kept]
+    nbytes = sum(s.nbytes for s in specs)
+    wires = {wire_dtype(s.dtype) for s, _ in kept}
+    if len(wires) == 1:
+        return _Packed(specs, nbytes, [t for _, t in kept], wires.pop())
+    if any(t.dtype != wire_dtype(s.dtype) for s, t in kept):
+        return None
+    return _Packed(specs, nbytes, [t.view(torch.uint8) for _, t in kept], torch.uint8)
 
 
 class SendWindow:
@@ -337,21 +465,24 @@ def _wait_all(posted: list[tuple[object, object]]) -> list[tuple[object, Excepti
     return failed
 
 
-def _copy_pending(pending: list[torch.Tensor], target: torch.Tensor) -> None:
+def _copy_pending(pending: list[torch.Tensor], wires: list[torch.dtype], target: torch.Tensor) -> None:
     """The gathered tensors (flat) laid end to end into `target` (bytes of the bucket) by one
     `torch.cat`: one batched copy, and a few microseconds of host time a tensor where typed views of
-    the bucket and a multi-tensor copy took tens. Copied in their dtype where they share one (wide
-    loads), else as bytes. Empties `pending`."""
+    the bucket and a multi-tensor copy took tens. Where their wire dtypes (`wires`) are one, the bucket
+    is viewed as it (wide loads) and a float tensor held in another float dtype is cast by the cat itself
+    (bit-identical to casting it first); else each is cast on its own and copied as bytes. Empties
+    `pending` and `wires`."""
     if not pending:
         return
-    dtype, size = pending[0].dtype, pending[0].element_size()
-    if all(t.dtype == dtype for t in pending) and target.storage_offset() % size == 0:
-        sources, target = pending, target.view(dtype)
+    wire = wires[0]
+    if all(w == wire for w in wires) and target.storage_offset() % wire.itemsize == 0:
+        sources, target = pending, target.view(wire)
     else:
-        sources = [t.view(torch.uint8) for t in pending]
+        sources = [t.to(w).view(torch.uint8) for t, w in zip(pending, wires, strict=True)]
     with torch.no_grad():
         torch.cat(sources, out=target)
     pending.clear()
+    wires.clear()
 
 
 @dataclass
@@ -360,8 +491,26 @@ class _Posted:
 
     specs: Sequence[TensorSpec]
     buffer: torch.Tensor
+    slot: int
     work: object
     digest_of: Callable[[], str]
+
+
+@dataclass
+class _Views:
+    """What a received bucket's specs give, kept per slot while the slot's buffer stays: the tensors as
+    views of the buffer and the dtype its finite check sums it as."""
+
+    specs: tuple[TensorSpec, ...]
+    tensors: list[tuple[str, torch.Tensor]]
+    whole: torch.dtype | None
+
+
+_VIEWS_PER_SLOT = 1024  # distinct bucket layouts kept a slot (a set's buckets; more only if sets change)
+
+
+def _views_key(specs: tuple[TensorSpec, ...], buffer: torch.Tensor) -> tuple[int, str]:
+    return buffer.numel(), specs[0].name if specs else ""
 
 
 class BucketReceiver:
@@ -375,11 +524,14 @@ class BucketReceiver:
     handed out stay valid until the bucket after next is posted (it reuses their buffer; on a GPU, work
     queued on the current stream before that post is ordered before it). A bucket's digest and finite
     sum are read back together, one host sync a bucket (queuing them on a side stream and reading them
-    through pinned memory and an event measured no faster on H200s: docs/weight-sync.md)."""
+    through pinned memory and an event measured no faster on H200s: docs/weight-sync.md). The views of a
+    bucket's tensors are made once per slot and bucket layout (its specs) and reused on later pushes
+    while that slot's buffer is not reallocated: no host work a tensor on a push of the same set."""
 
     def __init__(self, group: Group):
         self.group = group
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self._views: list[dict[tuple[int, str], _Views]] = [{}, {}]
         self._pending: _Posted | None = None
         self._posted = 0
         self.last: torch.Tensor | None = None
@@ -398,8 +550,9 @@ class BucketReceiver:
 
     def _post(self, specs, nbytes: int, digest: Callable[[], str]) -> list[tuple[str, torch.Tensor]] | None:
         self._check_declared(specs, nbytes)
-        buffer = self._slot(self._posted % 2, nbytes)
-        posted = _Posted(specs, buffer, self.group.post(buffer), digest)
+        slot = self._posted % 2
+        buffer = self._slot(slot, nbytes)
+        posted = _Posted(specs, buffer, slot, self.group.post(buffer), digest)
         self._posted += 1
         earlier, self._pending = self._pending, posted
         return None if earlier is None else self._verified(earlier)
@@ -433,9 +586,22 @@ class BucketReceiver:
     def _slot(self, slot: int, nbytes: int) -> torch.Tensor:
         buffer = self._buffers[slot]
         if buffer is None or buffer.numel() < nbytes:
-            self._buffers[slot] = None  # release the smaller one first
+            self._buffers[slot] = None  # release the smaller one first (and the views into it)
+            self._views[slot].clear()
             buffer = self._buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.group.rdv.device)
         return buffer[:nbytes]
+
+    def _cached_views(self, slot: int, specs: tuple[TensorSpec, ...], buffer: torch.Tensor) -> _Views | None:
+        """The bucket's views into its slot where an earlier bucket of these specs made them."""
+        views = self._views[slot].get(_views_key(specs, buffer))
+        return views if views is not None and views.specs == specs else None
+
+    def _remember_views(self, slot: int, specs: tuple[TensorSpec, ...], buffer: torch.Tensor, whole) -> _Views:
+        cache = self._views[slot]
+        if len(cache) >= _VIEWS_PER_SLOT:
+            cache.clear()
+        views = cache[_views_key(specs, buffer)] = _Views(specs, tensor_views(specs, buffer), whole)
+        return views
 
     def _verified(self, posted: _Posted) -> list[tuple[str, torch.Tensor]]:
         specs, buffer = posted.specs, posted.buffer
@@ -444,17 +610,22 @@ class BucketReceiver:
         algorithm = digest.split(":", 1)[0]
         if algorithm != digest_algorithm(self.group.rdv.device):
             raise WeightSetRejected(f"bucket digest {algorithm!r} is not this group's ({self.group.rdv.backend})")
-        got, finite = checked_digest(specs, buffer)
+        specs = tuple(specs)
+        views = self._cached_views(posted.slot, specs, buffer)
+        whole = views.whole if views is not None else _whole_dtype(specs, buffer)
+        got, finite = _checked_digest_as(buffer, whole)
         if got != digest:
             raise WeightSetRejected(f"bucket of {specs[0].name!r}: its bytes do not match the digest {digest[:20]}")
-        tensors = tensor_views(specs, buffer)
+        if views is None:
+            views = self._remember_views(posted.slot, specs, buffer, whole)
         if not finite:
-            check_finite(tensors)
+            check_finite(views.tensors)
         self.last = buffer
-        return tensors
+        return list(views.tensors)
 
     def release(self) -> None:
         self._buffers, self._pending, self.last = [None, None], None, None
+        self._views = [{}, {}]
 
 
 def check_finite_bucket(
@@ -484,10 +655,32 @@ def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) 
 def copy_into(params: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Applies received tensors into named parameters (a Hugging Face model's `state_dict()`)."""
     pairs = list(tensors)
-    if not pairs:
-        return
+    if pairs:
+        _copy_all([params[name] for name, _ in pairs], [t for _, t in pairs])
+
+
+class ParamCopier:
+    """`copy_into(params, tensors)` for a receiver that applies buckets of the same names on every push:
+    each bucket's list of target parameters is looked up once (keyed by the bucket's names)."""
+
+    def __init__(self, params: dict[str, torch.Tensor]):
+        self.params = params
+        self._targets: dict[tuple[str, ...], list[torch.Tensor]] = {}
+
+    def __call__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pairs = list(tensors)
+        if not pairs:
+            return
+        names = tuple(name for name, _ in pairs)
+        targets = self._targets.get(names)
+        if targets is None:
+            targets = self._targets[names] = [self.params[name] for name in names]
+        _copy_all(targets, [t for _, t in pairs])
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     with torch.no_grad():  # one multi-tensor copy, not a kernel launch per tensor
-        torch._foreach_copy_([params[name] for name, _ in pairs], [t for _, t in pairs], non_blocking=True)
+        torch._foreach_copy_(targets, sources, non_blocking=True)
 
 
 def socket_ifname_hint() -> str:

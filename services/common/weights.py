@@ -5,6 +5,7 @@ that computed the same value hold the same weights."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -63,6 +64,33 @@ SET_SHA256 = "set-sha256:"
 
 def spec_of(name: str, t: torch.Tensor) -> TensorSpec:
     return TensorSpec(name, _dtype_name(t), tuple(t.shape), t.numel() * t.element_size())
+
+
+@functools.cache
+def wire_dtype(name: str) -> torch.dtype:
+    """The torch dtype a spec's dtype names (looked up once a name: a lookup a tensor on every push)."""
+    dtype = _torch_dtype(name)
+    if dtype is None:
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def fits_spec(name: str, t: torch.Tensor, spec: TensorSpec) -> bool:
+    """Whether a source's tensor is sent as `spec`: same name and shape, and the spec's dtype or, for a
+    floating-point tensor, a floating-point wire dtype (the tensor is cast where its bucket is packed, so a
+    fp32 model is sent as bf16 without a cast and an allocation a tensor)."""
+    if name != spec.name or tuple(t.shape) != tuple(spec.shape):
+        return False
+    wire = wire_dtype(spec.dtype)
+    if t.dtype != wire and not (t.is_floating_point() and wire.is_floating_point):
+        return False
+    return t.numel() * wire.itemsize == spec.nbytes
+
+
+def check_source(name: str | None, t: torch.Tensor | None, spec: TensorSpec) -> None:
+    """Raises ValueError unless the source yielded a tensor that `fits_spec`."""
+    if name is None or not fits_spec(name, t, spec):
+        raise ValueError(f"weight source yielded {name!r}, expected {spec}")
 
 
 def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:

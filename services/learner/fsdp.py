@@ -154,10 +154,12 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def streamed_weights(model: nn.Module, dtype: torch.dtype):
-    """The model's full weights as a `weight_buckets.TensorWeights`: names and global shapes from the
-    sharded state dict (no communication), each tensor gathered (`full_tensor`, a collective) when
-    its bucket is built. Every rank must walk each pass in the same order: rank 0 sends it, the
-    others walk it with `walk_for_push`."""
+    """The model's full weights as a `weight_buckets.TensorWeights` sent as `dtype`: names and global shapes
+    from the sharded state dict (no communication), each tensor gathered (`full_tensor`, a collective) when
+    its bucket is built. A float tensor is yielded as stored (the specs say `dtype`: it is cast where its
+    bucket is packed, no cast and allocation a tensor here); any other is cast here. Where no tensor needs
+    a gather or a cast (one process), the set's tensors are its `stable_tensors`. Every rank must walk each
+    pass in the same order: rank 0 sends it, the others walk it with `walk_for_push`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from services.common.weight_buckets import TensorWeights
@@ -179,9 +181,17 @@ def streamed_weights(model: nn.Module, dtype: torch.dtype):
                 full = _whole(t)
             # kept on the learner's device: the gRPC producer copies each tensor to its host bucket, the
             # nccl one packs device buckets
-            yield name, full.detach().to(dtype)
+            yield name, _as_sent(full.detach(), dtype)
 
-    return TensorWeights(specs, gathered)
+    stable = list(local.values()) if len(local) == len(sharded) else None
+    if stable is not None and any(_as_sent(t, dtype) is not t for t in stable):
+        stable = None
+    return TensorWeights(specs, gathered, stable)
+
+
+def _as_sent(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` as a source yields it for a set sent as `dtype`: a float tensor as stored, any other cast."""
+    return t if t.is_floating_point() or t.dtype == dtype else t.to(dtype)
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:

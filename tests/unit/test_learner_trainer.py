@@ -165,6 +165,33 @@ def test_a_one_process_mesh_pushes_its_local_tensors_found_once_without_to_local
         assert local[name].data_ptr() == whole.data_ptr() and local[name].shape == t.shape
 
 
+def test_a_fp32_model_sent_as_bf16_yields_stored_tensors_packed_once_and_again_after_a_step(model_dir):
+    from services.common.weight_dist import BucketPacker
+    from services.common.weights import checksum
+
+    trainer = PolicyTrainer(make_config(), model_dir)
+    packer = BucketPacker(4096, "cpu")
+
+    def push():
+        weights = fsdp.streamed_weights(trainer.model, torch.bfloat16)
+        assert {s.dtype for s in weights.specs} == {"bfloat16"}
+        assert {t.dtype for _, t in weights.named_tensors()} == {torch.float32}  # cast where packed
+        stable = weights.stable_tensors()
+        assert stable is not None and len(stable) == len(weights.specs)
+        sent = [(n, t.to(torch.bfloat16)) for n, t in fsdp.full_state_dict(trainer.model).items()]
+        packed = [(b.data.numpy().tobytes(), b.digest) for b in packer.buckets(weights)]  # two slots, in turn
+        assert b"".join(data for data, _ in packed) == b"".join(
+            t.reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in sent
+        )
+        list(weights.buckets(4096))  # the host path casts too
+        assert weights.checksum == checksum(sent)
+        return packed[0][1]
+
+    before = push()
+    trainer.train_step(synthetic_trajectories(4, 4, seed=1))  # in-place optimizer step: the layout stays
+    assert push() != before and packer.builds == 1
+
+
 def test_pushed_weights_in_configured_dtype(model_dir):
     config = make_config()
     config.model.dtype = "bfloat16"

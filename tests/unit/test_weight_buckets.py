@@ -54,15 +54,35 @@ def test_bucket_bytes_are_the_tensors_in_order_with_their_sha_and_the_set_checks
 
 def test_a_source_that_disagrees_with_its_specs_fails():
     specs = [spec_of(n, t) for n, t in tensors()]
-    wrong = TensorWeights(specs, lambda: [(n, t.double()) for n, t in tensors()])
+    for other in (lambda t: t.long(), lambda t: t.reshape(-1, 1), lambda t: t.to(torch.complex64)):
+        wrong = TensorWeights(specs, lambda other=other: [(n, other(t)) for n, t in tensors()])
+        with pytest.raises(ValueError, match="expected"):
+            list(wrong.buckets(100))
+    ints = [("i", torch.arange(4))]
+    as_float = TensorWeights([TensorSpec("i", "float32", (4,), 16)], lambda: ints)  # not a float source
     with pytest.raises(ValueError, match="expected"):
-        list(wrong.buckets(100))
+        list(as_float.buckets(100))
     short = TensorWeights(specs, lambda: tensors()[:-1])
     with pytest.raises(ValueError, match="expected"):
         list(short.buckets(100))
     longer = TensorWeights(specs, lambda: tensors() + [("x", torch.zeros(1))])
     with pytest.raises(ValueError, match="more tensors"):
         list(longer.buckets(100))
+
+
+def test_a_float_source_held_in_another_dtype_is_cast_to_its_spec_on_the_way():
+    stored = [(n, t.double() if t.is_floating_point() else t) for n, t in tensors()]
+    sent = [(n, t.to(torch.bfloat16)) for n, t in stored]
+    weights = TensorWeights([spec_of(n, t) for n, t in sent], lambda: stored)
+    buckets = list(weights.buckets(64))
+    assert b"".join(bytes(b.data) for b in buckets) == pack(sent).payload
+    assert weights.checksum == checksum(sent)
+
+
+def test_a_set_of_plain_tensors_is_stable_and_a_source_alone_is_not():
+    named = tensors()
+    assert all(a is b for a, (_, b) in zip(TensorWeights.of(named).stable_tensors(), named, strict=True))
+    assert TensorWeights([spec_of(n, t) for n, t in named], lambda: named).stable_tensors() is None
 
 
 def test_a_spool_gives_back_every_tensor_bucket_by_bucket(tmp_path):

@@ -365,3 +365,159 @@ def test_packing_mixed_dtypes_and_strided_tensors_lays_every_tensor_s_bytes_in_o
             assert b.digest == bucket_digest(b.data)
             got.update((n, t.clone()) for n, t in tensor_views(b.specs, b.data))
         assert all(torch.equal(got[n], t) for n, t in named), bucket_bytes
+
+
+def _fp32_as_bf16(n=9):
+    g = torch.Generator().manual_seed(7)
+    stored = [(f"w{i}", torch.randn(5, 3 + i, generator=g) * 10.0 ** (i - 4)) for i in range(n)]
+    stored[0][1][0, :3] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-9, -(2**-140)])  # ties and a subnormal
+    sent = [(n, t.to(torch.bfloat16)) for n, t in stored]
+    return stored, sent, [spec_of(n, t) for n, t in sent]
+
+
+def _bytes(buckets):
+    return [(b.specs, b.data.clone(), b.digest) for b in buckets]
+
+
+def test_fp32_sources_are_cast_into_a_bf16_bucket_as_a_cast_of_each_would_be():
+    from services.common.weight_buckets import TensorWeights
+    from services.common.weight_dist import BucketPacker
+
+    stored, sent, specs = _fp32_as_bf16()
+    expected = _bytes(pack_buckets(sent, specs, 128, "cpu"))
+    assert len(expected) > 2
+    for got in (
+        _bytes(pack_buckets(stored, specs, 128, "cpu")),
+        _bytes(pack_buckets(stored, specs, 128, "cpu", slots=2)),
+        _bytes(BucketPacker(128, "cpu").buckets(TensorWeights(specs, lambda: stored, [t for _, t in stored]))),
+    ):
+        assert [(s, g) for s, _, g in got] == [(s, g) for s, _, g in expected]
+        assert all(torch.equal(a, b) for (_, a, _), (_, b, _) in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize(
+    "source, spec_dtype",
+    [
+        (torch.arange(6, dtype=torch.int32), "float32"),  # an int source for a float wire dtype
+        (torch.ones(6), "int32"),  # a float source for an int wire dtype
+        (torch.ones(6, dtype=torch.bool), "bfloat16"),
+        (torch.ones(6, dtype=torch.complex64), "float32"),
+    ],
+)
+def test_a_dtype_other_than_the_spec_s_is_refused_unless_both_are_floating_point(source, spec_dtype):
+    from services.common.weight_buckets import TensorWeights
+    from services.common.weight_dist import BucketPacker
+    from services.common.weights import TensorSpec, wire_dtype
+
+    spec = TensorSpec("x", spec_dtype, (6,), 6 * wire_dtype(spec_dtype).itemsize)
+    with pytest.raises(ValueError, match="expected"):
+        list(pack_buckets([("x", source)], [spec], 64, "cpu"))
+    with pytest.raises(ValueError, match="expected"):
+        list(BucketPacker(64, "cpu").buckets(TensorWeights([spec], lambda: [("x", source)], [source])))
+
+
+class _Stable:
+    """A weight set whose tensors stay put, counting the passes through its (streaming) source."""
+
+    def __init__(self, stored, specs):
+        self.stored, self.specs, self.streamed = stored, specs, 0
+
+    def named_tensors(self):
+        self.streamed += 1
+        return list(self.stored)
+
+    def stable_tensors(self):
+        return [t for _, t in self.stored]
+
+
+def test_the_packer_lays_a_stable_set_out_once_and_again_when_its_specs_or_storage_change():
+    from services.common.weight_dist import BucketPacker
+
+    stored, sent, specs = _fp32_as_bf16()
+    packer = BucketPacker(128, "cpu")
+    first = _bytes(packer.buckets(_Stable(stored, specs)))
+    with torch.no_grad():
+        for _, t in stored:
+            t.mul_(2.0)  # an optimizer step: in place, the same storage
+    weights = _Stable(stored, specs)
+    second = _bytes(packer.buckets(weights))
+    assert packer.builds == 1 and weights.streamed == 0
+    doubled = _bytes(pack_buckets([(n, t.to(torch.bfloat16)) for n, t in stored], specs, 128, "cpu"))
+    assert [(s, g) for s, _, g in second] == [(s, g) for s, _, g in doubled] != [(s, g) for s, _, g in first]
+
+    fewer = _Stable(stored[1:], specs[1:])  # another set: laid out anew
+    list(packer.buckets(fewer))
+    assert packer.builds == 2
+    stored[3] = (stored[3][0], stored[3][1].clone())  # a tensor replaced by new storage
+    list(packer.buckets(_Stable(stored, specs)))
+    assert packer.builds == 3
+    list(packer.buckets(_Stable(stored, specs)))
+    assert packer.builds == 3
+
+
+def test_a_set_the_packer_cannot_lay_out_streams_and_comes_out_the_same():
+    from services.common.weight_dist import BucketPacker
+
+    g = torch.Generator().manual_seed(8)
+    strided = [("s", torch.randn(4, 6, generator=g).T), ("t", torch.randn(3, generator=g))]
+    mixed_cast = [("f", torch.randn(3, generator=g)), ("i", torch.arange(4))]  # f: fp32 sent as bf16
+    mixed_specs = [spec_of("f", mixed_cast[0][1].to(torch.bfloat16)), spec_of("i", mixed_cast[1][1])]
+    for stored, specs in ((strided, [spec_of(n, t) for n, t in strided]), (mixed_cast, mixed_specs)):
+        packer, weights = BucketPacker(1 << 20, "cpu"), _Stable(stored, specs)
+        got = _bytes(packer.buckets(weights))
+        assert weights.streamed == 1
+        expected = _bytes(pack_buckets(stored, specs, 1 << 20, "cpu"))
+        assert [(s, g) for s, _, g in got] == [(s, g) for s, _, g in expected]
+        list(packer.buckets(_Stable(stored, specs)))
+        assert packer.builds == 1  # found not to fit once, not re-examined
+
+
+def test_the_receiver_reuses_its_views_on_the_next_push_and_still_refuses_a_corrupted_bucket(monkeypatch):
+    from services.common import weight_dist
+    from services.common.weight_dist import BucketReceiver, ParamCopier
+
+    named = _many()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    declared = [(b.specs, b.nbytes) for b in buckets]
+    made = []
+    monkeypatch.setattr(weight_dist, "tensor_views", lambda *a: made.append(a[0]) or tensor_views(*a))
+    group = _LoopbackGroup([b.data for b in buckets] * 2)
+    receiver = BucketReceiver(group)
+    params = {n: torch.zeros_like(t) for n, t in named}
+    copy = ParamCopier(params)
+    pushes = []
+    for _ in range(2):
+        handed = []
+        for tensors in receiver.receive_all(declared, lambda i: buckets[i].digest):
+            handed.append([(n, t.data_ptr(), t.shape) for n, t in tensors])
+            copy(tensors)
+        assert all(torch.equal(params[n], t) for n, t in named)
+        for t in params.values():
+            t.zero_()
+        pushes.append(handed)
+    assert len(buckets) % 2 == 0 and len(made) == len(buckets)  # the second push made no view
+    assert pushes[0] == pushes[1]
+
+    payloads = [b.data.clone() for b in buckets]
+    payloads[1][3] ^= 0x10
+    group.payloads = payloads
+    got = []
+    with pytest.raises(WeightSetRejected, match="do not match the digest"):
+        for tensors in receiver.receive_all(declared, lambda i: buckets[i].digest):
+            got.append([n for n, _ in tensors])
+    assert got == [[s.name for s in buckets[0].specs]]  # nothing of the corrupted bucket was handed out
+
+
+def test_the_receiver_makes_new_views_for_other_specs_of_the_same_size():
+    from services.common.weight_dist import BucketReceiver
+    from services.common.weights import TensorSpec
+
+    data = torch.arange(12, dtype=torch.float32)
+    specs_a = (TensorSpec("a", "float32", (12,), 48),)
+    specs_b = (TensorSpec("a", "float32", (3, 4), 48),)
+    digest = bucket_digest(data.view(torch.uint8))
+    receiver = BucketReceiver(_LoopbackGroup([data.view(torch.uint8)] * 4))
+    for specs in (specs_a, specs_a, specs_b, specs_b):  # slot 0, 1, 0, 1
+        ((name, t),) = receiver.receive(specs, 48, digest)
+        assert name == "a" and t.shape == specs[0].shape and torch.equal(t.reshape(-1), data)

@@ -4,7 +4,8 @@
 
 Each bucket is packed once on the learner's device and broadcast to every live server's group in turn,
 while the next one is packed into the other of two buffers; memory beyond the learner's shards is two
-buckets. The pass runs to its end even when every server failed (an FSDP source gathers
+buckets. A one-process learner's set is laid out once and re-packed from that layout on every push
+(`BucketPacker`). The pass runs to its end even when every server failed (an FSDP source gathers
 collectively). A group that failed in any way is closed and replaced by a new one (a new name) at the
 next push to that server."""
 
@@ -21,6 +22,7 @@ import torch
 
 from services.common.weight_buckets import MiB, WeightSet
 from services.common.weight_dist import (
+    BucketPacker,
     DeviceBucket,
     Group,
     Rendezvous,
@@ -28,7 +30,6 @@ from services.common.weight_dist import (
     backend_for,
     bucket_digest,
     open_store,
-    pack_buckets,
     set_checksum,
 )
 from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
@@ -84,6 +85,7 @@ class NcclWeightPusher(WeightPusher):
             raise ValueError(f"process-group backend {backend} cannot move tensors on {self.device}")
         self._store = None
         self._groups: dict[str, Group] = {}
+        self._packer: BucketPacker | None = None
 
     def push(
         self, version, weights: WeightSet, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
@@ -96,6 +98,7 @@ class NcclWeightPusher(WeightPusher):
         for group in self._groups.values():
             group.close()
         self._groups.clear()
+        self._packer = None
 
     def _rendezvous(self, address: str) -> tuple[Rendezvous, Group | None]:
         group = self._groups.get(address)
@@ -158,8 +161,15 @@ class NcclWeightPusher(WeightPusher):
 
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
-            return pack_buckets(weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=2)
+            return self._packer_now().buckets(weights)
         return self._from_host_buckets(weights)
+
+    def _packer_now(self) -> BucketPacker:
+        """The packer kept across pushes (its layout cache), new when the bucket size or device changed."""
+        packer = self._packer
+        if packer is None or (packer.bucket_bytes, packer.device) != (self.bucket_bytes, self.device):
+            packer = self._packer = BucketPacker(self.bucket_bytes, self.device)
+        return packer
 
     def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
         """A set that only streams host buckets (a spooled re-push): moved to the group's device."""
