@@ -213,19 +213,19 @@ def _receiver(args, port, shape, gpu, results) -> None:
         probe = next(iter(params.values()))
         finite = bool(probe.float().isfinite().all())
         # phase: the receiver's checks (digest + finite, one read back) and apply alone, through the same
-        # receiver over zeroed buckets (a first pass zeroes them; the model's values do not matter to the
+        # receiver over zeroed buckets (the untimed passes zero them; the model's values do not matter to the
         # next syncs)
         zero_digests = [bucket_digest(torch.zeros(n, dtype=torch.uint8, device=device)) for n in sizes]
         receiver.group = _Replay(group)
         check_times, check_cpu = [], []
-        for i in range(4):
-            receiver.group.zero = i == 0
+        for i in range(5):  # two untimed passes zero both slots at every size (an odd count swaps them a pass)
+            receiver.group.zero = i < 2
             _sync(device)
             start, cpu = time.perf_counter(), time.process_time()
             for tensors in receiver.receive_all(declared, zero_digests.__getitem__):
                 copy_into(tensors)
             _sync(device)
-            if i:
+            if i >= 2:
                 check_times.append(time.perf_counter() - start)
                 check_cpu.append(time.process_time() - cpu)
         receiver.release()
@@ -245,7 +245,7 @@ def _receiver(args, port, shape, gpu, results) -> None:
 
 class _Replay:
     """A stand-in group for the receiver's phase timed alone: a "broadcast" leaves the buffer as it is
-    (zeroed by the first pass)."""
+    (zeroed while `zero` is set)."""
 
     class _Done:
         def wait(self):
