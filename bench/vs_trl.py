@@ -248,7 +248,7 @@ def summarize(results: list[dict], sides: list[str]) -> dict:
     if "project" in sides:
         for peer in (s for s in sides if s != "project"):
             per_round = [
-                p["completions_per_s"] / q["completions_per_s"]
+                q["median_step_s"] / p["median_step_s"]  # = completions/s ratio, unrounded (same batch)
                 for p in results
                 if p["side"] == "project"
                 for q in results
