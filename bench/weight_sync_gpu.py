@@ -5,7 +5,7 @@ sender's code (`fsdp.streamed_weights` -> `weight_dist.BucketPacker`, kept acros
 keeps it, with each bucket's on-device digest -> `Group.post` through a `SendWindow`, as
 `nccl_push._stream` does); a receiver process on GPU1 takes each bucket through the shared receiving
 code (`BucketReceiver`) and copies it into a Hugging Face model's named parameters (`check_against`
-first, then a `ParamCopier`, `copy_into` with each bucket's parameter list kept). In
+first, then a `ParamCopier`, kept across pushes: each bucket's parameter list looked up once). In
 the same run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the
 ceiling the push is compared against.
 

@@ -330,11 +330,10 @@ class BucketPacker:
     """`pack_buckets(slots=2)` for a sender that pushes the same set again and again (the nccl pusher keeps
     one). A set whose tensors stay put (`TensorWeights.stable_tensors`: plain tensors, a one-process FSDP
     mesh) is laid out once: per bucket, the flat views of its tensors and the dtype the bucket is viewed
-    as; each push is then one `torch.cat` (casting where the set is stored in another float dtype) and the
-    digest per bucket, no host work a tensor. The layout is rebuilt when the specs change or a tensor's
-    storage moved (its `data_ptr`: the layout's views keep the old storage alive until the next push
-    rebuilds it or `release`, so an equal pointer is the same memory; an optimizer's in-place step keeps
-    it). A set that gathers, holds a tensor on another
+    as; each push is then one copy per bucket (`_Packed.copy_to`) and its digest, no host work a tensor.
+    The layout is rebuilt when the specs change or a tensor's storage moved (its `data_ptr`: the layout's
+    views keep the old storage alive until the next push rebuilds it or `release`, so an equal pointer is
+    the same memory; an optimizer's in-place step keeps it). A set that gathers, holds a tensor on another
     device or a strided one, or mixes dtypes that need a cast within one bucket streams through
     `pack_buckets`."""
 
@@ -428,7 +427,7 @@ class _Layout:
 
 
 def _packed(specs: tuple[TensorSpec, ...], tensors: Sequence[torch.Tensor], device: torch.device) -> _Packed | None:
-    """A bucket's cached copy, or None where its tensors cannot be read in place by one cat: on another
+    """A bucket's cached copy, or None where its tensors cannot be read in place by one copy: on another
     device, strided (flattening copies it), or of mixed wire dtypes with one needing a cast."""
     kept = [(s, t) for s, t in zip(specs, tensors, strict=True) if s.nbytes]
     if any(t.device != device or not t.is_contiguous() for _, t in kept):
@@ -665,16 +664,10 @@ def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) 
             raise WeightSetRejected(f"{s.name!r}: {s.dtype}{list(s.shape)}, the model has {p.dtype}{list(p.shape)}")
 
 
-def copy_into(params: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Applies received tensors into named parameters (a Hugging Face model's `state_dict()`)."""
-    pairs = list(tensors)
-    if pairs:
-        _copy_all([params[name] for name, _ in pairs], [t for _, t in pairs])
-
-
 class ParamCopier:
-    """`copy_into(params, tensors)` for a receiver that applies buckets of the same names on every push:
-    each bucket's list of target parameters is looked up once (keyed by the bucket's names)."""
+    """Applies received tensors into named parameters (a Hugging Face model's `state_dict()`) by one
+    multi-tensor copy a bucket; a receiver that applies buckets of the same names on every push looks each
+    bucket's list of target parameters up once (keyed by the bucket's names)."""
 
     def __init__(self, params: dict[str, torch.Tensor]):
         self.params = params
@@ -688,12 +681,8 @@ class ParamCopier:
         targets = self._targets.get(names)
         if targets is None:
             targets = self._targets[names] = [self.params[name] for name in names]
-        _copy_all(targets, [t for _, t in pairs])
-
-
-def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
-    with torch.no_grad():  # one multi-tensor copy, not a kernel launch per tensor
-        torch._foreach_copy_(targets, sources, non_blocking=True)
+        with torch.no_grad():  # one multi-tensor copy, not a kernel launch per tensor
+            torch._foreach_copy_(targets, [t for _, t in pairs], non_blocking=True)
 
 
 def socket_ifname_hint() -> str:

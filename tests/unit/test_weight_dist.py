@@ -9,11 +9,11 @@ from pydantic import ValidationError
 from services.common.config import load_config
 from services.common.weight_buckets import plan_buckets
 from services.common.weight_dist import (
+    ParamCopier,
     Rendezvous,
     bucket_digest,
     check_against,
     check_finite_bucket,
-    copy_into,
     pack_buckets,
     set_checksum,
 )
@@ -92,7 +92,7 @@ def test_set_checksum_covers_specs_and_digests_in_order():
     assert set_checksum(specs, ["d1"]) != set_checksum(specs[:2], ["d1"])
 
 
-def test_check_against_refuses_an_unknown_name_or_another_shape_and_copy_into_applies():
+def test_check_against_refuses_an_unknown_name_or_another_shape_and_a_param_copier_applies():
     params = {n: torch.zeros_like(t) for n, t in _named()}
     named = _named()
     with pytest.raises(WeightSetRejected, match="unknown tensor"):
@@ -100,7 +100,7 @@ def test_check_against_refuses_an_unknown_name_or_another_shape_and_copy_into_ap
     with pytest.raises(WeightSetRejected, match="'a'"):
         check_against(params, [spec_of("a", named[0][1].T.contiguous())])
     check_against(params, [spec_of(n, t) for n, t in named])
-    copy_into(params, named)
+    ParamCopier(params)(named)
     assert torch.equal(params["c"], named[2][1])
 
 
@@ -203,14 +203,14 @@ def test_a_bucket_finite_check_names_the_tensor_with_a_nan_and_passes_huge_finit
         check_finite_bucket(*_bucket_of(mixed))
 
 
-def test_copy_into_applies_every_tensor_and_pack_buckets_round_trips():
+def test_a_param_copier_applies_every_tensor_and_pack_buckets_round_trips():
     named = [(f"w{i}", torch.randn(3, i + 1)) for i in range(5)]
     specs = [spec_of(n, t) for n, t in named]
     buckets = list(pack_buckets(iter(named), specs, bucket_bytes=40, device="cpu"))
     assert len(buckets) > 1
     params = {n: torch.zeros_like(t) for n, t in named}
     for b in buckets:
-        copy_into(params, tensor_views(b.specs, b.data))
+        ParamCopier(params)(tensor_views(b.specs, b.data))
     for n, t in named:
         assert torch.equal(params[n], t)
 

@@ -85,7 +85,7 @@ class NcclWeightPusher(WeightPusher):
             raise ValueError(f"process-group backend {backend} cannot move tensors on {self.device}")
         self._store = None
         self._groups: dict[str, Group] = {}
-        self._packer: BucketPacker | None = None
+        self._packer = BucketPacker(self.bucket_bytes, self.device)  # its layout is kept across pushes
 
     def push(
         self, version, weights: WeightSet, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
@@ -98,7 +98,7 @@ class NcclWeightPusher(WeightPusher):
         for group in self._groups.values():
             group.close()
         self._groups.clear()
-        self._packer = None
+        self._packer.release()
 
     def _rendezvous(self, address: str) -> tuple[Rendezvous, Group | None]:
         group = self._groups.get(address)
@@ -161,15 +161,8 @@ class NcclWeightPusher(WeightPusher):
 
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
-            return self._packer_now().buckets(weights)
+            return self._packer.buckets(weights)
         return self._from_host_buckets(weights)
-
-    def _packer_now(self) -> BucketPacker:
-        """The packer kept across pushes (its layout cache), new when the bucket size or device changed."""
-        packer = self._packer
-        if packer is None or (packer.bucket_bytes, packer.device) != (self.bucket_bytes, self.device):
-            packer = self._packer = BucketPacker(self.bucket_bytes, self.device)
-        return packer
 
     def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
         """A set that only streams host buckets (a spooled re-push): moved to the group's device."""
