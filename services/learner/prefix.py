@@ -12,9 +12,13 @@ every row has at least one real token after them (the row's own part is never em
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,22 @@ def shared_prefixes(
         if length >= min_tokens:
             out.append(Prefix(tuple(rows), length))
     return out
+
+
+def group_ordered(trajectories: Sequence[T]) -> list[T]:
+    """The trajectories with each group's rows together (groups in order of first appearance, rows in order
+    within a group): a batch collected as episodes finish interleaves its groups, and consecutive micro-batches
+    then split each group into pieces that share their prompt only among themselves."""
+    first: dict[str, int] = {}
+    for t in trajectories:
+        first.setdefault(t.group_id, len(first))
+    return sorted(trajectories, key=lambda t: first[t.group_id])
+
+
+def decoder_tokens(width: int, rows: int, prefixes: list[Prefix]) -> int:
+    """Token positions the decoder runs for a [rows, width] micro-batch with these prefixes (padding included)."""
+    shared = sum(len(p.rows) for p in prefixes)
+    return (rows - shared) * width + sum(p.length + len(p.rows) * (width - p.length) for p in prefixes)
 
 
 def shared_prefix_hidden(

@@ -30,7 +30,7 @@ from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, 
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
 from services.learner.packing import token_budget_chunks
 from services.learner.parallelize import parallelize
-from services.learner.prefix import Prefix, shared_prefixes
+from services.learner.prefix import Prefix, decoder_tokens, group_ordered, shared_prefixes
 from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_optimizer, build_scheduler, restore_scheduler
 
@@ -158,6 +158,17 @@ class PolicyTrainer:
             prefixes = shared_prefixes(mb.input_ids, mb.attention_mask, mb.group_index)
         return _Micro(mb, rows, prefixes=prefixes)
 
+    @staticmethod
+    def _decoder_token_fraction(micro: list[_Micro]) -> float:
+        """Token positions the policy's decoder ran over those of the padded micro-batches (1: nothing shared)."""
+        padded = ran = 0
+        for m in micro:
+            if m.rows is not None:
+                rows, width = m.batch.input_ids.shape
+                padded += rows * width
+                ran += decoder_tokens(width, rows, m.prefixes or [])
+        return ran / max(padded, 1)
+
     def _micro_rows(self, batch: TrainBatch, share: torch.Tensor) -> list[torch.Tensor]:
         """A rank's share of rows in micro-batches: by `micro_batch_tokens` real tokens when set, else by
         `micro_batch_size` sequences. Every rank computes every share's split, so all agree on the count."""
@@ -256,6 +267,8 @@ class PolicyTrainer:
 
     def _step(self, trajectories: Sequence[Trajectory], dry_run: bool) -> dict[str, float]:
         algo, reward = self.config.algorithm, self.config.reward
+        if self.config.learner.share_prefix:
+            trajectories = group_ordered(trajectories)
         batch = collate(trajectories, self.pad_id, allocation=reward.allocation, gamma=reward.gamma)
         mask = batch.response_mask
         minis = self._mini_batches(batch)
@@ -263,7 +276,7 @@ class PolicyTrainer:
         sums = {key: torch.zeros((), dtype=torch.float64, device=self.device) for key in _SUMS}
         extra: dict[str, float] = {"lr": self.optimizer.param_groups[0]["lr"]}
 
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         fused = self._fused_scoring(len(minis)) and not dry_run
         self._score(micro, sums, fused)
         token_rewards = batch.token_rewards
@@ -289,6 +302,7 @@ class PolicyTrainer:
         if dry_run:
             return {"grad_norm": grad_norms[-1]}
         extra["time/policy_update_s"] = time.perf_counter() - scored
+        extra["decoder_token_fraction"] = self._decoder_token_fraction(micro)
         if self.critic is not None:
             extra["critic_lr"] = self.critic.optimizer.param_groups[0]["lr"]
             updated = time.perf_counter()
@@ -297,6 +311,7 @@ class PolicyTrainer:
             extra.update(critic_grad_norm=critic_norms[-1], **self._value_stats(values, returns, mask))
         self.scheduler.step()
         self.step += 1
+        extra["time/step_cpu_s"] = time.process_time() - cpu_start  # every thread of the process: load shows here
         totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
         return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
 

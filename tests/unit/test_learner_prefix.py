@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.learner.model import token_logprobs, token_logprobs_and_entropy
-from services.learner.prefix import Prefix, shared_prefix_hidden, shared_prefixes
+from services.learner.prefix import Prefix, decoder_tokens, group_ordered, shared_prefix_hidden, shared_prefixes
 from tests.unit.test_learner_levers import make_config, untimed
 
 
@@ -115,8 +115,33 @@ def test_train_step_same_with_shared_prefix(model_dir, algorithm):
     plain = PolicyTrainer(make_config(chunked, **algorithm), model_dir).train_step(trajs)
     shared = PolicyTrainer(make_config({**chunked, "share_prefix": True}, **algorithm), model_dir).train_step(trajs)
     assert untimed(shared).keys() == untimed(plain).keys()
+    # 3 groups of 4 rows: each group's prompt runs once a micro-batch instead of once a row
+    assert plain.pop("decoder_token_fraction") == 1.0
+    assert 0.3 < shared.pop("decoder_token_fraction") < 0.9
     for key, value in untimed(plain).items():
         assert shared[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_interleaved_groups_share_as_much_as_ordered_ones(model_dir):
+    """Episodes finish in any order, so a collected batch interleaves its groups; the trainer puts each group's
+    rows together before it cuts micro-batches, so a micro-batch of 4 rows holds one whole group."""
+    from services.learner.trainer import PolicyTrainer
+
+    trajs = _group_trajectories()
+    interleaved = [t for i in range(4) for t in trajs[i::4]]
+    assert [t.group_id for t in interleaved[:4]] != [trajs[0].group_id] * 4
+    assert [t.group_id for t in group_ordered(interleaved)] == [t.group_id for t in trajs]
+    config = {"logprob_chunk_tokens": 7, "share_prefix": True}
+    ordered = PolicyTrainer(make_config(config, micro_batch_size=4), model_dir).train_step(trajs)
+    mixed = PolicyTrainer(make_config(config, micro_batch_size=4), model_dir).train_step(interleaved)
+    assert mixed["decoder_token_fraction"] == pytest.approx(ordered["decoder_token_fraction"])
+    assert mixed["loss"] == pytest.approx(ordered["loss"], rel=1e-4)
+
+
+def test_decoder_tokens_counts_each_prefix_once():
+    assert decoder_tokens(10, 3, []) == 30
+    # rows 0-2 share 5 tokens: 5 + 3 x 5; row 3 alone: 10
+    assert decoder_tokens(10, 4, [Prefix((0, 1, 2), 5)]) == 5 + 15 + 10
 
 
 def test_shared_prefix_needs_padded_rows_the_chunked_head_and_no_recompute():
