@@ -56,19 +56,24 @@ def make_trajectories(seed, n, model=None, groups=3):
 def test_collate_matches_records_after_wire_round_trip(seed, n, allocation):
     trajs = list(decode_batch(encode_batch(make_trajectories(seed, n))).trajectories)
     batch = collate(trajs, pad_id=99, allocation=allocation, gamma=0.9)
-    length = max(len(t.token_ids) for t in trajs)
+    # a row ends at its last model token (the observation after it is never used); a row without one is whole
+    mask = [list(t.loss_mask) for t in trajs]
+    used = [max((j + 1 for j, m in enumerate(row) if m), default=len(row)) for row in mask]
+    length = max(used)
     assert batch.input_ids.shape == (n, length) and batch.group_index.shape == (n,)
     group_ids: dict[str, int] = {}
     for i, t in enumerate(trajs):
-        k = len(t.token_ids)
-        assert batch.input_ids[i].tolist() == list(t.token_ids) + [99] * (length - k)
+        k = used[i]
+        assert 1 not in mask[i][k:]  # nothing cut is a model token
+        assert batch.input_ids[i].tolist() == list(t.token_ids)[:k] + [99] * (length - k)
         assert batch.attention_mask[i].tolist() == [1] * k + [0] * (length - k)
-        assert batch.response_mask[i].tolist() == list(t.loss_mask) + [0] * (length - k)
-        torch.testing.assert_close(batch.rollout_logprobs[i, :k], torch.tensor(list(t.logprobs)))
+        assert batch.response_mask[i].tolist() == mask[i][:k] + [0] * (length - k)
+        torch.testing.assert_close(batch.rollout_logprobs[i, :k], torch.tensor(list(t.logprobs)[:k]))
         segments = [(u.start, u.start + u.model_tokens) for u in t.turns if u.model_tokens]
-        expected = allocate(allocation, list(t.loss_mask), segments, t.reward, 0.9)
+        expected = allocate(allocation, mask[i], segments, t.reward, 0.9)
+        assert not any(expected[k:])  # rewards sit on model tokens only
         torch.testing.assert_close(
-            batch.token_rewards[i].double(), torch.tensor(expected + [0.0] * (length - k), dtype=torch.float64)
+            batch.token_rewards[i].double(), torch.tensor(expected[:k] + [0.0] * (length - k), dtype=torch.float64)
         )
         for u in t.turns:
             assert batch.policy_versions[i, u.start : u.start + u.model_tokens].eq(u.policy_version).all()
@@ -137,3 +142,39 @@ def test_select_and_to():
     assert isinstance(sub, TrainBatch) and sub.size == 2
     assert torch.equal(sub.input_ids[1], batch.input_ids[0])
     assert sub.to("cpu").input_ids.device.type == "cpu"
+
+
+def _episodes(trailing: bool, seed: int = 5):
+    """Two groups of three one-turn episodes; with `trailing`, each ends with the observation of a turn that
+    never came (what an episode out of turns records)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(2):
+        prompt = [rng.randrange(3, 60) for _ in range(6)]
+        for _ in range(3):
+            b = TrajectoryBuilder(env="t", task_index=g, group_id=f"g{g}", prompt_ids=prompt)
+            ids = [rng.randrange(3, 60) for _ in range(rng.randint(2, 5))]
+            lps = [-rng.uniform(0.5, 4.0) for _ in ids]
+            b.add_model_turn(ids, lps, policy_version=0, text="", action="", action_valid=True, finish_reason="stop")
+            observation = [rng.randrange(3, 60) for _ in range(7)]
+            if trailing:
+                b.add_observation(observation, env_reward=0.0)
+            traj = b.finish(env_return=0.0, success=False, stop_reason="max_turns")
+            traj.reward = rng.uniform(-1, 1)
+            out.append(traj)
+    return out
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "gae"])
+def test_a_trailing_observation_changes_no_step_metric(model_dir, advantage):
+    from services.learner.trainer import PolicyTrainer
+    from tests.unit.test_learner_levers import make_config, untimed
+
+    with_obs, without = _episodes(True), _episodes(False)
+    assert collate(with_obs, 0).input_ids.shape == collate(without, 0).input_ids.shape
+    config = make_config(None, advantage=advantage, ppo_epochs=2, use_kl_loss=True)
+    a = untimed(PolicyTrainer(config, model_dir).train_step(with_obs))
+    b = untimed(PolicyTrainer(config, model_dir).train_step(without))
+    assert a.keys() == b.keys()
+    for key, value in b.items():
+        assert a[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key

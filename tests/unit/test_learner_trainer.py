@@ -255,7 +255,9 @@ def test_micro_batching_equals_full_batch(model_dir, mode):
         for key in ("loss", "grad_norm", "clip_frac", "approx_kl", "entropy", "mismatch_kl"):
             assert metrics[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
         for name, value in params.items():
-            torch.testing.assert_close(value, p_full[name], rtol=1e-4, atol=5e-5)  # Adam magnifies fp noise
+            # Adam magnifies fp noise: its second step divides moments of two gradients that may nearly cancel
+            # (1e-4 is 1.7% of the largest update, 2 x lr; a wrong split moves the metrics above at 1e-5)
+            torch.testing.assert_close(value, p_full[name], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("tie", [False, True])
