@@ -281,6 +281,29 @@ def perturbed(model, seed: int, scale: float = 0.02):
     return new
 
 
+def test_a_groups_short_prompt_is_computed_once(engine):
+    """GRPO sends a group's samples of one prompt at once. vLLM's prefix cache shares whole KV blocks only,
+    and vLLM-CPU's default block (128 tokens) is longer than the built-in tasks' prompts, so the backend
+    sets 32 on CPU: the 7 later samples of a 40-127-token prompt find its first block(s) cached."""
+    from prometheus_client import start_http_server
+
+    if engine.tied:
+        pytest.skip("prefix caching does not depend on the output head: checked once, on the untied model")
+    prompt = engine.prompt(" ".join(CORPUS[2:4]))
+    assert 40 <= len(prompt) < 128, len(prompt)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1")
+    try:
+        before = scrape(port)
+        engine.generate_many([prompt] * 8, SamplingSpec(max_tokens=4, seed=7))
+        after = scrape(port)
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+    hits = after[ENGINE + "prefix_cache_hits_total"] - before[ENGINE + "prefix_cache_hits_total"]
+    assert hits >= 7 * 32 * ((len(prompt) - 1) // 32), (hits, len(prompt))
+
+
 def test_load_weights_matches_new_model(engine):
     old = engine.reference
     # Longer than a KV block (128 tokens on CPU) so the first call caches the prompt's prefix: a

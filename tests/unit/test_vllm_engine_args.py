@@ -113,10 +113,13 @@ def test_engine_args_override_the_backends_defaults_and_never_its_own_settings()
     )
     assert gpu["disable_log_stats"] is False and gpu["logprobs_mode"] == "processed_logprobs"
     assert gpu["kv_cache_memory_bytes"] is None and gpu["enable_chunked_prefill"] is None  # vLLM's own defaults
+    assert gpu["block_size"] is None
     assert set(gpu) <= set(engine_fields())
     cpu = kwargs(on_cpu=True)
     assert cpu["kv_cache_memory_bytes"] == 1000 and cpu["enable_chunked_prefill"] is False
+    assert cpu["block_size"] == 32  # vLLM-CPU's 128 would cache no prompt shorter than 128 tokens
     assert kwargs(on_cpu=True, kv_cache_memory_bytes=123)["kv_cache_memory_bytes"] == 123
+    assert kwargs(on_cpu=True, block_size=128)["block_size"] == 128
     with pytest.raises(ValidationError):
         kwargs(on_cpu=False, seed=1)
 
