@@ -3,6 +3,7 @@ PromQL expression of every Grafana dashboard in deploy/grafana/dashboards must r
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -72,6 +73,43 @@ def wait_for(check, timeout_s: float, what: str, poll_s: float = 0.5):
         time.sleep(poll_s)
 
 
+def start_prometheus(config: Path, tmp: Path, attempts: int = 5) -> tuple[ServiceProcess, str]:
+    """Prometheus on a free port, and its URL once ready. A port free when picked may be bound by another
+    process before Prometheus binds it (the pipeline's services and vLLM's sockets start meanwhile; a second
+    test run beside this one): Prometheus then exits ("address already in use") and another port is tried."""
+    for attempt in range(attempts):
+        port = free_port()
+        proc = ServiceProcess(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            tmp / f"prometheus-{attempt}.log",
+        ).start()
+        url = f"http://127.0.0.1:{port}"
+        check = functools.partial(_ready_or_exited, proc, url, tmp / "tsdb")
+        ready = wait_for(check, 60, "Prometheus neither ready nor exited")
+        if ready == "ready":
+            return proc, url
+        proc.stop()
+    pytest.fail(f"Prometheus could not bind a port in {attempts} attempts:\n{proc.log_tail()}")
+
+
+def _ready_or_exited(proc: ServiceProcess, url: str, tsdb: Path) -> str | None:
+    if not proc.running():
+        return "exited"
+    if urllib.request.urlopen(f"{url}/-/ready", timeout=2).status != 200:
+        return None
+    # the one answering must be this Prometheus, not another test run's that holds the port
+    flags = http_json(f"{url}/api/v1/status/flags")["data"]
+    return "ready" if flags.get("storage.tsdb.path") == str(tsdb) and proc.running() else None
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, warm_tiny_model):
     if not (shutil.which("prometheus") and shutil.which("promtool")):
@@ -93,7 +131,7 @@ def stack(tmp_path_factory, warm_tiny_model):
     )  # validation at v0, v2, ...: its panel has data
     lines: list[str] = []
     run = LocalRun(config, say=lines.append)
-    api_port, prom_port = free_port(), free_port()
+    api_port = free_port()
     api = ServiceProcess(
         "jobs-api",
         python_module("services.jobs", "--host", "127.0.0.1", "--port", str(api_port)),
@@ -122,20 +160,7 @@ def stack(tmp_path_factory, warm_tiny_model):
         prom_config.write_text(
             yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape})
         )
-        prometheus = ServiceProcess(
-            "prometheus",
-            [
-                "prometheus",
-                f"--config.file={prom_config}",
-                f"--storage.tsdb.path={tmp / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=warn",
-            ],
-            tmp / "prometheus.log",
-        ).start()
-        url = f"http://127.0.0.1:{prom_port}"
-        wait_for(lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200, 60, "Prometheus not ready")
+        prometheus, url = start_prometheus(prom_config, tmp)
         state, steps, cursor = RunState.connect(config), 0, "0"
         deadline = time.monotonic() + 240
         while steps < MIN_STEPS:
