@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from services.common.trajectory import RecordError, Trajectory, validate
+from services.common.trajectory import RecordError, Trajectory, model_segments, validate
 from services.learner.allocation import trajectory_token_rewards
 
 
@@ -52,8 +52,7 @@ def used_length(traj: Trajectory) -> int:
     which an episode that runs out of turns keeps) is never scored nor read by a scored token: a causal model's
     logprobs, entropies and values at the model tokens do not depend on it. A record without model tokens is
     kept whole (it carries no loss either way)."""
-    ends = [turn.start + turn.model_tokens for turn in traj.turns if turn.model_tokens]
-    return max(ends) if ends else len(traj.token_ids)
+    return max((end for _, end in model_segments(traj)), default=len(traj.token_ids))
 
 
 def collate(

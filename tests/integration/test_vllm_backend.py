@@ -9,6 +9,7 @@ engine must be driven from the loop it was started in (pytest-asyncio is not use
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import urllib.request
@@ -209,21 +210,29 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def metrics_endpoint():
+    """prometheus_client's default registry served on a free loopback port, as the rollout serves it."""
+    from prometheus_client import start_http_server
+
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1")
+    try:
+        yield port
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
 def test_vllm_statistics_reach_the_metrics_endpoint(engine):
     """The metrics endpoint the rollout serves (prometheus_client's default registry, as
     services.common.grpc_server.serve starts it) carries the engine's statistics, fed from vLLM's:
     prefix-cache queries and hits, and, sampled while more requests than max_num_seqs run, the running
     and waiting requests and the KV cache in use. vLLM's own `vllm:*` series are there too."""
-    from prometheus_client import start_http_server
-
-    if engine.tied:
-        pytest.skip("engine statistics do not depend on the output head: checked once, on the untied model")
-    port = free_port()
-    server, thread = start_http_server(port, addr="127.0.0.1")
-    try:
+    with metrics_endpoint() as port:
         before = scrape(port)
         assert set(VLLM_OWN) <= set(before), sorted(set(VLLM_OWN) - set(before))
-        # Twice the same prompt, longer than a KV block (128 tokens on CPU): the second finds the first's blocks
+        # Twice the same prompt, longer than 128 tokens: the second finds the first's whole KV blocks
         prompt = engine.prompt(" ".join(CORPUS[6:11]))
         assert len(prompt) > 128
         for seed in (1, 2):
@@ -272,9 +281,6 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
         idle = scrape(port)
         assert idle[ENGINE + "requests{running}"] == idle[ENGINE + "requests{waiting}"] == 0
         assert ENGINE + "preemptions_total" in idle  # none here: the KV cache is far larger than the batch
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
 
 
 def perturbed(model, seed: int, scale: float = 0.02):
@@ -292,28 +298,19 @@ def test_a_groups_short_prompt_is_computed_once(engine):
     """GRPO sends a group's samples of one prompt at once. vLLM's prefix cache shares whole KV blocks only,
     and vLLM-CPU's default block (128 tokens) is longer than the built-in tasks' prompts, so the backend
     sets 32 on CPU: the 7 later samples of a 40-127-token prompt find its first block(s) cached."""
-    from prometheus_client import start_http_server
-
-    if engine.tied:
-        pytest.skip("prefix caching does not depend on the output head: checked once, on the untied model")
     prompt = engine.prompt(" ".join(CORPUS[2:4]))
     assert 40 <= len(prompt) < 128, len(prompt)
-    port = free_port()
-    server, thread = start_http_server(port, addr="127.0.0.1")
-    try:
+    with metrics_endpoint() as port:
         before = scrape(port)
         engine.generate_many([prompt] * 8, SamplingSpec(max_tokens=4, seed=7))
         after = scrape(port)
-    finally:
-        server.shutdown()
-        thread.join(timeout=5)
     hits = after[ENGINE + "prefix_cache_hits_total"] - before[ENGINE + "prefix_cache_hits_total"]
     assert hits >= 7 * 32 * ((len(prompt) - 1) // 32), (hits, len(prompt))
 
 
 def test_load_weights_matches_new_model(engine):
     old = engine.reference
-    # Longer than a KV block (128 tokens on CPU) so the first call caches the prompt's prefix: a
+    # Longer than 128 tokens (several KV blocks) so the first call caches the prompt's prefix: a
     # load that did not drop the prefix cache would reuse KV computed by the old weights.
     prompt = engine.prompt(" ".join(CORPUS[:5]))
     assert 128 < len(prompt) < 400
