@@ -76,10 +76,10 @@ def collate(
     for i, (traj, n) in enumerate(zip(trajectories, used)):
         if n and traj.loss_mask[0]:
             raise RecordError(f"{traj.trajectory_id}: a model token at position 0 has no context")
-        ids[i, :n] = traj.token_ids[:n]
+        ids[i, :n] = np.array(traj.token_ids)[:n]
         attn[i, :n] = 1
-        resp[i, :n] = traj.loss_mask[:n]
-        lps[i, :n] = traj.logprobs[:n]
+        resp[i, :n] = np.array(traj.loss_mask)[:n]
+        lps[i, :n] = np.array(traj.logprobs)[:n]
         rew[i, :n] = trajectory_token_rewards(traj, allocation, gamma)[:n]
         for turn in traj.turns:
             versions[i, turn.start : turn.start + turn.model_tokens] = turn.policy_version

@@ -69,6 +69,23 @@ def test_validate_catches_broken_records():
         validate(traj)
 
 
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda t: t.loss_mask.__setitem__(3, 2), "loss_mask"),  # a mask is 0 or 1, not any truthy value
+        (lambda t: t.logprobs.__setitem__(6, float("nan")), "non-model"),
+        (lambda t: t.logprobs.__setitem__(0, float("inf")), "non-model"),
+        (lambda t: setattr(t.turns[1], "start", 7), "turn starts at 7, expected 8"),
+    ],
+)
+def test_validate_catches_values_a_hostile_writer_could_send(breakage, message):
+    traj = two_turn_trajectory()
+    validate(traj)
+    breakage(traj)
+    with pytest.raises(RecordError, match=message):
+        validate(traj)
+
+
 def test_builder_rejects_mismatched_logprobs():
     b = TrajectoryBuilder(env="e", task_index=0, group_id="g", prompt_ids=[1])
     with pytest.raises(RecordError):
