@@ -91,7 +91,7 @@ def build_model(args: argparse.Namespace, work: Path) -> Path:
     out = work / f"model-{args.model}"
     if (out / "warm" / "config.json").exists() or (not config.model.warmstart_steps and (out / "base").exists()):
         return out / ("warm" if config.model.warmstart_steps else "base")
-    return prepare_tiny_model(config, out, print)
+    return prepare_tiny_model(config, out, print, warmstart_lr=args.warmstart_lr)
 
 
 class TreeSampler:
@@ -288,6 +288,12 @@ def main() -> int:
         type=int,
         default=0,
         help="85m only: warm-start steps (tiny: the config's). 0: random weights (85M warm-starts slowly on 2 cores)",
+    )
+    ap.add_argument(
+        "--warmstart-lr",
+        type=float,
+        default=2e-3,
+        help="the warm-start's AdamW learning rate (the tiny recipe's 2e-3; docs/benchmarks.md's 85m runs: 3e-4)",
     )
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--runs", type=int, default=1, help="rounds; each runs every side once")

@@ -22,7 +22,9 @@ def env_corpus(config: TrainConfig, episodes: int = 200, say: Callable[[str], No
     return texts
 
 
-def prepare_tiny_model(config: TrainConfig, root: Path, say: Callable[[str], None] = print) -> Path:
+def prepare_tiny_model(
+    config: TrainConfig, root: Path, say: Callable[[str], None] = print, warmstart_lr: float = 2e-3
+) -> Path:
     from services.common.tiny_model import build_tiny_model
     from services.learner.warmstart import warmstart
 
@@ -36,6 +38,7 @@ def prepare_tiny_model(config: TrainConfig, root: Path, say: Callable[[str], Non
         config.env,
         config.model.warmstart_steps,
         seed=config.seed,
+        lr=warmstart_lr,
         say=say,
         read_observations=config.model.warmstart_reads_observations,
     )
