@@ -19,8 +19,11 @@ from services.launcher.local import LocalRun
 from services.launcher.report import DETAIL_MARK, SupervisorView, failure_summary
 
 
-class Stop(BaseException):
-    """Raised from a signal handler; a BaseException so that no `except Exception` swallows it."""
+class Stop(SystemExit):
+    """Raised from a signal handler. A SystemExit, so that neither an `except Exception` nor asyncio swallows it:
+    asyncio's callback runner and task steps re-raise only SystemExit and KeyboardInterrupt, and log any other
+    BaseException. A cancel that landed in the start-up's health wait was lost that way (and, the handler having
+    ignored further signals, the job ran on until the launcher's SIGKILL)."""
 
     def __init__(self, state: str, error: str | None = None):
         super().__init__(state)
