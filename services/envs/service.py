@@ -254,8 +254,13 @@ class EnvService:
         return True
 
     async def aclose(self) -> None:
-        for episode_id in list(self._episodes):
-            await self.close(episode_id)
+        """Closes every episode; waits (up to `step_timeout_s`) for the closes queued on the workers, which the
+        pool's shutdown would otherwise cancel before they start, leaving those envs open."""
+        queued = [self._close_later(ep) for ep in [self._episodes.pop(i) for i in list(self._episodes)]]
+        self._m_active.set(0)
+        waits = [asyncio.wrap_future(f) for f in queued if f is not None]
+        if waits:
+            await asyncio.wait(waits, timeout=self.step_timeout_s)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _get(self, episode_id: str) -> _Episode:
@@ -329,18 +334,20 @@ class EnvService:
         else:
             cf.add_done_callback(_close_built)
 
-    def _close_later(self, ep: _Episode) -> None:
-        """Closes the env (in a worker unless it runs inline) once any call still running on it has returned."""
+    def _close_later(self, ep: _Episode) -> concurrent.futures.Future | None:
+        """Closes the env (in a worker unless it runs inline) once any call still running on it has returned;
+        the worker's future when the close was queued."""
         if ep.env.runs_inline:
             _close_quietly(ep.env)
-            return
+            return None
         if ep.running is not None and not ep.running.done():
             ep.running.add_done_callback(lambda _: _close_quietly(ep.env))
-            return
+            return None
         try:
-            self._pool.submit(_close_quietly, ep.env)
+            return self._pool.submit(_close_quietly, ep.env)
         except RuntimeError:  # pool already shut down
             _close_quietly(ep.env)
+            return None
 
     def _sweep_idle(self) -> None:
         now = time.monotonic()

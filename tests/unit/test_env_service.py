@@ -434,12 +434,32 @@ def test_an_inline_env_is_called_on_the_event_loop_and_others_in_a_worker(env):
         return loop_thread
 
     loop_thread = run(main())
-    deadline = time.monotonic() + 5
-    while len(env.threads) < 5 and time.monotonic() < deadline:  # worker closes may still be running
-        time.sleep(0.01)
-    assert len(env.threads) == 5  # two resets, a step, two closes
+    assert len(env.threads) == 5  # two resets, a step, two closes (aclose waits for the workers' closes)
     on_loop = [ident == loop_thread for ident in env.threads]
     assert on_loop == [env.runs_inline] * 5
+
+
+class SlowCloser(ThreadRecorder):
+    name = "slow_closer"
+    closed: list[int] = []
+
+    def close(self):
+        time.sleep(0.05)
+        self.closed.append(1)
+
+
+def test_aclose_closes_every_episode_also_those_queued_behind_busy_workers():
+    """More open episodes than workers: most closes wait in the pool's queue when the service shuts down."""
+    client, _ = make_client(workers=2)
+    client.service._envs.register(SlowCloser.name)(SlowCloser)
+    SlowCloser.closed = []
+
+    async def main():
+        await client.create_batch(SlowCloser.name, 0, None, 8)
+        await client.service.aclose()
+
+    run(main())
+    assert len(SlowCloser.closed) == 8
 
 
 def test_env_failures_map_to_the_same_errors_inline_or_threaded():
