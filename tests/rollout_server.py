@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,9 +82,15 @@ def start_rollout(tmp: Path) -> RolloutProcess:
             start_new_session=True,
         )
     server = RolloutProcess(f"127.0.0.1:{port}", model, proc, log, run, token)
-    try:
-        asyncio.run(wait_for_health(server.address, timeout_s=240))
-    except TimeoutError:
-        server.kill()
-        raise AssertionError(log.read_text()[-3000:]) from None
-    return server
+    deadline = time.monotonic() + 240
+    while True:  # in short waits, so a server that died at start-up fails the test at once
+        if proc.poll() is not None:
+            server.kill()
+            raise AssertionError(f"the rollout server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            asyncio.run(wait_for_health(server.address, timeout_s=min(5.0, max(deadline - time.monotonic(), 0.1))))
+            return server
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                server.kill()
+                raise AssertionError(log.read_text()[-3000:]) from None

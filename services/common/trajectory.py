@@ -94,7 +94,8 @@ class TrajectoryBuilder:
         return self.record
 
 
-def validate(traj: Trajectory) -> None:
+def validate(traj: Trajectory) -> tuple[np.ndarray, np.ndarray]:
+    """Raises RecordError on an inconsistent record; returns its loss mask and logprobs as arrays."""
     n = len(traj.token_ids)
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
         raise RecordError(
@@ -113,10 +114,12 @@ def validate(traj: Trajectory) -> None:
             raise RecordError(f"{traj.trajectory_id}: turn starts at {turn.start}, expected {position}")
         expected[position : position + turn.model_tokens] = 1
         position += turn.model_tokens + turn.env_tokens
-    if not np.array_equal(np.array(traj.loss_mask, dtype=np.uint32), expected):
+    mask, logprobs = np.array(traj.loss_mask, dtype=np.uint32), np.array(traj.logprobs, dtype=np.float32)
+    if not np.array_equal(mask, expected):
         raise RecordError(f"{traj.trajectory_id}: loss_mask does not match the turns")
-    if np.any(np.array(traj.logprobs, dtype=np.float32)[expected == 0] != 0.0):
+    if np.any(logprobs[expected == 0] != 0.0):
         raise RecordError(f"{traj.trajectory_id}: logprob on a non-model token")
+    return mask, logprobs
 
 
 def model_segments(traj: Trajectory) -> list[tuple[int, int]]:

@@ -246,18 +246,13 @@ class EnvService:
 
     async def close(self, episode_id: str) -> bool:
         """False when there was no such episode (closing is idempotent)."""
-        ep = self._episodes.pop(episode_id, None)
-        self._m_active.set(len(self._episodes))
-        if ep is None:
-            return False
-        self._close_later(ep)
-        return True
+        ep, _ = self._retire(episode_id)
+        return ep is not None
 
     async def aclose(self) -> None:
         """Closes every episode; waits (up to `step_timeout_s`) for the closes queued on the workers, which the
         pool's shutdown would otherwise cancel before they start, leaving those envs open."""
-        queued = [self._close_later(ep) for ep in [self._episodes.pop(i) for i in list(self._episodes)]]
-        self._m_active.set(0)
+        queued = [self._retire(i)[1] for i in list(self._episodes)]
         waits = [asyncio.wrap_future(f) for f in queued if f is not None]
         if waits:
             await asyncio.wait(waits, timeout=self.step_timeout_s)
@@ -334,6 +329,12 @@ class EnvService:
         else:
             cf.add_done_callback(_close_built)
 
+    def _retire(self, episode_id: str) -> tuple[_Episode | None, concurrent.futures.Future | None]:
+        """Takes the episode out of the table (the active gauge follows) and closes its env later."""
+        ep = self._episodes.pop(episode_id, None)
+        self._m_active.set(len(self._episodes))
+        return ep, (self._close_later(ep) if ep is not None else None)
+
     def _close_later(self, ep: _Episode) -> concurrent.futures.Future | None:
         """Closes the env (in a worker unless it runs inline) once any call still running on it has returned;
         the worker's future when the close was queued."""
@@ -363,12 +364,10 @@ class EnvService:
         for ep in list(self._episodes.values()):
             if now - ep.last_used > self.idle_ttl_s and not ep.lock.locked():
                 log.info("closing episode %s (%s) idle for %.0fs", ep.id, ep.env_name, now - ep.last_used)
-                self._episodes.pop(ep.id, None)
-                self._close_later(ep)
+                self._retire(ep.id)
                 self._m_reaped.labels(ep.env_name).inc()
                 reaped += 1
         self.reaped_episodes += reaped
-        self._m_active.set(len(self._episodes))
         return reaped
 
     async def reap_forever(self, period_s: float | None = None) -> None:

@@ -62,8 +62,7 @@ def collate(
     trailing observation was ~40% of each row's tokens, all computed and none used."""
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
-    for traj in trajectories:
-        validate(traj)
+    checked = [validate(traj) for traj in trajectories]
     used = [used_length(t) for t in trajectories]
     batch, length = len(trajectories), max(used)
     # rows are filled in numpy (a list assigned into an array converts in C); torch.tensor(list) per row was
@@ -73,13 +72,13 @@ def collate(
     resp, lps, rew = (np.zeros((batch, length), dtype=np.float32) for _ in range(3))
     versions = np.zeros((batch, length), dtype=np.int64)
     groups: dict[str, int] = {}
-    for i, (traj, n) in enumerate(zip(trajectories, used)):
-        if n and traj.loss_mask[0]:
+    for i, (traj, n, (mask, logprobs)) in enumerate(zip(trajectories, used, checked)):
+        if n and mask[0]:
             raise RecordError(f"{traj.trajectory_id}: a model token at position 0 has no context")
         ids[i, :n] = np.array(traj.token_ids)[:n]
         attn[i, :n] = 1
-        resp[i, :n] = np.array(traj.loss_mask)[:n]
-        lps[i, :n] = np.array(traj.logprobs)[:n]
+        resp[i, :n] = mask[:n]
+        lps[i, :n] = logprobs[:n]
         rew[i, :n] = trajectory_token_rewards(traj, allocation, gamma)[:n]
         for turn in traj.turns:
             versions[i, turn.start : turn.start + turn.model_tokens] = turn.policy_version

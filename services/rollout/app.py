@@ -19,6 +19,9 @@ from services.rollout.supervision import TaskSupervisor, retrying, watch_engine
 
 log = logging.getLogger(__name__)
 
+# a failing server's shutdown takes ~3 s (5 s gRPC grace at most, then the engine's own 5 s); past this, it hangs
+SHUTDOWN_DEADLINE_S = 30.0
+
 
 async def heartbeat(state: AsyncRunState, address: str, core, every_s: float = 2.0) -> None:
     async def beat():
@@ -79,7 +82,7 @@ async def run_server(
             published,
         )
     stop = asyncio.Event()
-    tasks = TaskSupervisor(stop)
+    tasks = TaskSupervisor(stop, exit_deadline_s=SHUTDOWN_DEADLINE_S)
 
     def engine_dead(exc: BaseException) -> None:
         core.engine_dead = True

@@ -5,7 +5,10 @@ restarts it."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable
 
 import redis
@@ -15,9 +18,13 @@ log = logging.getLogger(__name__)
 
 
 class TaskSupervisor:
-    def __init__(self, stop: asyncio.Event):
+    """`exit_deadline_s`: once a task fails, the process ends with exit 1 after that many seconds even if its
+    shutdown has not returned (a library's cleanup beside a dead engine must not hold back the restart)."""
+
+    def __init__(self, stop: asyncio.Event, exit_deadline_s: float | None = None):
         self.stop = stop
         self.failure: str | None = None
+        self.exit_deadline_s = exit_deadline_s
         self._tasks: list[asyncio.Task] = []
 
     def start(self, name: str, coro: Awaitable) -> asyncio.Task:
@@ -30,6 +37,8 @@ class TaskSupervisor:
     def fail(self, reason: str) -> None:
         if self.failure is None:
             self.failure = reason
+            if self.exit_deadline_s is not None:
+                exit_after(self.exit_deadline_s, reason)
         self.stop.set()
 
     def _finished(self, task: asyncio.Task) -> None:
@@ -52,6 +61,23 @@ class TaskSupervisor:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def exit_after(seconds: float, reason: str) -> threading.Timer:
+    """Ends the process with exit 1 in `seconds` unless it has ended by then; logs every thread's stack first,
+    so the cleanup that hung can be found."""
+
+    def hard_exit() -> None:
+        log.error("shutdown after %r still running after %gs; exiting 1 now. Thread stacks:", reason, seconds)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True  # it must never itself hold the process up
+    timer.start()
+    return timer
 
 
 TRANSIENT_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)

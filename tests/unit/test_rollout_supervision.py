@@ -101,3 +101,52 @@ def test_the_heartbeat_survives_a_redis_outage_and_reports_the_served_version():
     address, info = run(scenario())
     assert address == "10.0.0.1:50051"
     assert (info["version"], info["serving"], info["waiting_for_version"]) == (3, False, 5)
+
+
+HUNG_CLEANUP = """
+import asyncio, time
+from services.rollout.supervision import TaskSupervisor
+
+async def main():
+    tasks = TaskSupervisor(asyncio.Event(), exit_deadline_s=0.5)
+
+    async def engine_watch():
+        raise RuntimeError("engine dead")
+
+    tasks.start("engine watch", engine_watch())
+    await tasks.stop.wait()
+    time.sleep(60)  # a cleanup that never returns
+
+asyncio.run(main())
+"""
+
+
+def test_a_failed_server_whose_cleanup_hangs_exits_1_with_the_thread_stacks():
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", HUNG_CLEANUP], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - start < 30
+    assert "still running after 0.5s; exiting 1 now" in done.stderr
+    assert 'File "<string>", line 13 in main' in done.stderr  # the hung line, in the stacks
+
+
+def test_a_supervisor_without_a_deadline_leaves_the_exit_to_its_caller():
+    async def scenario():
+        tasks = TaskSupervisor(asyncio.Event())
+
+        async def broken():
+            raise KeyError("boom")
+
+        tasks.start("producer", broken())
+        await tasks.stop.wait()
+        await asyncio.sleep(0.2)
+        return threading.active_count()
+
+    import threading
+
+    before = threading.active_count()
+    assert run(scenario()) == before
