@@ -22,6 +22,7 @@
 # `all_cdtune` (Inductor's coordinate-descent tuning of its kernels' block sizes) runs only when named there.
 # B_ONLY=1: the (b) rows alone (no (a) rows, no gpu tests): the 7B row with the defaults, then, if time is left,
 # `b_7b_fsdp_levers` (16k-token head chunks, 40k-token micro-batches) instead of the row without checkpointing.
+# B_GPUS=2: the (b) rows over 2 GPUs (nvidia-h100-x2; ~71 GiB a GPU for the 7B shape's fp32 state and Adam).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-out}
@@ -50,7 +51,7 @@ else
   a_args=(--shape 0.5b --trajectories 64 --steps 5 --warmup 2 --profile --set algorithm.micro_batch_tokens=32768)
   b_args=(--shape 7b --trajectories 128 --steps 3 --warmup 2 --set algorithm.micro_batch_tokens=32768)
   a_env() { echo "CUDA_VISIBLE_DEVICES=$1"; }
-  b_launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node 4)
+  b_launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node "${B_GPUS:-4}")
   a_timeout=190
 fi
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
