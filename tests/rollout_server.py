@@ -8,15 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-from services.common.grpc_server import free_port, wait_for_health
+from services.common.grpc_server import free_port
 from services.common.tiny_model import build_tiny_model
+from services.launcher.processes import ServiceProcess
 from services.rollout.client import GrpcRolloutClient
 
 CORPUS = [
@@ -62,35 +62,15 @@ def start_rollout(tmp: Path) -> RolloutProcess:
     model = build_tiny_model(tmp / "model", CORPUS)
     port, run, token = free_port(), f"test-rollout-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     log = tmp / "rollout.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.rollout",
-                "--no-produce",
-                "--port",
-                str(port),
-                "--set",
-                f"model.path={model}",
-                "--set",
-                f"run={run}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "OMRL_WEIGHT_TOKEN": token},
-            start_new_session=True,
-        )
-    server = RolloutProcess(f"127.0.0.1:{port}", model, proc, log, run, token)
-    deadline = time.monotonic() + 240
-    while True:  # in short waits, so a server that died at start-up fails the test at once
-        if proc.poll() is not None:
-            server.kill()
-            raise AssertionError(f"the rollout server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            asyncio.run(wait_for_health(server.address, timeout_s=min(5.0, max(deadline - time.monotonic(), 0.1))))
-            return server
-        except TimeoutError:
-            if time.monotonic() > deadline:
-                server.kill()
-                raise AssertionError(log.read_text()[-3000:]) from None
+    args = [sys.executable, "-m", "services.rollout", "--no-produce", "--port", str(port)]
+    args += ["--set", f"model.path={model}", "--set", f"run={run}"]
+    service = ServiceProcess(
+        "rollout", args, log, f"127.0.0.1:{port}", {"VLLM_LOGGING_LEVEL": "WARNING", "OMRL_WEIGHT_TOKEN": token}
+    ).start()
+    server = RolloutProcess(service.health_address, model, service.popen, log, run, token)
+    try:  # fails at once on a server that died at start-up
+        service.wait_healthy(240)
+    except RuntimeError as exc:
+        server.kill()
+        raise AssertionError(str(exc)) from None
+    return server

@@ -2,6 +2,10 @@
 dying quietly; a transient Redis error in the heartbeat is retried."""
 
 import asyncio
+import subprocess
+import sys
+import threading
+import time
 
 import redis
 
@@ -122,10 +126,6 @@ asyncio.run(main())
 
 
 def test_a_failed_server_whose_cleanup_hangs_exits_1_with_the_thread_stacks():
-    import subprocess
-    import sys
-    import time
-
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", HUNG_CLEANUP], capture_output=True, text=True, timeout=50)
     assert done.returncode == 1, done.stderr
@@ -145,8 +145,6 @@ def test_a_supervisor_without_a_deadline_leaves_the_exit_to_its_caller():
         await tasks.stop.wait()
         await asyncio.sleep(0.2)
         return threading.active_count()
-
-    import threading
 
     before = threading.active_count()
     assert run(scenario()) == before
