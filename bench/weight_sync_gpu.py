@@ -28,6 +28,7 @@ control stream's role in a real push).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -78,12 +79,14 @@ def _combos(args) -> list[tuple[int, str]]:
     return [(float(mb), mode) for mb in str(args.bucket_mb).split(",") for mode in args.modes.split(",")]
 
 
-def _sender(args, port, shape, gpu, results) -> None:
+def _sender(args, port, shape, gpu, results, high_priority: bool) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, open_store
     from services.learner import fsdp
+
+    Group.high_priority_stream = high_priority
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -117,20 +120,24 @@ def _sender(args, port, shape, gpu, results) -> None:
         pipelined = mode != "serial"
         # kept across pushes as the nccl pusher keeps one (its layout of a one-process learner's set)
         packers = {p: BucketPacker(bucket_bytes, device, slots=2 if p else None) for p in (False, True)}
-        for i in range(args.repeats + 1):
-            _barrier(group, device)
-            start = time.perf_counter()
-            window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
-            buckets = packers[pipelined].buckets(weights)
-            for b, bucket in enumerate(buckets):
-                group.store.set(f"digest/{c}/{i}/{b}", bucket.digest)
-                window.add([(b, group.post(bucket.data))])
-                if failed := window.settle() if pipelined else window.drain():
+        for i in range(args.repeats + 2):  # the last one is traced with --trace-dir (not timed)
+            traced = i == args.repeats + 1
+            if traced and not args.trace_dir:
+                break
+            with _tracing(traced, args.trace_dir, f"{shape}_p{int(high_priority)}_c{c}_sender"):
+                _barrier(group, device)
+                start = time.perf_counter()
+                window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
+                buckets = packers[pipelined].buckets(weights)
+                for b, bucket in enumerate(buckets):
+                    group.store.set(f"digest/{c}/{i}/{b}", bucket.digest)
+                    window.add([(b, group.post(bucket.data))])
+                    if failed := window.settle() if pipelined else window.drain():
+                        raise RuntimeError(f"broadcast failed: {failed}")
+                if failed := window.drain():
                     raise RuntimeError(f"broadcast failed: {failed}")
-            if failed := window.drain():
-                raise RuntimeError(f"broadcast failed: {failed}")
-            _barrier(group, device)  # the receiver applied every bucket and synchronized
-            if i:
+                _barrier(group, device)  # the receiver applied every bucket and synchronized
+            if i and not traced:
                 sync_times.append(time.perf_counter() - start)
         # phase: the sender's pack + digest alone (no transfer), as the pipelined push packs
         pack_times, pack_cpu = [], []
@@ -170,12 +177,14 @@ def _digest_of(group, combo: int, sync: int, bucket: int) -> str:
     return group.store.get(f"digest/{combo}/{sync}/{bucket}").decode()
 
 
-def _receiver(args, port, shape, gpu, results) -> None:
+def _receiver(args, port, shape, gpu, results, high_priority: bool) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import BucketReceiver, Group, ParamCopier, Rendezvous, bucket_digest, check_against
     from services.common.weights import TensorSpec
+
+    Group.high_priority_stream = high_priority
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -198,18 +207,22 @@ def _receiver(args, port, shape, gpu, results) -> None:
             _barrier(group, device)
         del raw
         receiver = BucketReceiver(group)
-        for i in range(args.repeats + 1):
-            _barrier(group, device)
-            declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
-            digest_of = functools.partial(_digest_of, group, c, i)  # the control stream's role
-            if mode == "pipelined":  # the vLLM worker's post/flush
-                for tensors in receiver.receive_all(declared, digest_of):
-                    copy_into(tensors)
-            else:  # one bucket at a time
-                for b, (bucket_specs, nbytes) in enumerate(declared):
-                    copy_into(receiver.receive(bucket_specs, nbytes, digest_of(b)))
-            _sync(device)
-            _barrier(group, device)
+        for i in range(args.repeats + 2):
+            traced = i == args.repeats + 1
+            if traced and not args.trace_dir:
+                break
+            with _tracing(traced, args.trace_dir, f"{shape}_p{int(high_priority)}_c{c}_receiver"):
+                _barrier(group, device)
+                declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
+                digest_of = functools.partial(_digest_of, group, c, i)  # the control stream's role
+                if mode == "pipelined":  # the vLLM worker's post/flush
+                    for tensors in receiver.receive_all(declared, digest_of):
+                        copy_into(tensors)
+                else:  # one bucket at a time
+                    for b, (bucket_specs, nbytes) in enumerate(declared):
+                        copy_into(receiver.receive(bucket_specs, nbytes, digest_of(b)))
+                _sync(device)
+                _barrier(group, device)
         probe = next(iter(params.values()))
         finite = bool(probe.float().isfinite().all())
         # phase: the receiver's checks (digest + finite, one read back) and apply alone, through the same
@@ -243,6 +256,20 @@ def _receiver(args, port, shape, gpu, results) -> None:
     group.close()
 
 
+@contextlib.contextmanager
+def _tracing(on: bool, trace_dir: str, name: str):
+    """A torch.profiler trace (CPU and CUDA activity) of the block, written to `trace_dir/name.json`."""
+    if not on:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield
+    Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(Path(trace_dir) / f"{name}.json"))
+
+
 class _Replay:
     """A stand-in group for the receiver's phase timed alone: a "broadcast" leaves the buffer as it is
     (zeroed while `zero` is set)."""
@@ -260,15 +287,15 @@ class _Replay:
         return self._Done()
 
 
-def run_shape(args, shape: str) -> list[dict]:
+def run_shape(args, shape: str, high_priority: bool = False) -> list[dict]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_sender, args=(args, port, shape, 0, results)),
-        ctx.Process(target=_receiver, args=(args, port, shape, 1, results)),
+        ctx.Process(target=_sender, args=(args, port, shape, 0, results, high_priority)),
+        ctx.Process(target=_receiver, args=(args, port, shape, 1, results, high_priority)),
     ]
     for p in procs:
         p.start()
@@ -312,6 +339,7 @@ def run_shape(args, shape: str) -> list[dict]:
                 raw_gb_s=s["bytes"] / raw / 1e9,
                 pct_of_raw=100.0 * raw / sync,
                 learner_dtype=args.learner_dtype,
+                nccl_high_priority_stream=high_priority,
                 sender_pack_digest_s=s["pack_digest_s"],
                 sender_pack_digest_cpu_s=s["pack_digest_cpu_s"],
                 sender_layouts_built=s["layouts_built"],
@@ -338,6 +366,12 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
+        "--high-priority",
+        default="off",
+        help="comma-separated off/on: the process group's NCCL stream at high priority (each its own process pair)",
+    )
+    ap.add_argument("--trace-dir", default="", help="write a profiler trace of one more sync per row and side here")
+    ap.add_argument(
         "--learner-dtype",
         choices=["bfloat16", "float32"],
         default="bfloat16",
@@ -354,8 +388,9 @@ def main() -> None:
         if torch.cuda.device_count() < 2:
             raise SystemExit(f"needs 2 GPUs, sees {torch.cuda.device_count()}")
     rows = []
-    for shape in args.shapes.split(","):
-        for r in run_shape(args, shape):
+    priorities = [{"off": False, "on": True}[p] for p in args.high_priority.split(",")]
+    for shape, high_priority in [(s, p) for s in args.shapes.split(",") for p in priorities]:
+        for r in run_shape(args, shape, high_priority):
             rows.append(r)
             print(
                 f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
@@ -364,7 +399,7 @@ def main() -> None:
                 f"pack+digest {r['sender_pack_digest_s']:.4f}s (cpu {r['sender_pack_digest_cpu_s']:.4f}s) "
                 f"check+apply {r['receiver_check_apply_s']:.4f}s (cpu {r['receiver_check_apply_cpu_s']:.4f}s)  "
                 f"[{r['gpu']}: {r['sender_device']} -> "
-                f"{r['receiver_device']}]",
+                f"{r['receiver_device']}] high-priority {'on' if high_priority else 'off'}",
                 flush=True,
             )
     if args.out:

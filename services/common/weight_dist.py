@@ -84,6 +84,8 @@ class Group:
     """One process group of a rendezvous: `broadcast` from rank 0. Rank 0 learns the world size from the
     receivers' rank 1 (`announce`), so the learner needs no knowledge of a server's parallelism."""
 
+    high_priority_stream = False
+
     def __init__(self, rdv: Rendezvous, store, rank: int, world_size: int):
         import torch.distributed as dist
 
@@ -94,6 +96,8 @@ class Group:
             opts = dist.ProcessGroupNCCL.Options()
             if hasattr(opts, "_timeout"):
                 opts._timeout = timeout
+            if hasattr(opts, "is_high_priority_stream"):
+                opts.is_high_priority_stream = self.high_priority_stream
             self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
@@ -187,27 +191,44 @@ def _sum64_text(n: int, plain: int, weighted: int) -> str:
 
 
 def _sum64_words(buffer: torch.Tensor) -> torch.Tensor:
-    """The two sums of `sum64` as an int64 tensor of 2 on the buffer's device (not read back)."""
-    n, cols = buffer.numel(), 1024
+    """The two sums of `sum64` as an int64 tensor of 2 on the buffer's device (not read back). The row sums,
+    the column sums and the words past the last whole row (then the tail's bytes as one zero-padded word)
+    go into one vector, weighted by a cached [2, L] matrix (1/0 for the plain sum; the position ramps for
+    the weighted one): a handful of kernel launches a bucket whatever its size, where a ramp, a product and
+    a sum per part took ~20 (host-bound on a GPU: 2 x H200 traces showed them spaced by the launches)."""
+    n, cols = buffer.numel(), _SUM64_COLS
     whole = n - n % 8
     words = buffer[:whole].view(torch.int64)
-    tail = torch.zeros(8, dtype=torch.uint8, device=buffer.device)
-    tail[: n % 8] = buffer[whole:]
     m = words.numel() // cols * cols
     grid = words[:m].view(-1, cols)
-    rest = torch.cat([words[m:], tail.view(torch.int64)])
-    rows, columns = grid.sum(dim=1), grid.sum(dim=0)
+    parts = [grid.sum(dim=1), grid.sum(dim=0), words[m:]]
+    if n % 8:
+        tail = torch.zeros(8, dtype=torch.uint8, device=buffer.device)
+        tail[: n % 8] = buffer[whole:]
+        parts.append(tail.view(torch.int64))
+    values = torch.cat(parts)
+    weights = _sum64_weights(grid.shape[0], values.numel() - grid.shape[0] - cols, buffer.device)
+    return (weights * values).sum(dim=1)
 
-    def ramp(k: int) -> torch.Tensor:
-        return torch.arange(1, k + 1, device=buffer.device, dtype=torch.int64)
 
-    plain = rows.sum() + rest.sum()
-    weighted = (
-        (rows * ramp(rows.numel())).sum()
-        + (columns * ramp(cols)).sum() * 1000003
-        + (rest * ramp(rest.numel())).sum() * 7
+_SUM64_COLS = 1024
+
+
+@functools.lru_cache(maxsize=16)
+def _sum64_weights(rows: int, rest: int, device: torch.device) -> torch.Tensor:
+    """[2, rows + 1024 + rest] int64: the plain sum's weights (rows and rest 1, columns 0) above the
+    weighted sum's (row r: r+1; column c: 1000003 (c+1); rest word k: 7 (k+1)). Kept per bucket shape:
+    a set's buckets come in a few sizes, pushed again every step."""
+
+    def ramp(k: int, factor: int = 1) -> torch.Tensor:
+        return torch.arange(1, k + 1, dtype=torch.int64) * factor
+
+    cols = _SUM64_COLS
+    plain = torch.cat(
+        [torch.ones(rows, dtype=torch.int64), torch.zeros(cols, dtype=torch.int64), torch.ones(rest, dtype=torch.int64)]
     )
-    return torch.stack([plain, weighted])
+    weighted = torch.cat([ramp(rows), ramp(cols, 1000003), ramp(rest, 7)])
+    return torch.stack([plain, weighted]).to(device)
 
 
 def checked_digest(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> tuple[str, bool]:
@@ -227,12 +248,15 @@ def _checked_digest_as(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple
 
 
 def _sum64_checked(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple[str, bool]:
-    """`sum64` and, for a bucket of one floating `dtype`, whether its float32 sum is finite: one read back."""
-    parts = [_sum64_words(buffer)]
-    if dtype is not None:
-        parts.append(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32)).to(torch.int64).view(1))
-    read = torch.cat(parts).tolist()
-    return _sum64_text(buffer.numel(), read[0], read[1]), dtype is not None and bool(read[2])
+    """`sum64` and, for a bucket of one floating `dtype`, whether its float32 sum is finite: one read back
+    (the sum's bits beside the digest's words; finite unless its exponent bits are all ones)."""
+    words = _sum64_words(buffer)
+    if dtype is None:
+        read = words.tolist()
+        return _sum64_text(buffer.numel(), read[0], read[1]), False
+    total = buffer.view(dtype).sum(dtype=torch.float32).view(1).view(torch.int32).to(torch.int64)
+    plain, weighted, bits = torch.cat([words, total]).tolist()
+    return _sum64_text(buffer.numel(), plain, weighted), (bits >> 23) & 0xFF != 0xFF
 
 
 def _whole_dtype(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> torch.dtype | None:

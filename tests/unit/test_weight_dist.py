@@ -151,6 +151,41 @@ def test_the_gpu_digest_sees_words_moved_between_rows():
     assert sum64(torch.empty(0, dtype=torch.uint8)).startswith("sum64:" + "0" * 16)
 
 
+def _sum64_by_definition(data: bytes) -> str:
+    """`sum64` written out word by word (Python integers, reduced mod 2**64): the digest peers of different
+    versions must agree on, whatever kernels compute it."""
+    mask = 2**64 - 1
+    padded = data + bytes(-len(data) % 8)
+    words = [int.from_bytes(padded[i : i + 8], "little", signed=True) for i in range(0, len(padded), 8)]
+    whole = len(data) // 8 // 1024 * 1024  # words in whole rows of 1024
+    grid, rest = words[:whole], words[whole:]
+    rows = [sum(grid[r * 1024 : (r + 1) * 1024]) for r in range(whole // 1024)]
+    columns = [sum(grid[c::1024]) for c in range(1024)]
+    plain = sum(rows) + sum(rest)
+    weighted = (
+        sum((r + 1) * v for r, v in enumerate(rows))
+        + 1000003 * sum((c + 1) * v for c, v in enumerate(columns))
+        + 7 * sum((k + 1) * v for k, v in enumerate(rest))
+    )
+    return f"sum64:{len(data):016x}{plain & mask:016x}{weighted & mask:016x}"
+
+
+@pytest.mark.parametrize("nbytes", [0, 5, 8, 8192 - 3, 8192, 8192 * 3 + 8 * 7 + 5])
+def test_the_gpu_digest_is_its_definition_and_its_finite_check_reads_the_sum(nbytes):
+    from services.common.weight_dist import _sum64_checked, sum64
+
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    assert sum64(data) == _sum64_by_definition(data.numpy().tobytes())
+    assert _sum64_checked(data, None) == (sum64(data), False)
+    if nbytes % 4 == 0:
+        values = torch.linspace(-3, 2, nbytes // 4, dtype=torch.float32)
+        for poison, finite in ((None, True), (float("inf"), False), (float("-inf"), False), (float("nan"), False)):
+            if poison is not None and nbytes:
+                values[-1] = poison
+            got = _sum64_checked(values.view(torch.uint8), torch.float32)
+            assert got == (sum64(values.view(torch.uint8)), finite or not nbytes)
+
+
 class _LoopbackGroup:
     """A group of one: a broadcast leaves the buffer as the sender filled it (here: from a queue)."""
 
