@@ -191,44 +191,54 @@ def _sum64_text(n: int, plain: int, weighted: int) -> str:
 
 
 def _sum64_words(buffer: torch.Tensor) -> torch.Tensor:
-    """The two sums of `sum64` as an int64 tensor of 2 on the buffer's device (not read back). The row sums,
-    the column sums and the words past the last whole row (then the tail's bytes as one zero-padded word)
-    go into one vector, weighted by a cached [2, L] matrix (1/0 for the plain sum; the position ramps for
-    the weighted one): a handful of kernel launches a bucket whatever its size, where a ramp, a product and
-    a sum per part took ~20 (host-bound on a GPU: 2 x H200 traces showed them spaced by the launches)."""
+    """The two sums of `sum64` as an int64 tensor of 2 on the buffer's device (not read back). The column
+    sums, the words past the last whole row (then the tail's bytes as one zero-padded word, then zeros up to
+    a fixed length) and the row sums go into one vector, weighted by a prefix of one cached [2, L] matrix
+    (1/0 for the plain sum; the position ramps for the weighted one): a handful of kernel launches a bucket
+    whatever its size, where a ramp, a product and a sum per part took ~20 (host-bound on a GPU: 2 x H200
+    traces showed them spaced by the launches)."""
     n, cols = buffer.numel(), _SUM64_COLS
     whole = n - n % 8
     words = buffer[:whole].view(torch.int64)
     m = words.numel() // cols * cols
     grid = words[:m].view(-1, cols)
-    parts = [grid.sum(dim=1), grid.sum(dim=0), words[m:]]
+    rest = [words[m:]]
     if n % 8:
         tail = torch.zeros(8, dtype=torch.uint8, device=buffer.device)
         tail[: n % 8] = buffer[whole:]
-        parts.append(tail.view(torch.int64))
-    values = torch.cat(parts)
-    weights = _sum64_weights(grid.shape[0], values.numel() - grid.shape[0] - cols, buffer.device)
-    return (weights * values).sum(dim=1)
+        rest.append(tail.view(torch.int64))
+    weights, zeros = _sum64_weights(grid.shape[0], buffer.device)
+    padding = zeros[: _SUM64_REST - sum(t.numel() for t in rest)]
+    values = torch.cat([grid.sum(dim=0), *rest, padding, grid.sum(dim=1)])
+    return (weights[:, : values.numel()] * values).sum(dim=1)
 
 
 _SUM64_COLS = 1024
+_SUM64_REST = _SUM64_COLS  # words past the last whole row (at most 1023), then the tail's word
+_sum64_held: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-@functools.lru_cache(maxsize=16)
-def _sum64_weights(rows: int, rest: int, device: torch.device) -> torch.Tensor:
-    """[2, rows + 1024 + rest] int64: the plain sum's weights (rows and rest 1, columns 0) above the
-    weighted sum's (row r: r+1; column c: 1000003 (c+1); rest word k: 7 (k+1)). Kept per bucket shape:
-    a set's buckets come in a few sizes, pushed again every step."""
+def _sum64_weights(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """([2, 1024 + 1024 + R] int64 weights for R >= `rows` row sums, [1024] zeros), one pair per device,
+    regrown (doubling) when a larger bucket comes. Plain sum: columns 0, rest and rows 1. Weighted sum:
+    column c 1000003 (c+1), rest word k 7 (k+1), row r r+1; the rest's zero padding adds nothing."""
+    held = _sum64_held.get(device)
+    if held is not None and held[0].shape[1] >= _SUM64_COLS + _SUM64_REST + rows:
+        return held
+    if held is not None:
+        rows = max(rows, 2 * (held[0].shape[1] - _SUM64_COLS - _SUM64_REST))
 
     def ramp(k: int, factor: int = 1) -> torch.Tensor:
         return torch.arange(1, k + 1, dtype=torch.int64) * factor
 
-    cols = _SUM64_COLS
-    plain = torch.cat(
-        [torch.ones(rows, dtype=torch.int64), torch.zeros(cols, dtype=torch.int64), torch.ones(rest, dtype=torch.int64)]
+    ones, nothing = torch.ones(_SUM64_REST + rows, dtype=torch.int64), torch.zeros(_SUM64_COLS, dtype=torch.int64)
+    plain = torch.cat([nothing, ones])
+    weighted = torch.cat([ramp(_SUM64_COLS, 1000003), ramp(_SUM64_REST, 7), ramp(rows)])
+    held = _sum64_held[device] = (
+        torch.stack([plain, weighted]).to(device),
+        torch.zeros(_SUM64_REST, dtype=torch.int64, device=device),
     )
-    weighted = torch.cat([ramp(rows), ramp(cols, 1000003), ramp(rest, 7)])
-    return torch.stack([plain, weighted]).to(device)
+    return held
 
 
 def checked_digest(specs: Sequence[TensorSpec], buffer: torch.Tensor) -> tuple[str, bool]:

@@ -170,20 +170,21 @@ def _sum64_by_definition(data: bytes) -> str:
     return f"sum64:{len(data):016x}{plain & mask:016x}{weighted & mask:016x}"
 
 
-@pytest.mark.parametrize("nbytes", [0, 5, 8, 8192 - 3, 8192, 8192 * 3 + 8 * 7 + 5])
-def test_the_gpu_digest_is_its_definition_and_its_finite_check_reads_the_sum(nbytes):
+def test_the_gpu_digest_is_its_definition_and_its_finite_check_reads_the_sum():
     from services.common.weight_dist import _sum64_checked, sum64
 
-    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
-    assert sum64(data) == _sum64_by_definition(data.numpy().tobytes())
-    assert _sum64_checked(data, None) == (sum64(data), False)
-    if nbytes % 4 == 0:
-        values = torch.linspace(-3, 2, nbytes // 4, dtype=torch.float32)
-        for poison, finite in ((None, True), (float("inf"), False), (float("-inf"), False), (float("nan"), False)):
-            if poison is not None and nbytes:
-                values[-1] = poison
-            got = _sum64_checked(values.view(torch.uint8), torch.float32)
-            assert got == (sum64(values.view(torch.uint8)), finite or not nbytes)
+    # a larger bucket first, then smaller ones and a larger one again: the cached weights are cut and regrown
+    for nbytes in [8192 * 5 + 8 * 1023 + 7, 0, 5, 8, 8192 - 3, 8192, 8 * 1023, 8192 * 40 + 4]:
+        data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+        assert sum64(data) == _sum64_by_definition(data.numpy().tobytes()), nbytes
+        assert _sum64_checked(data, None) == (sum64(data), False)
+        if nbytes % 4 == 0:
+            values = torch.linspace(-3, 2, nbytes // 4, dtype=torch.float32)
+            for poison, finite in ((None, True), (float("inf"), False), (float("-inf"), False), (float("nan"), False)):
+                if poison is not None and nbytes:
+                    values[-1] = poison
+                got = _sum64_checked(values.view(torch.uint8), torch.float32)
+                assert got == (sum64(values.view(torch.uint8)), finite or not nbytes), (nbytes, poison)
 
 
 class _LoopbackGroup:

@@ -1,0 +1,26 @@
+"""The `sum64` bucket digest on CUDA: the same text as on CPU for the same bytes (int64 sums wrap alike on
+both), and its finite check clearing a bf16 bucket and seeing an inf or a NaN in it, from a few bytes up to
+a 256 MB bucket."""
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("nbytes", [0, 14, 8192 * 3 + 8 * 1023 + 6, 256 << 20])
+def test_sum64_on_cuda_equals_cpu_and_checks_finite_values(nbytes):
+    from services.common.weight_dist import _sum64_checked, sum64
+
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    assert sum64(data.cuda()) == sum64(data)
+    values = torch.randn(nbytes // 2, generator=torch.Generator().manual_seed(1)).bfloat16().cuda()
+    assert _sum64_checked(values.view(torch.uint8), torch.bfloat16) == (sum64(values.view(torch.uint8).cpu()), True)
+    for poison in (float("inf"), float("nan")) if nbytes else ():
+        bad = values.clone()
+        bad[-1] = poison
+        digest, finite = _sum64_checked(bad.view(torch.uint8), torch.bfloat16)
+        assert digest == sum64(bad.view(torch.uint8).cpu()) and not finite
