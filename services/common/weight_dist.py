@@ -84,7 +84,7 @@ class Group:
     """One process group of a rendezvous: `broadcast` from rank 0. Rank 0 learns the world size from the
     receivers' rank 1 (`announce`), so the learner needs no knowledge of a server's parallelism."""
 
-    high_priority_stream = False
+    high_priority_stream = False  # the NCCL stream's priority; on measured no faster (docs/weight-sync.md)
 
     def __init__(self, rdv: Rendezvous, store, rank: int, world_size: int):
         import torch.distributed as dist
