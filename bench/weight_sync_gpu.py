@@ -1,18 +1,18 @@
-"""Weight sync over a process group (the `nccl` push's data plane), without vLLM: a learner process on
-GPU0 holds a random-weight model (bf16, or fp32 master weights with `--learner-dtype float32`; sent as
-bf16 either way) sharded with FSDP2 (as the learner does, a world of one) and pushes it through the
-sender's code (`fsdp.streamed_weights` -> `weight_dist.BucketPacker`, kept across pushes as the pusher
-keeps it, with each bucket's on-device digest -> `Group.post` through a `SendWindow`, as
-`nccl_push._stream` does); a receiver process on GPU1 takes each bucket through the shared receiving
-code (`BucketReceiver`) and copies it into a Hugging Face model's named parameters (`check_against`
-first, then a `ParamCopier`, kept across pushes: each bucket's parameter list looked up once). In
-the same run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the
+"""Weight sync over a process group (the `nccl` push's data plane), without vLLM: a learner process on GPU0
+holds a random-weight model (bf16, or fp32 master weights with `--learner-dtype float32`; sent as bf16
+either way) sharded with FSDP2 (as the learner does, a world of one) and pushes it through the sender's code
+(`fsdp.streamed_weights` -> `weight_dist.BucketPacker`, kept across pushes as the pusher keeps it ->
+`Group.post` through a `SendWindow`, then the bucket's on-device digest while it moves, sent after it, as
+`nccl_push._stream` does with `digests_follow`); a receiver process on GPU1 takes each bucket through the
+shared receiving code (`BucketReceiver`) and copies it into a Hugging Face model's named parameters
+(`check_against` first, then a `ParamCopier`, kept across pushes: each bucket's parameter list looked up
+once). In the same run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the
 ceiling the push is compared against.
 
-Modes (`--modes`): `pipelined`, the push's path: two buffers a side; the sender packs and digests bucket
-k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, one read back) and applies
+Modes (`--modes`): `pipelined`, the push's path: two buffers a side; the sender digests bucket k and packs
+bucket k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, one read back) and applies
 bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`).
-`serial`: one bucket at a time (pack, digest, send, then receive, check, apply: `BucketReceiver.receive`).
+`serial`: one bucket at a time (pack, send and digest, then receive, check, apply: `BucketReceiver.receive`).
 
 Per shape, bucket size and mode: seconds per full sync (median of --repeats, each ended by an all-reduce
 after the receiver applied and synchronized), GB/s, % of the raw broadcast bandwidth, the GPUs, and two
@@ -83,7 +83,7 @@ def _sender(args, port, shape, gpu, results, high_priority: bool) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, open_store
+    from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, bucket_digest, open_store
     from services.learner import fsdp
 
     Group.high_priority_stream = high_priority
@@ -128,10 +128,11 @@ def _sender(args, port, shape, gpu, results, high_priority: bool) -> None:
                 _barrier(group, device)
                 start = time.perf_counter()
                 window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
-                buckets = packers[pipelined].buckets(weights)
+                buckets = packers[pipelined].buckets(weights, digest=False)
                 for b, bucket in enumerate(buckets):
-                    group.store.set(f"digest/{c}/{i}/{b}", bucket.digest)
-                    window.add([(b, group.post(bucket.data))])
+                    posted = group.post(bucket.data)  # digested while it moves; the digest follows it
+                    group.store.set(f"digest/{c}/{i}/{b}", bucket_digest(bucket.data))
+                    window.add([(b, posted)])
                     if failed := window.settle() if pipelined else window.drain():
                         raise RuntimeError(f"broadcast failed: {failed}")
                 if failed := window.drain():

@@ -310,13 +310,14 @@ def pack_buckets(
     device,
     *,
     slots: int | None = None,
+    digest: bool = True,
 ) -> Iterator[DeviceBucket]:
-    """Buckets of `named_tensors` (which must yield exactly `specs` in order; a float tensor may be held in
-    another float dtype, it is cast as it is copied in: `weights.fits_spec`) packed on `device`, each with
-    its digest. `slots=None`: a new buffer per bucket (one alive at a time unless the caller keeps
-    them). `slots=2`: the buckets take turns in two buffers allocated once (bucket k+2 is packed into
-    bucket k's), for a sender that posts bucket k's broadcast and packs bucket k+1 while it runs: the
-    caller must have waited for every send of bucket k (`work.wait()`, on NCCL a stream wait, no host
+    """Buckets of `named_tensors` (which must yield exactly `specs` in order; a float tensor may be held in another
+    float dtype, it is cast as it is copied in: `weights.fits_spec`) packed on `device`, each with its digest (or ""
+    with `digest=False`: a sender that digests a bucket while it moves). `slots=None`: a new buffer per bucket (one
+    alive at a time unless the caller keeps them). `slots=2`: the buckets take turns in two buffers allocated once
+    (bucket k+2 is packed into bucket k's), for a sender that posts bucket k's broadcast and packs bucket k+1 while
+    it runs: the caller must have waited for every send of bucket k (`work.wait()`, on NCCL a stream wait, no host
     sync) before it asks for bucket k+2 (`SendWindow` does that)."""
     it = iter(named_tensors)
     slot_buffers = _Slots(slots, device)
@@ -336,7 +337,7 @@ def pack_buckets(
                 _copy_pending(pending, wires, buffer[start:end])
                 start = end
         _copy_pending(pending, wires, buffer[start:end])
-        yield DeviceBucket(planned, buffer, bucket_digest(buffer))
+        yield DeviceBucket(planned, buffer, bucket_digest(buffer) if digest else "")
     if next(it, None) is not None:
         raise ValueError("weight source yielded more tensors than its specs declare")
 
@@ -376,16 +377,16 @@ class BucketPacker:
         self.builds = 0  # layouts built (a test's and a log's view of the cache)
         self._layout: _Layout | None = None
 
-    def buckets(self, weights) -> Iterator[DeviceBucket]:
+    def buckets(self, weights, *, digest: bool = True) -> Iterator[DeviceBucket]:
         stable = getattr(weights, "stable_tensors", None)
         tensors = stable() if stable is not None else None
         layout = self._layout_for(weights.specs, tensors) if tensors is not None else None
         if layout is None or layout.buckets is None:
             yield from pack_buckets(
-                weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=self.slots
+                weights.named_tensors(), weights.specs, self.bucket_bytes, self.device, slots=self.slots, digest=digest
             )
         else:
-            yield from layout.pack(self.slots)
+            yield from layout.pack(self.slots, digest)
 
     def release(self) -> None:
         """Forgets the layout (and the storage its views hold)."""
@@ -451,13 +452,13 @@ class _Layout:
             layout.buckets.append(packed)
         return layout
 
-    def pack(self, slots: int | None) -> Iterator[DeviceBucket]:
+    def pack(self, slots: int | None, digest: bool = True) -> Iterator[DeviceBucket]:
         slot_buffers = _Slots(slots, self.device)
         for k, b in enumerate(self.buckets):
             buffer = slot_buffers.take(k, b.nbytes)
             if b.sources:
                 b.copy_to(buffer)
-            yield DeviceBucket(b.specs, buffer, bucket_digest(buffer))
+            yield DeviceBucket(b.specs, buffer, bucket_digest(buffer) if digest else "")
 
 
 def _packed(specs: tuple[TensorSpec, ...], tensors: Sequence[torch.Tensor], device: torch.device) -> _Packed | None:
@@ -590,8 +591,13 @@ class BucketReceiver:
             raise RuntimeError("receive() after post() without flush()")
         return self.flush()
 
-    def post(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> list[tuple[str, torch.Tensor]] | None:
-        """Starts bucket k's broadcast; returns bucket k-1's checked tensors (None if k is the first)."""
+    def post(
+        self, specs: Sequence[TensorSpec], nbytes: int, digest: str, previous_digest: str = ""
+    ) -> list[tuple[str, torch.Tensor]] | None:
+        """Starts bucket k's broadcast; returns bucket k-1's checked tensors (None if k is the first).
+        Where digests follow their buckets, k is posted with `digest` "" and its digest comes as the
+        `previous_digest` of the next post (or the flush), before it is checked."""
+        self._follow(previous_digest)
         return self._post(specs, nbytes, lambda: digest)
 
     def _post(self, specs, nbytes: int, digest: Callable[[], str]) -> list[tuple[str, torch.Tensor]] | None:
@@ -603,10 +609,17 @@ class BucketReceiver:
         earlier, self._pending = self._pending, posted
         return None if earlier is None else self._verified(earlier)
 
-    def flush(self) -> list[tuple[str, torch.Tensor]]:
+    def flush(self, previous_digest: str = "") -> list[tuple[str, torch.Tensor]]:
         """Checks and returns the last posted bucket ([] if none is pending)."""
+        self._follow(previous_digest)
         pending, self._pending = self._pending, None
         return [] if pending is None else self._verified(pending)
+
+    def _follow(self, digest: str) -> None:
+        """The pending bucket's digest, where it came after the bucket (a bucket left without one fails its
+        check: no digest is no algorithm)."""
+        if digest and self._pending is not None:
+            self._pending.digest_of = lambda: digest
 
     @property
     def pending(self) -> bool:

@@ -204,10 +204,12 @@ class GrpcRolloutClient(RolloutClient):
         rollback: bool = False,
         run: str = "",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        digests_follow: bool = False,
     ) -> UpdateResult:
         """An `nccl` push's control stream: the header naming the process group (`weight_dist.Rendezvous`),
         then what `declarations` yields (`("bucket", specs, nbytes, digest)` as each bucket is broadcast,
-        then `("commit", checksum)`); the bytes travel in the group."""
+        with `digests_follow` its digest "" and `("digest", digest)` after it, then `("commit", checksum)`);
+        the bytes travel in the group."""
         header = rollout_pb2.WeightUpdateHeader(
             version=version,
             rollback=rollback,
@@ -221,6 +223,7 @@ class GrpcRolloutClient(RolloutClient):
                 group=rendezvous.group,
                 backend=rendezvous.backend,
                 timeout_s=rendezvous.timeout_s,
+                digests_follow=digests_follow,
             ),
         )
 
@@ -234,6 +237,8 @@ class GrpcRolloutClient(RolloutClient):
                             tensors=_specs_to_proto(bucket_specs), nbytes=nbytes, digest=digest
                         )
                     )
+                elif item[0] == "digest":
+                    yield rollout_pb2.WeightChunk(bucket_digest=item[1])
                 else:
                     yield rollout_pb2.WeightChunk(commit=rollout_pb2.WeightCommit(checksum=item[1]))
 

@@ -255,7 +255,9 @@ class RolloutCore:
         finally:
             spool.delete()
 
-    async def begin_dist_push(self, header: PushHeader, rendezvous: dict) -> DistStaging | None:
+    async def begin_dist_push(
+        self, header: PushHeader, rendezvous: dict, *, digests_follow: bool = False
+    ) -> DistStaging | None:
         """An `nccl` push (buckets by broadcast to the engine's workers): admits the header, then joins the
         learner's process group (a new group name: the engine leaves the previous group first) and opens a
         receive session. None: the set is already served. Holds the push slot until `end_dist_push`."""
@@ -263,7 +265,9 @@ class RolloutCore:
             return None
         total = header.declared_bytes if header.total_bytes < 0 else header.total_bytes
         try:
-            staging = DistStaging(header.specs, header.bucket_bytes, total, self.spool_dir)
+            staging = DistStaging(
+                header.specs, header.bucket_bytes, total, self.spool_dir, digests_follow=digests_follow
+            )
         except WeightSetRejected as exc:
             self._refuse(header, exc)
         await self._dist_lock.acquire()
@@ -286,6 +290,13 @@ class RolloutCore:
         except Exception as exc:  # a bad digest or non-finite values in the worker, or a broken group
             self._refuse(header, WeightSetRejected(f"bucket of {specs[0].name!r} not received: {exc}"))
 
+    def receive_dist_digest(self, header: PushHeader, staging: DistStaging, digest: str) -> None:
+        """The digest of the bucket declared last, in a push whose digests follow their buckets."""
+        try:
+            staging.add_digest(digest)
+        except WeightSetRejected as exc:
+            self._refuse(header, exc)
+
     async def end_dist_push(self, header: PushHeader, staging: DistStaging, checksum: str | None) -> UpdateResult:
         """`checksum` None: the push failed or ended early (the group is dropped, the spool deleted).
         Otherwise closes the receive session and applies the set if the checksum verifies."""
@@ -294,7 +305,7 @@ class RolloutCore:
             try:
                 if checksum is not None:
                     try:
-                        await self.backend.flush_dist_bucket()
+                        await self.backend.flush_dist_bucket(staging.last_digest())
                     except Exception as exc:  # noqa: BLE001 - the last bucket failed a check (refused below)
                         unflushed = exc
                 await self.backend.end_dist_push(ok=checksum is not None and unflushed is None)

@@ -111,16 +111,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     return self._reply(
                         result.policy_version, result.checksum, result.bytes_received, result.apply_seconds
                     )
-                else:
+                elif kind == "header":
                     raise _invalid("a weight update carries exactly one header")
+                else:
+                    raise _invalid(f"a push with data chunks carries no {kind}")
             raise _invalid("the push ended before its commit")
         finally:
             receiver.abort()  # a no-op once the commit handed the spool over
 
     async def _update_weights_dist(self, header, dist, request_iterator):
-        """An `nccl` push: this stream carries the control (bucket declarations with their digests, the
-        commit); the bytes come by broadcast to the engine's workers, each bucket received, checked and
-        staged while its declaration is handled."""
+        """An `nccl` push: this stream carries the control (bucket declarations with their digests, or the
+        digests after them where `digests_follow`, the commit); the bytes come by broadcast to the engine's
+        workers, each bucket received, checked and staged while its declaration is handled."""
         rendezvous = {
             "host": dist.host,
             "port": dist.port,
@@ -128,7 +130,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             "backend": dist.backend,
             "timeout_s": dist.timeout_s,
         }
-        staging = await self.core.begin_dist_push(header, rendezvous)
+        staging = await self.core.begin_dist_push(header, rendezvous, digests_follow=dist.digests_follow)
         if staging is None:
             return self._reply(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
         checksum = None
@@ -138,11 +140,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 if kind == "bucket":
                     b = message.bucket
                     await self.core.receive_dist(header, staging, specs_from_proto(b.tensors), b.nbytes, b.digest)
+                elif kind == "bucket_digest":
+                    self.core.receive_dist_digest(header, staging, message.bucket_digest)
                 elif kind == "commit":
                     checksum = message.commit.checksum
                     break
                 else:
-                    raise _invalid(f"an nccl push carries bucket declarations and a commit, not {kind}")
+                    raise _invalid(f"an nccl push carries bucket declarations, their digests and a commit, not {kind}")
         except BaseException:  # refused, broken or cancelled: drop the group, delete the spool
             with contextlib.suppress(ServiceError):
                 await self.core.end_dist_push(header, staging, None)

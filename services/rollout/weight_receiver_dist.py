@@ -24,9 +24,22 @@ _DIGEST = re.compile(r"(sha256:[0-9a-f]{64}|sum64:[0-9a-f]{48})")
 
 
 class DistStaging:
-    def __init__(self, specs: Sequence[TensorSpec], bucket_bytes: int, total_bytes: int, spool_dir: str | None = None):
+    """The server's record of an `nccl` push: declarations checked against the header, the spool's bucket
+    offsets, the digests. With `digests_follow` a bucket is declared without its digest, which comes in a
+    `bucket_digest` message before the next declaration or the commit; the worker checks a bucket only when
+    the next one is declared (or at the flush), so each declaration hands it the previous bucket's digest."""
+
+    def __init__(
+        self,
+        specs: Sequence[TensorSpec],
+        bucket_bytes: int,
+        total_bytes: int,
+        spool_dir: str | None = None,
+        *,
+        digests_follow: bool = False,
+    ):
         check_header_sizes(specs, bucket_bytes, total_bytes)
-        self.specs, self.bucket_bytes = list(specs), bucket_bytes
+        self.specs, self.bucket_bytes, self.digests_follow = list(specs), bucket_bytes, digests_follow
         if spool_dir:
             Path(spool_dir).mkdir(parents=True, exist_ok=True)
         fd, self.path = tempfile.mkstemp(prefix="omrl-weights-", suffix=".spool", dir=spool_dir or None)
@@ -37,21 +50,51 @@ class DistStaging:
         self._end = 0
 
     def declare(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> dict:
-        """Checks a bucket's declaration; returns the engine's `update_info` that receives it."""
+        """Checks a bucket's declaration; returns the engine's `update_info` that receives it (with
+        `previous_digest`, the digest of the bucket before it, where digests follow)."""
         expected = check_declaration(self.specs, self._next, specs, nbytes, self.bucket_bytes)
-        if not _DIGEST.fullmatch(digest):
+        if self.digests_follow:
+            if digest:
+                raise WeightSetRejected("digests follow their buckets in this push: a declaration carries none")
+            self._require_digests()
+        elif not _DIGEST.fullmatch(digest):
             raise WeightSetRejected("bucket digest is not sha256:<64 hex> or sum64:<48 hex>")
         offset = self._end + (-self._end % PAGE)
         bucket = SpooledBucket(offset, expected)
         self._next += len(expected)
         self._end = offset + nbytes
+        previous = self.digests[-1] if self.digests_follow and self.digests else ""
         self.buckets.append(bucket)
+        if not self.digests_follow:
+            self.digests.append(digest)
+        return {**bucket.to_info(self.path), "kind": "receive", "digest": digest, "previous_digest": previous}
+
+    def add_digest(self, digest: str) -> None:
+        """The digest of the bucket declared last (a `digests_follow` push)."""
+        if not self.digests_follow:
+            raise WeightSetRejected("a bucket digest after its declaration, in a push whose declarations carry them")
+        if len(self.digests) >= len(self.buckets):
+            raise WeightSetRejected("a bucket digest with no bucket declared and awaiting it")
+        if not _DIGEST.fullmatch(digest):
+            raise WeightSetRejected("bucket digest is not sha256:<64 hex> or sum64:<48 hex>")
         self.digests.append(digest)
-        return {**bucket.to_info(self.path), "kind": "receive", "digest": digest}
+
+    def last_digest(self) -> str:
+        """What the worker checks the last received bucket against at the flush ("" where declarations
+        carried the digests)."""
+        if not self.digests_follow or not self.buckets:
+            return ""
+        self._require_digests()
+        return self.digests[-1]
+
+    def _require_digests(self) -> None:
+        if len(self.digests) < len(self.buckets):
+            raise WeightSetRejected(f"the digest of bucket {len(self.digests)} did not follow it")
 
     def commit(self, checksum: str) -> WeightSpool:
         if self._next != len(self.specs):
             raise WeightSetRejected(f"push ended after {self._next} of {len(self.specs)} tensors")
+        self._require_digests()
         expected = set_checksum(self.specs, self.digests)
         if expected != checksum:
             raise WeightSetRejected(f"checksum {expected[:12]} != declared {checksum[:12]}")

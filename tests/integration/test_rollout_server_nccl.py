@@ -123,7 +123,8 @@ def test_a_header_that_does_not_match_the_served_model_is_refused(server, hf, pu
 
 
 class _Tampering(NcclWeightPusher):
-    """Sends one bucket (the second) altered after its digest was computed, or declared one byte short."""
+    """Sends one bucket (the second) altered after its digest was computed (the digest of the intact bytes
+    follows it), or declared one byte short."""
 
     how = "corrupt"
 
@@ -132,7 +133,7 @@ class _Tampering(NcclWeightPusher):
             if i == 1 and self.how == "corrupt":
                 data = bucket.data.clone()
                 data[len(data) // 2] ^= 0xFF
-                bucket = DeviceBucket(bucket.specs, data, bucket.digest)
+                bucket = DeviceBucket(bucket.specs, data, bucket_digest(bucket.data))
             elif i == 1 and self.how == "truncated":
                 short = bucket.data[:-1]
                 bucket = DeviceBucket(bucket.specs, short, bucket_digest(short))

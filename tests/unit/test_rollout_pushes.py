@@ -271,7 +271,7 @@ class LastBucketBadEngine(FakeEngine):
     async def begin_dist_push(self, rendezvous):
         self.calls.append("begin")
 
-    async def flush_dist_bucket(self):
+    async def flush_dist_bucket(self, digest=""):
         self.calls.append("flush")
         raise RuntimeError("bucket of 'b': its bytes do not match the digest")
 

@@ -151,6 +151,66 @@ def test_the_gpu_digest_sees_words_moved_between_rows():
     assert sum64(torch.empty(0, dtype=torch.uint8)).startswith("sum64:" + "0" * 16)
 
 
+def test_staging_where_digests_follow_their_buckets_hands_each_to_the_next_receive_and_the_flush(tmp_path):
+    named = _named()
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    digests = [b.digest for b in buckets]
+    staging = DistStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path), digests_follow=True)
+    with pytest.raises(WeightSetRejected, match="no bucket declared"):
+        staging.add_digest(digests[0])
+    with pytest.raises(WeightSetRejected, match="a declaration carries none"):
+        staging.declare(buckets[0].specs, buckets[0].nbytes, digests[0])
+    assert staging.declare(buckets[0].specs, buckets[0].nbytes, "")["previous_digest"] == ""
+    with pytest.raises(WeightSetRejected, match="digest of bucket 0 did not follow"):
+        staging.declare(buckets[1].specs, buckets[1].nbytes, "")
+    with pytest.raises(WeightSetRejected, match="digest of bucket 0 did not follow"):
+        staging.last_digest()
+    with pytest.raises(WeightSetRejected, match="not sha256"):
+        staging.add_digest("md5:00")
+    staging.add_digest(digests[0])
+    with pytest.raises(WeightSetRejected, match="no bucket declared"):
+        staging.add_digest(digests[0])  # one digest a bucket
+    info = staging.declare(buckets[1].specs, buckets[1].nbytes, "")
+    assert (info["digest"], info["previous_digest"]) == ("", digests[0])
+    with pytest.raises(WeightSetRejected, match="digest of bucket 1 did not follow"):
+        staging.commit(set_checksum(specs, digests))
+    staging.add_digest(digests[1])
+    assert staging.last_digest() == digests[1]
+    spool = staging.commit(set_checksum(specs, digests))  # the same set checksum as digests in declarations
+    assert [b.specs for b in spool.buckets] == [b.specs for b in buckets]
+    staging.abort()
+    plain = DistStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path))
+    with pytest.raises(WeightSetRejected, match="whose declarations carry them"):
+        plain.add_digest(digests[0])
+    assert plain.last_digest() == ""
+    plain.abort()
+
+
+def test_the_receiver_checks_a_bucket_against_the_digest_that_followed_it():
+    from services.common.weight_dist import BucketReceiver
+
+    named = _many(4)
+    specs = [spec_of(n, t) for n, t in named]
+    buckets = list(pack_buckets(named, specs, 100, "cpu"))
+    receiver = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    assert receiver.post(buckets[0].specs, buckets[0].nbytes, "") is None
+    got = {}  # the views stay valid until the bucket after next is posted: copied
+    for k in range(1, len(buckets)):
+        earlier = receiver.post(buckets[k].specs, buckets[k].nbytes, "", previous_digest=buckets[k - 1].digest)
+        got.update((n, t.clone()) for n, t in earlier)
+    got.update((n, t.clone()) for n, t in receiver.flush(previous_digest=buckets[-1].digest))
+    assert all(torch.equal(got[n], t) for n, t in named)
+    wrong = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    wrong.post(buckets[0].specs, buckets[0].nbytes, "")
+    with pytest.raises(WeightSetRejected, match="do not match the digest"):
+        wrong.post(buckets[1].specs, buckets[1].nbytes, "", previous_digest=buckets[1].digest)
+    missing = BucketReceiver(_LoopbackGroup([b.data for b in buckets]))
+    missing.post(buckets[0].specs, buckets[0].nbytes, "")
+    with pytest.raises(WeightSetRejected, match="is not this group's"):
+        missing.flush()  # its digest never came
+
+
 def _sum64_by_definition(data: bytes) -> str:
     """`sum64` written out word by word (Python integers, reduced mod 2**64): the digest peers of different
     versions must agree on, whatever kernels compute it."""

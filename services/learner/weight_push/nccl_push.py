@@ -139,7 +139,14 @@ class NcclWeightPusher(WeightPusher):
                 yield item
 
         call = client.push_dist(
-            version, specs, declarations(), rendezvous=s.rdv, rollback=rollback, run=run, bucket_bytes=self.bucket_bytes
+            version,
+            specs,
+            declarations(),
+            rendezvous=s.rdv,
+            rollback=rollback,
+            run=run,
+            bucket_bytes=self.bucket_bytes,
+            digests_follow=True,
         )
         return client, call
 
@@ -161,7 +168,7 @@ class NcclWeightPusher(WeightPusher):
 
     def _buckets(self, weights) -> Iterator[DeviceBucket]:
         if hasattr(weights, "named_tensors"):
-            return self._packer.buckets(weights)
+            return self._packer.buckets(weights, digest=False)
         return self._from_host_buckets(weights)
 
     def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
@@ -172,15 +179,15 @@ class NcclWeightPusher(WeightPusher):
             yield DeviceBucket(b.specs, data, bucket_digest(data))
 
     async def _stream(self, sessions: list[_Session], source: Iterator[DeviceBucket]) -> list[str]:
-        """Declares and posts each bucket's broadcast to every live server, then waits for the previous
-        bucket's (`SendWindow`) before the next is packed into that one's buffer: the pack and digest of
-        bucket k+1 overlap bucket k's transfer."""
+        """Declares and posts each bucket's broadcast to every live server, digests the bucket while it
+        moves and sends the digest after it (the servers check a bucket once the next is declared), then
+        waits for the previous bucket's broadcast (`SendWindow`) before the next is packed into that one's
+        buffer: the pack of bucket k+1 and the digest of bucket k overlap bucket k's transfer."""
         digests, window = [], SendWindow()
         while (bucket := await asyncio.to_thread(next, source, None)) is not None:
-            digests.append(bucket.digest)
             live = [s for s in sessions if s.alive]
             for s in live:
-                s.queue.put_nowait(("bucket", bucket.specs, bucket.nbytes, bucket.digest))
+                s.queue.put_nowait(("bucket", bucket.specs, bucket.nbytes, ""))
             posted = []
             for s in live:
                 try:
@@ -188,7 +195,11 @@ class NcclWeightPusher(WeightPusher):
                     # until the receivers join, which needs the declarations this loop streams
                     posted.append((s, await asyncio.to_thread(s.group.post, bucket.data)))
                 except Exception as exc:  # noqa: BLE001 - the server's side ended (refused, died, timed out)
-                    await self._fail_send(s, len(digests), exc)
+                    await self._fail_send(s, len(digests) + 1, exc)
+            digests.append(bucket.digest or await asyncio.to_thread(bucket_digest, bucket.data))
+            for s in live:
+                if s.alive:
+                    s.queue.put_nowait(("digest", digests[-1]))
             window.add(posted)
             for s, exc in await asyncio.to_thread(window.settle):
                 await self._fail_send(s, len(digests) - 1, exc)

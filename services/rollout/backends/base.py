@@ -60,9 +60,10 @@ class RolloutBackend(abc.ABC):
         the last to `flush_dist_bucket`."""
         raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
 
-    async def flush_dist_bucket(self) -> None:
-        """Checks and stages the last received bucket, if `receive_dist_bucket` left it pending; raises
-        if it fails a check. Called before the commit is verified."""
+    async def flush_dist_bucket(self, digest: str = "") -> None:
+        """Checks and stages the last received bucket, if `receive_dist_bucket` left it pending (against
+        `digest` where digests follow their buckets, else its declared one); raises if it fails a check.
+        Called before the commit is verified."""
 
     async def end_dist_push(self, ok: bool) -> None:
         """Closes the receive session; `ok=False` also leaves the group (it may be broken)."""

@@ -256,8 +256,9 @@ class VllmBackend(RolloutBackend):
 
         await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
 
-    async def flush_dist_bucket(self) -> None:
+    async def flush_dist_bucket(self, digest: str = "") -> None:
         flush = {"kind": "flush", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
+        flush["previous_digest"] = digest
         await self.receive_dist_bucket(flush)
 
     async def end_dist_push(self, ok: bool) -> None:

@@ -45,11 +45,13 @@ class DistUpdateInfo(SpoolUpdateInfo):
     """`kind="open"`: a push was accepted (counted in the group's store; the learner waits for that
     before its first broadcast). `kind="receive"`: start taking the next bucket from the group (to be
     checked against `digest` and written to `path` at `offset`, by the first worker only), then check and
-    write the one before. `kind="flush"`: check and write the last received bucket. `kind="load"`: load a
+    write the one before (against `previous_digest` where digests follow their buckets). `kind="flush"`:
+    check and write the last received bucket. `kind="load"`: load a
     staged bucket into the model."""
 
     kind: str = "load"
     digest: str = ""
+    previous_digest: str = ""  # where digests follow their buckets: the pending bucket's, checked now
 
     def __post_init__(self):
         super().__post_init__()
@@ -95,11 +97,11 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
                 self.group.open_session()
             return
         if info.kind == "flush":
-            self._stage(self._posted, self.receiver.flush())
+            self._stage(self._posted, self.receiver.flush(info.previous_digest))
             self._posted = None
             return
         where, self._posted = self._posted, (info.path, info.offset)
-        earlier = self.receiver.post(info.specs, sum(info.sizes), info.digest)
+        earlier = self.receiver.post(info.specs, sum(info.sizes), info.digest, info.previous_digest)
         if earlier is not None:
             self._stage(where, earlier)
 
