@@ -79,14 +79,12 @@ def _combos(args) -> list[tuple[int, str]]:
     return [(float(mb), mode) for mb in str(args.bucket_mb).split(",") for mode in args.modes.split(",")]
 
 
-def _sender(args, port, shape, gpu, results, high_priority: bool) -> None:
+def _sender(args, port, shape, gpu, results) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, bucket_digest, open_store
     from services.learner import fsdp
-
-    Group.high_priority_stream = high_priority
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -124,7 +122,7 @@ def _sender(args, port, shape, gpu, results, high_priority: bool) -> None:
             traced = i == args.repeats + 1
             if traced and not args.trace_dir:
                 break
-            with _tracing(traced, args.trace_dir, f"{shape}_p{int(high_priority)}_c{c}_sender"):
+            with _tracing(traced, args.trace_dir, f"{shape}_c{c}_sender"):
                 _barrier(group, device)
                 start = time.perf_counter()
                 window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
@@ -178,14 +176,12 @@ def _digest_of(group, combo: int, sync: int, bucket: int) -> str:
     return group.store.get(f"digest/{combo}/{sync}/{bucket}").decode()
 
 
-def _receiver(args, port, shape, gpu, results, high_priority: bool) -> None:
+def _receiver(args, port, shape, gpu, results) -> None:
     import torch
 
     from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import BucketReceiver, Group, ParamCopier, Rendezvous, bucket_digest, check_against
     from services.common.weights import TensorSpec
-
-    Group.high_priority_stream = high_priority
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -212,7 +208,7 @@ def _receiver(args, port, shape, gpu, results, high_priority: bool) -> None:
             traced = i == args.repeats + 1
             if traced and not args.trace_dir:
                 break
-            with _tracing(traced, args.trace_dir, f"{shape}_p{int(high_priority)}_c{c}_receiver"):
+            with _tracing(traced, args.trace_dir, f"{shape}_c{c}_receiver"):
                 _barrier(group, device)
                 declared = [(bucket_specs, sum(s.nbytes for s in bucket_specs)) for bucket_specs in plan]
                 digest_of = functools.partial(_digest_of, group, c, i)  # the control stream's role
@@ -288,15 +284,15 @@ class _Replay:
         return self._Done()
 
 
-def run_shape(args, shape: str, high_priority: bool = False) -> list[dict]:
+def run_shape(args, shape: str) -> list[dict]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_sender, args=(args, port, shape, 0, results, high_priority)),
-        ctx.Process(target=_receiver, args=(args, port, shape, 1, results, high_priority)),
+        ctx.Process(target=_sender, args=(args, port, shape, 0, results)),
+        ctx.Process(target=_receiver, args=(args, port, shape, 1, results)),
     ]
     for p in procs:
         p.start()
@@ -340,7 +336,6 @@ def run_shape(args, shape: str, high_priority: bool = False) -> list[dict]:
                 raw_gb_s=s["bytes"] / raw / 1e9,
                 pct_of_raw=100.0 * raw / sync,
                 learner_dtype=args.learner_dtype,
-                nccl_high_priority_stream=high_priority,
                 sender_pack_digest_s=s["pack_digest_s"],
                 sender_pack_digest_cpu_s=s["pack_digest_cpu_s"],
                 sender_layouts_built=s["layouts_built"],
@@ -366,11 +361,6 @@ def main() -> None:
         "checked while bucket k moves) and/or serial (one bucket at a time: pack, send, check, apply)",
     )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument(
-        "--high-priority",
-        default="off",
-        help="comma-separated off/on: the process group's NCCL stream at high priority (each its own process pair)",
-    )
     ap.add_argument("--trace-dir", default="", help="write a profiler trace of one more sync per row and side here")
     ap.add_argument(
         "--learner-dtype",
@@ -389,9 +379,8 @@ def main() -> None:
         if torch.cuda.device_count() < 2:
             raise SystemExit(f"needs 2 GPUs, sees {torch.cuda.device_count()}")
     rows = []
-    priorities = [{"off": False, "on": True}[p] for p in args.high_priority.split(",")]
-    for shape, high_priority in [(s, p) for s in args.shapes.split(",") for p in priorities]:
-        for r in run_shape(args, shape, high_priority):
+    for shape in args.shapes.split(","):
+        for r in run_shape(args, shape):
             rows.append(r)
             print(
                 f"{r['shape']:>5} {r['mode']:>9} {r['gigabytes']:7.3f} GB {r['buckets']:4d} x {r['bucket_mb']:g} MB  "
@@ -400,7 +389,7 @@ def main() -> None:
                 f"pack+digest {r['sender_pack_digest_s']:.4f}s (cpu {r['sender_pack_digest_cpu_s']:.4f}s) "
                 f"check+apply {r['receiver_check_apply_s']:.4f}s (cpu {r['receiver_check_apply_cpu_s']:.4f}s)  "
                 f"[{r['gpu']}: {r['sender_device']} -> "
-                f"{r['receiver_device']}] high-priority {'on' if high_priority else 'off'}",
+                f"{r['receiver_device']}]",
                 flush=True,
             )
     if args.out:

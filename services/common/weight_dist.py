@@ -84,8 +84,6 @@ class Group:
     """One process group of a rendezvous: `broadcast` from rank 0. Rank 0 learns the world size from the
     receivers' rank 1 (`announce`), so the learner needs no knowledge of a server's parallelism."""
 
-    high_priority_stream = False  # the NCCL stream's priority; on measured no faster (docs/weight-sync.md)
-
     def __init__(self, rdv: Rendezvous, store, rank: int, world_size: int):
         import torch.distributed as dist
 
@@ -96,8 +94,6 @@ class Group:
             opts = dist.ProcessGroupNCCL.Options()
             if hasattr(opts, "_timeout"):
                 opts._timeout = timeout
-            if hasattr(opts, "is_high_priority_stream"):
-                opts.is_high_priority_stream = self.high_priority_stream
             self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
