@@ -172,11 +172,11 @@ class NcclWeightPusher(WeightPusher):
         return self._from_host_buckets(weights)
 
     def _from_host_buckets(self, weights) -> Iterator[DeviceBucket]:
-        """A set that only streams host buckets (a spooled re-push): moved to the group's device."""
+        """A set that only streams host buckets (a spooled re-push): moved to the group's device, digested
+        by `_stream` while it moves, as a packed bucket is."""
         for b in weights.buckets(self.bucket_bytes):
             data = torch.frombuffer(b.data, dtype=torch.uint8) if b.nbytes else torch.empty(0, dtype=torch.uint8)
-            data = data.to(self.device)
-            yield DeviceBucket(b.specs, data, bucket_digest(data))
+            yield DeviceBucket(b.specs, data.to(self.device), "")
 
     async def _stream(self, sessions: list[_Session], source: Iterator[DeviceBucket]) -> list[str]:
         """Declares and posts each bucket's broadcast to every live server, digests the bucket while it
