@@ -13,9 +13,10 @@ learner, so a broken group is replaced by a fresh one without restarting anythin
 
 Bucket digest: `sha256:<hex>` of the bytes where the bucket is a CPU tensor (the gRPC path's digest), and
 on CUDA `sum64:<hex>`: a wrapping int64 sum and a position-weighted sum of the bucket's 8-byte words,
-computed on the device (two reductions, no host copy). It catches truncation, dropped or reordered
-words and random corruption; it is not a cryptographic hash (the bytes come from an authenticated
-peer over a private network; the digest guards against transport faults, not forgery).
+computed on the device (one pass of a Triton kernel, `sum64_kernel`, no host copy). It catches
+truncation, dropped or reordered words and random corruption; it is not a cryptographic hash (the bytes
+come from an authenticated peer over a private network; the digest guards against transport faults, not
+forgery).
 
 Used by the learner's sender (`services/learner/weight_push/nccl_push.py`), by the vLLM engine
 (`services/rollout/backends/vllm_dist_engine.py`) and by plain Hugging Face receivers
@@ -26,6 +27,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -176,10 +178,32 @@ def bucket_digest(buffer: torch.Tensor) -> str:
 def sum64(buffer: torch.Tensor) -> str:
     """`sum64:` + byte count, a wrapping int64 sum of the 8-byte words, and an order-sensitive wrapping
     sum: the words laid out as rows of 1024, their row sums and column sums each weighted by position
-    (a word moved to another row or column changes it). Two reductions over the buffer, no copy of it,
-    one host sync."""
-    plain, weighted = _sum64_words(buffer).tolist()
+    (a word moved to another row or column changes it). On CUDA one pass over the buffer (`sum64_kernel`),
+    no copy of it, one host sync."""
+    sums = _kernel_sums(buffer, None)
+    plain, weighted = (sums[:2] if sums is not None else _sum64_words(buffer)).tolist()
     return _sum64_text(buffer.numel(), plain, weighted)
+
+
+_kernel_broken: list[str] = []  # why the one-pass kernel failed in this process, once it has
+
+
+def _kernel_sums(buffer: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """`sum64_kernel.sums` for a CUDA buffer where Triton imports and builds the kernel, else None: the torch
+    formulation then (the reference, and the CPU path; `OMRL_SUM64_KERNEL=0` forces it). A kernel that fails
+    to build (no compiler, no writable cache) is not tried again in this process."""
+    if buffer.device.type != "cuda" or _kernel_broken or os.environ.get("OMRL_SUM64_KERNEL", "1") == "0":
+        return None
+    try:
+        from services.common import sum64_kernel
+
+        if dtype is not None and dtype not in sum64_kernel.FLOAT_DTYPES:
+            return None
+        return sum64_kernel.sums(buffer, dtype)
+    except Exception as exc:  # noqa: BLE001 - Triton missing or unable to build here: the torch formulation
+        _kernel_broken.append(repr(exc))
+        logging.getLogger(__name__).warning("sum64: the Triton kernel is unavailable (%r); digesting with torch", exc)
+        return None
 
 
 def _sum64_text(n: int, plain: int, weighted: int) -> str:
@@ -254,8 +278,13 @@ def _checked_digest_as(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple
 
 
 def _sum64_checked(buffer: torch.Tensor, dtype: torch.dtype | None) -> tuple[str, bool]:
-    """`sum64` and, for a bucket of one floating `dtype`, whether its float32 sum is finite: one read back
-    (the sum's bits beside the digest's words; finite unless its exponent bits are all ones)."""
+    """`sum64` and, for a bucket of one floating `dtype`, whether its values are cleared as finite: one read
+    back. Through the one-pass kernel: no element's exponent bits all ones. Else: the float32 sum is finite
+    (its bits read beside the digest's words; finite unless its exponent bits are all ones)."""
+    sums = _kernel_sums(buffer, dtype)
+    if sums is not None:
+        plain, weighted, bad = sums.tolist()
+        return _sum64_text(buffer.numel(), plain, weighted), dtype is not None and bad == 0
     words = _sum64_words(buffer)
     if dtype is None:
         read = words.tolist()

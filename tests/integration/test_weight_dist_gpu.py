@@ -24,3 +24,28 @@ def test_sum64_on_cuda_equals_cpu_and_checks_finite_values(nbytes):
         bad[-1] = poison
         digest, finite = _sum64_checked(bad.view(torch.uint8), torch.bfloat16)
         assert digest == sum64(bad.view(torch.uint8).cpu()) and not finite
+
+
+def test_cuda_buckets_are_digested_by_the_one_pass_kernel_and_its_finite_check_is_exact(monkeypatch):
+    """On CUDA the digest and the finite check are the Triton kernel's (one read of the bucket); the torch
+    formulation (`OMRL_SUM64_KERNEL=0`, or a kernel that fails to build) gives the same digest. fp32 values
+    whose float32 sum overflows are finite to the kernel (the sum's check sent such a bucket to the
+    tensor-by-tensor check)."""
+    from services.common import sum64_kernel, weight_dist
+    from services.common.weight_dist import _kernel_sums, _sum64_checked, sum64
+
+    big = torch.full((1 << 20,), 3e38, dtype=torch.float32, device="cuda")
+    assert _kernel_sums(big.view(torch.uint8), torch.float32).tolist()[2] == 0
+    digest, finite = _sum64_checked(big.view(torch.uint8), torch.float32)
+    assert finite and digest == sum64(big.view(torch.uint8).cpu())
+    monkeypatch.setenv("OMRL_SUM64_KERNEL", "0")
+    assert _kernel_sums(big.view(torch.uint8), None) is None
+    assert _sum64_checked(big.view(torch.uint8), torch.float32) == (digest, False)  # the sum overflowed
+    monkeypatch.delenv("OMRL_SUM64_KERNEL")
+
+    def unbuildable(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(sum64_kernel, "sums", unbuildable)
+    monkeypatch.setattr(weight_dist, "_kernel_broken", [])
+    assert sum64(big.view(torch.uint8)) == digest and weight_dist._kernel_broken

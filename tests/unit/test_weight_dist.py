@@ -2,6 +2,9 @@
 digests (CPU), the set checksum over digests, and the server's staging rules (declarations, digest format,
 commit) without any process group."""
 
+import json
+import os
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -11,6 +14,7 @@ from services.common.weight_buckets import plan_buckets
 from services.common.weight_dist import (
     ParamCopier,
     Rendezvous,
+    _sum64_text,
     bucket_digest,
     check_against,
     check_finite_bucket,
@@ -245,6 +249,60 @@ def test_the_gpu_digest_is_its_definition_and_its_finite_check_reads_the_sum():
                     values[-1] = poison
                 got = _sum64_checked(values.view(torch.uint8), torch.float32)
                 assert got == (sum64(values.view(torch.uint8)), finite or not nbytes), (nbytes, poison)
+
+
+_KERNEL_CASES = [0, 5, 8, 14, 8192 - 3, 8192, 8 * 1023, 8192 * 5 + 8 * 1023 + 6, 8192 * 40 + 4, (1 << 20) + 2]
+
+
+def _kernel_case(nbytes: int) -> list[tuple[str, torch.Tensor, torch.dtype | None, int]]:
+    """The buffers the one-pass kernel is checked on for one size: raw bytes, and where the size allows bf16 and
+    fp32 values without and with an inf and a NaN (name, bytes, dtype, non-finite elements)."""
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+    cases = [("bytes", data, None, 0)]
+    for dtype, size in ((torch.bfloat16, 2), (torch.float32, 4)):
+        if nbytes % size:
+            continue
+        values = torch.linspace(-3, 2, nbytes // size).to(dtype)
+        cases.append((f"{dtype}", values.view(torch.uint8), dtype, 0))
+        if nbytes:
+            poisoned = values.clone()
+            poisoned[-1], poisoned[0] = float("nan"), float("-inf")
+            cases.append((f"{dtype} poisoned", poisoned.view(torch.uint8), dtype, 1 + (nbytes > size)))
+    return cases
+
+
+_KERNEL_RUN = """
+import json, sys
+import torch
+from services.common import sum64_kernel
+sys.path.insert(0, "tests/unit")
+from test_weight_dist import _KERNEL_CASES, _kernel_case
+print(json.dumps([[nbytes, name, sum64_kernel.sums(data, dtype).tolist()]
+                  for nbytes in _KERNEL_CASES for name, data, dtype, _ in _kernel_case(nbytes)]))
+"""
+
+
+def test_the_one_pass_gpu_kernel_is_the_digests_definition_and_counts_infs_and_nans():
+    """The Triton kernel CUDA buckets are digested with, run by Triton's interpreter on CPU tensors (a CI
+    machine has no GPU): the same sums as `sum64`'s definition for every size (tail bytes, part rows, one
+    program and several), and the exact count of non-finite bf16 and fp32 elements."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    run = subprocess.run(
+        [sys.executable, "-c", _KERNEL_RUN], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = {(nbytes, name): sums for nbytes, name, sums in json.loads(run.stdout.strip().splitlines()[-1])}
+    for nbytes in _KERNEL_CASES:
+        for name, data, _dtype, non_finite in _kernel_case(nbytes):
+            plain, weighted, bad = got[nbytes, name]
+            assert _sum64_text(nbytes, plain, weighted) == _sum64_by_definition(data.numpy().tobytes()), (nbytes, name)
+            assert bad == non_finite, (nbytes, name)
 
 
 class _LoopbackGroup:
