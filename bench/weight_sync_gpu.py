@@ -13,6 +13,12 @@ Modes (`--modes`): `pipelined`, the push's path: two buffers a side; the sender 
 bucket k+1 while bucket k is on the wire, the receiver checks (digest and finite sum, one read back) and applies
 bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`).
 `serial`: one bucket at a time (pack, send and digest, then receive, check, apply: `BucketReceiver.receive`).
+`staged`: the vLLM worker's path, which a Hugging Face receiver can follow without vLLM: each checked bucket
+is staged in a host spool file (`weight_spool.BucketStager`), every write waited for, then each bucket is
+mapped from the spool and copied into the model, as the commit's apply does (its seconds reported apart).
+`staged-plain`: the same with the worker's staging before `BucketStager` (a synchronous pageable copy and
+one write a bucket), for comparison in the same run. `staged-memory`: staged in a pinned host arena instead
+of the file (`rollout.weight_staging: memory`), applied from it.
 
 Per shape, bucket size and mode: seconds per full sync (median of --repeats, each ended by an all-reduce
 after the receiver applied and synchronized), GB/s, % of the raw broadcast bandwidth, the GPUs, and two
@@ -113,7 +119,7 @@ def _sender(args, port, shape, gpu, results) -> None:
             if i:
                 raw_times.append(time.perf_counter() - start)
         del raw
-        if mode not in ("pipelined", "serial"):
+        if mode not in ("pipelined", "serial", *STAGED):
             raise ValueError(f"unknown mode {mode!r}")
         pipelined = mode != "serial"
         # kept across pushes as the nccl pusher keeps one (its layout of a one-process learner's set)
@@ -204,6 +210,7 @@ def _receiver(args, port, shape, gpu, results) -> None:
             _barrier(group, device)
         del raw
         receiver = BucketReceiver(group)
+        apply_times = []
         for i in range(args.repeats + 2):
             traced = i == args.repeats + 1
             if traced and not args.trace_dir:
@@ -215,6 +222,8 @@ def _receiver(args, port, shape, gpu, results) -> None:
                 if mode == "pipelined":  # the vLLM worker's post/flush
                     for tensors in receiver.receive_all(declared, digest_of):
                         copy_into(tensors)
+                elif mode in STAGED:  # the vLLM worker's post/flush, staging into a spool, then the commit's apply
+                    apply_times.append(_staged_sync(receiver, declared, digest_of, copy_into, args, mode))
                 else:  # one bucket at a time
                     for b, (bucket_specs, nbytes) in enumerate(declared):
                         copy_into(receiver.receive(bucket_specs, nbytes, digest_of(b)))
@@ -247,10 +256,64 @@ def _receiver(args, port, shape, gpu, results) -> None:
                 probe_finite=finite,
                 check_apply_s=min(check_times),
                 check_apply_cpu_s=min(check_cpu),
+                apply_from_spool_s=apply_times[1:-1] if args.trace_dir else apply_times[1:],
             )
         )
         _barrier(group, device)
     group.close()
+
+
+STAGED = ("staged", "staged-plain", "staged-memory")
+
+
+def _staged_sync(receiver, declared, digest_of, copy_into, args, mode: str) -> float:
+    """One push as the vLLM worker takes it: each checked bucket staged at its page-aligned spool offset
+    (`staged`: into the spool file through `BucketStager`, pinned buffers and a writer thread; `staged-plain`:
+    the worker's earlier synchronous pageable copy and write; `staged-memory`: into a pinned `HostArena`, as
+    `rollout.weight_staging: memory` does), every copy or write waited for, then the commit's apply: each
+    bucket mapped from the spool (or viewed in the arena) and copied into the model. Returns the apply's
+    seconds. The arena is kept across pushes as the worker keeps it (`args.arena`)."""
+    import tempfile
+
+    import torch
+
+    from services.common.weight_spool import PAGE, BucketStager, HostArena, mapped_bucket, write_at
+
+    offsets, at = [], 0
+    for _specs, nbytes in declared:
+        at += -at % PAGE
+        offsets.append(at)
+        at += nbytes
+    fd, path = tempfile.mkstemp(prefix="omrl-bench-", suffix=".spool", dir=args.stage_dir or None)
+    os.close(fd)
+    stager = BucketStager() if mode == "staged" else None
+    if mode == "staged-memory":
+        if getattr(args, "arena", None) is None:
+            args.arena = HostArena()
+        stager = args.arena
+        stager.begin(HostArena.span(at, len(declared)), pinned=torch.cuda.is_available())
+    try:
+        for b, _tensors in enumerate(receiver.receive_all(declared, digest_of)):
+            if stager is not None:
+                stager.stage(path, offsets[b], receiver.last)
+            else:
+                write_at(path, offsets[b], receiver.last.cpu().numpy())
+        if stager is not None:
+            stager.drain()
+        start = time.perf_counter()
+        for (specs, _nbytes), offset in zip(declared, offsets, strict=True):
+            if mode == "staged-memory":
+                copy_into(stager.tensors(path, offset, specs))
+                continue
+            with mapped_bucket(path, offset, specs) as tensors:
+                copy_into(tensors)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+    finally:
+        if isinstance(stager, BucketStager):
+            stager.close()
+        os.unlink(path)
 
 
 @contextlib.contextmanager
@@ -342,6 +405,7 @@ def run_shape(args, shape: str) -> list[dict]:
                 receiver_check_apply_s=r["check_apply_s"],
                 receiver_check_apply_cpu_s=r["check_apply_cpu_s"],
                 receiver_weights_finite=r["probe_finite"],
+                apply_from_spool_s_median=statistics.median(r["apply_from_spool_s"] or [0.0]) or None,
             )
         )
     if len(rows) < len(_combos(args)):
@@ -358,8 +422,12 @@ def main() -> None:
         "--modes",
         default="pipelined",
         help="comma-separated: pipelined (the push's path: two buffers a side, bucket k+1 packed and bucket k-1 "
-        "checked while bucket k moves) and/or serial (one bucket at a time: pack, send, check, apply)",
+        "checked while bucket k moves), serial (one bucket at a time: pack, send, check, apply), staged (the vLLM "
+        "worker's path: each checked bucket staged in a host spool file, then applied from it as a commit does) "
+        "staged-plain (the same with the worker's earlier staging: a synchronous pageable copy and write) and "
+        "staged-memory (staged in a pinned host arena, rollout.weight_staging: memory)",
     )
+    ap.add_argument("--stage-dir", default="", help="where the staged modes' spool files go (default: the temp dir)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trace-dir", default="", help="write a profiler trace of one more sync per row and side here")
     ap.add_argument(
@@ -388,7 +456,8 @@ def main() -> None:
                 f"{r['raw_gb_s']:7.2f} GB/s  {r['pct_of_raw']:5.1f}% of raw  "
                 f"pack+digest {r['sender_pack_digest_s']:.4f}s (cpu {r['sender_pack_digest_cpu_s']:.4f}s) "
                 f"check+apply {r['receiver_check_apply_s']:.4f}s (cpu {r['receiver_check_apply_cpu_s']:.4f}s)  "
-                f"[{r['gpu']}: {r['sender_device']} -> "
+                + (f"commit's apply from spool {spool:.4f}s  " if (spool := r["apply_from_spool_s_median"]) else "")
+                + f"[{r['gpu']}: {r['sender_device']} -> "
                 f"{r['receiver_device']}]",
                 flush=True,
             )

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,12 +59,15 @@ class RolloutProcess:
             client.delete(*keys)
 
 
-def start_rollout(tmp: Path) -> RolloutProcess:
+def start_rollout(tmp: Path, sets: Sequence[str] = ()) -> RolloutProcess:
+    """A rollout server process on the tiny model; `sets`: more `--set key=value` settings."""
     model = build_tiny_model(tmp / "model", CORPUS)
     port, run, token = free_port(), f"test-rollout-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     log = tmp / "rollout.log"
     args = [sys.executable, "-m", "services.rollout", "--no-produce", "--port", str(port)]
     args += ["--set", f"model.path={model}", "--set", f"run={run}"]
+    for setting in sets:
+        args += ["--set", setting]
     service = ServiceProcess(
         "rollout", args, log, f"127.0.0.1:{port}", {"VLLM_LOGGING_LEVEL": "WARNING", "OMRL_WEIGHT_TOKEN": token}
     ).start()

@@ -122,6 +122,11 @@ class RolloutConfig(Section):
     engine_args: FreeForm = Field(default_factory=dict)
     """More vLLM AsyncEngineArgs, e.g. {"max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8"}; checked
     against vLLM 0.32's fields (keys with their own field here, or that the backend sets, are refused)."""
+    weight_staging: Literal["file", "memory"] = "file"
+    """Where a rollout server stages an `nccl` weight push until its commit verifies: `file`, a spool file in
+    the temp folder (page cache; on GPU bound by its writes, ~4 GB/s); `memory`, a host buffer of the set's
+    size in the engine's worker, kept from push to push (pinned on GPU: one DMA copy each way; needs
+    `gpus: 1` and the set's size in host memory beyond the pod's usual needs)."""
     vllm_metrics: bool = True
     """Also export vLLM's own `vllm:*` Prometheus series (request-latency histograms and more). They cost the
     rollout process about 0.5 CPU-s per 512 short requests on CPU (bench/loop_front.py, variant `prom`); the
@@ -159,6 +164,12 @@ class RolloutConfig(Section):
 
             check_engine_args(engine_args)
         return engine_args
+
+    @model_validator(mode="after")
+    def _check_staging(self) -> RolloutConfig:
+        if self.weight_staging == "memory" and self.gpus != 1:
+            raise ValueError("rollout.weight_staging 'memory' stages in the engine's one worker: set rollout.gpus: 1")
+        return self
 
 
 class RewardComponentConfig(Section):

@@ -47,6 +47,7 @@ def build_backend(config: TrainConfig):
         gpus=r.gpus,
         engine_args=r.engine_args,
         vllm_metrics=r.vllm_metrics,
+        weight_staging=r.weight_staging,
     )
 
 

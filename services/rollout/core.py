@@ -272,7 +272,7 @@ class RolloutCore:
             self._refuse(header, exc)
         await self._dist_lock.acquire()
         try:
-            await self.backend.begin_dist_push(rendezvous)
+            await self.backend.begin_dist_push(rendezvous, total_bytes=total, tensors=len(header.specs))
         except Exception as exc:
             self._dist_lock.release()
             staging.abort()

@@ -3,7 +3,8 @@ weight-transfer calls as on GPU (`init_weight_transfer_engine`, `start_weight_up
 `finish_weight_update`) with the `omrl_dist` engine, the process group on gloo. Replies agree with the
 version they are stamped with across a live update; malformed pushes (wrong shape, unknown name, a
 corrupted or truncated bucket) are refused with nothing applied and the engine serving; a push whose
-learner dies midway leaves the previous version served, and the next push lands."""
+learner dies midway leaves the previous version served, and the next push lands. Each with the buckets
+staged in a spool file and in the worker's host arena."""
 
 import asyncio
 import os
@@ -23,9 +24,11 @@ from tests.integration.test_rollout_server import perturbed, reference_logprobs
 from tests.rollout_server import start_rollout
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    rollout = start_rollout(tmp_path_factory.mktemp("rollout"))
+@pytest.fixture(scope="module", params=["file", "memory"])
+def server(tmp_path_factory, request):
+    """A server per staging (`rollout.weight_staging`): every test below runs against both. With `memory` the
+    spool file stays empty (a load that read it would fail), so a push that lands was staged in the arena."""
+    rollout = start_rollout(tmp_path_factory.mktemp("rollout"), [f"rollout.weight_staging={request.param}"])
     yield rollout
     rollout.kill()
 

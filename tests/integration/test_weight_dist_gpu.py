@@ -49,3 +49,50 @@ def test_cuda_buckets_are_digested_by_the_one_pass_kernel_and_its_finite_check_i
     monkeypatch.setattr(sum64_kernel, "sums", unbuildable)
     monkeypatch.setattr(weight_dist, "_kernel_broken", [])
     assert sum64(big.view(torch.uint8)) == digest and weight_dist._kernel_broken
+
+
+def test_cuda_buckets_are_staged_through_pinned_buffers_at_their_offsets(tmp_path):
+    """The vLLM worker's staging of CUDA buckets: copied to pinned host memory on the current stream and written
+    by threads; the device buffer overwritten right after (as the receive after next does, ordered after that
+    stream) does not change what lands in the file. A write that fails raises at `drain`."""
+    from services.common.weight_spool import BucketStager
+
+    spool = tmp_path / "w.spool"
+    spool.write_bytes(b"")
+    sizes, offsets = (64 << 20, 5, (32 << 20) + 3, 0, 4 << 20), (0, 64 << 20, (65 << 20), 100 << 20, 100 << 20)
+    buffers = [torch.empty(64 << 20, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    expected, stager = [], BucketStager()
+    for k, (n, offset) in enumerate(zip(sizes, offsets, strict=True)):
+        data = buffers[k % 2][:n]
+        data.random_(0, 256)
+        expected.append(data.cpu().numpy().tobytes())
+        stager.stage(str(spool), offset, data)
+        data.fill_(7)  # the receive after next lands here, ordered after the copy on this stream
+    stager.drain()
+    written = spool.read_bytes()
+    for data, offset in zip(expected, offsets, strict=True):
+        assert written[offset : offset + len(data)] == data
+    stager.stage(str(tmp_path / "gone.spool"), 0, buffers[0][:8])
+    with pytest.raises(FileNotFoundError):
+        stager.drain()
+    stager.close()
+
+
+def test_cuda_buckets_staged_in_a_pinned_arena_come_back_as_they_were():
+    """`rollout.weight_staging: memory` on a GPU: each bucket one copy into pinned host memory on the current
+    stream; the device buffer overwritten right after (the receive after next) does not change the arena."""
+    from services.common.weight_spool import HostArena
+    from services.common.weights import TensorSpec
+
+    arena, buffer = HostArena(), torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+    arena.begin(HostArena.span(3 * (32 << 20), 3), pinned=True)
+    expected = []
+    for k in range(3):
+        buffer.random_(0, 256)
+        expected.append(buffer.cpu())
+        arena.stage("p", k << 25, buffer)
+        buffer.fill_(7)
+    arena.drain()
+    for k, data in enumerate(expected):
+        ((_, got),) = arena.tensors("p", k << 25, [TensorSpec("t", "uint8", (32 << 20,), 32 << 20)])
+        assert got.is_pinned() and torch.equal(got, data)

@@ -120,3 +120,14 @@ def test_non_finite_numbers_are_rejected_anywhere(json_body, loc):
         with pytest.raises(ValidationError) as info:
             JobSpec.model_validate_json(data) if isinstance(data, str) else JobSpec.model_validate(data)
         assert loc in locs(info.value)
+
+
+def test_weight_staging_in_memory_needs_a_one_worker_engine():
+    """The arena lives in the engine's one worker: a tensor-parallel engine's other workers could not read it."""
+    assert TrainConfig.model_validate({"rollout": {"weight_staging": "memory"}}).rollout.weight_staging == "memory"
+    with pytest.raises(ValidationError, match="weight_staging 'memory' .* set rollout.gpus: 1"):
+        TrainConfig.model_validate({"rollout": {"weight_staging": "memory", "gpus": 2}})
+    with pytest.raises(ValidationError, match="weight_staging 'memory'"):
+        JobSpec.model_validate(
+            {"resources": {"rollout": {"gpus": 2}}, "rollout": {"weight_staging": "memory"}}
+        ).train_config()

@@ -228,7 +228,7 @@ def test_a_first_push_whose_checksum_comes_at_the_commit_is_not_taken_for_the_se
 class BrokenGroupEngine(FakeEngine):
     """Joins the process group, then finds it broken when the push ends (a learner that died midway)."""
 
-    async def begin_dist_push(self, rendezvous):
+    async def begin_dist_push(self, rendezvous, **sizes):
         pass
 
     async def end_dist_push(self, ok):
@@ -268,7 +268,7 @@ class LastBucketBadEngine(FakeEngine):
         super().__init__()
         self.calls = []
 
-    async def begin_dist_push(self, rendezvous):
+    async def begin_dist_push(self, rendezvous, **sizes):
         self.calls.append("begin")
 
     async def flush_dist_bucket(self, digest=""):

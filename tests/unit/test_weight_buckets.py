@@ -115,3 +115,52 @@ def test_a_set_teed_to_a_spool_is_sent_again_bucket_for_bucket(tmp_path):
     assert [(b.specs, bytes(b.data), b.digest) for b in again.buckets(64)] == first
     again.spool.delete()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stager_writes_each_bucket_at_its_offset_before_its_buffer_is_reused(tmp_path):
+    """CPU buckets (the gloo path) are in the file when `stage` returns: the receiver reuses their buffer for
+    the bucket after next. A write that fails raises (the push is refused before its commit)."""
+    from services.common.weight_spool import BucketStager
+
+    spool = tmp_path / "w.spool"
+    spool.write_bytes(b"")
+    sizes, offsets = (5000, 0, 4096, 17), (0, 8192, 8192, 16384)
+    buckets = [
+        torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n)) for n in sizes
+    ]
+    expected = [b.clone() for b in buckets]
+    stager = BucketStager()
+    for data, offset in zip(buckets, offsets, strict=True):
+        stager.stage(str(spool), offset, data)
+        data.zero_()  # the next receive into this buffer
+    stager.drain()
+    stager.close()
+    written = spool.read_bytes()
+    for data, offset in zip(expected, offsets, strict=True):
+        assert written[offset : offset + data.numel()] == data.numpy().tobytes()
+    with pytest.raises(FileNotFoundError):
+        BucketStager().stage(str(tmp_path / "gone.spool"), 0, torch.ones(8, dtype=torch.uint8))
+
+
+def test_an_arena_hands_back_each_staged_bucket_by_its_spool_place_and_forgets_them_at_the_next_push():
+    from services.common.weight_spool import HostArena
+
+    specs = [spec_of("a", torch.zeros(3, dtype=torch.float32)), spec_of("b", torch.zeros(2, 2, dtype=torch.bfloat16))]
+    odd = [spec_of("c", torch.zeros(5, dtype=torch.uint8))]
+    a, b, c = torch.arange(3.0), torch.ones(2, 2, dtype=torch.bfloat16), torch.arange(5, dtype=torch.uint8)
+    arena = HostArena()
+    arena.begin(HostArena.span(12 + 8 + 5, 3), pinned=False)
+    arena.stage("p", 0, c.view(torch.uint8))  # an odd-sized bucket first: the next still starts aligned
+    arena.stage("p", 4096, torch.cat([a.view(torch.uint8), b.view(-1).view(torch.uint8)]))
+    arena.drain()
+    ((name, got),) = arena.tensors("p", 0, odd)
+    assert name == "c" and torch.equal(got, c)
+    (na, ga), (nb, gb) = arena.tensors("p", 4096, specs)
+    assert (na, nb) == ("a", "b") and torch.equal(ga, a) and torch.equal(gb, b)
+    assert arena.tensors("p", 8192, specs) is None and arena.tensors("q", 0, odd) is None  # not staged here
+    with pytest.raises(ValueError, match="specs take"):
+        arena.tensors("p", 0, specs)
+    with pytest.raises(ValueError, match="overflow"):
+        arena.stage("p", 8192, torch.zeros(HostArena.span(25, 3), dtype=torch.uint8))
+    arena.begin(64, pinned=False)  # the next push
+    assert arena.tensors("p", 0, odd) is None

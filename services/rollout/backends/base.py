@@ -49,9 +49,10 @@ class RolloutBackend(abc.ABC):
         file without the copies."""
         await self.load_weights(spool.named_tensors(copy=True))
 
-    async def begin_dist_push(self, rendezvous: dict) -> None:
+    async def begin_dist_push(self, rendezvous: dict, *, total_bytes: int = 0, tensors: int = 0) -> None:
         """Joins the learner's process group named in `rendezvous` (unless already in it) and opens a
-        receive session for an `nccl` push (`services/common/weight_dist.py`)."""
+        receive session for an `nccl` push (`services/common/weight_dist.py`) of `total_bytes` in
+        `tensors` tensors."""
         raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
 
     async def receive_dist_bucket(self, info: dict) -> None:

@@ -122,6 +122,7 @@ class VllmBackend(RolloutBackend):
         logprobs_mode: str = "processed_logprobs",
         engine_args: dict[str, Any] | None = None,
         vllm_metrics: bool = True,
+        weight_staging: str = "file",
     ):
         self.model = str(model)
         self.dtype = dtype
@@ -130,6 +131,7 @@ class VllmBackend(RolloutBackend):
         self.gpus = gpus
         self.engine_args = dict(engine_args or {})
         self.vllm_metrics = vllm_metrics
+        self.weight_staging = weight_staging
         kwargs = engine_kwargs(
             model=self.model,
             dtype=dtype,
@@ -235,11 +237,14 @@ class VllmBackend(RolloutBackend):
         if not await self.engine.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache after loading weights (requests still running?)")
 
-    async def begin_dist_push(self, rendezvous: dict) -> None:
+    async def begin_dist_push(self, rendezvous: dict, *, total_bytes: int = 0, tensors: int = 0) -> None:
         """vLLM's `init_weight_transfer_engine` joins the group (the `omrl_dist` engine in every worker),
-        then `start_weight_update` opens the session that receives into the spool (the model is untouched
-        until the spool is loaded)."""
+        then `start_weight_update` opens the session that receives into the spool, or with
+        `weight_staging: memory` into the first worker's host arena (the model is untouched until the
+        staged set is loaded)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        from services.common.weight_spool import HostArena
 
         if self._dist_group != rendezvous["group"]:
             if self._dist_group is not None:
@@ -249,6 +254,7 @@ class VllmBackend(RolloutBackend):
             self._dist_group = rendezvous["group"]
         await self.engine.start_weight_update()
         opened = {"kind": "open", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
+        opened.update(staging=self.weight_staging, staging_bytes=HostArena.span(total_bytes, tensors))
         await self.receive_dist_bucket(opened)
 
     async def receive_dist_bucket(self, info: dict) -> None:

@@ -4,17 +4,18 @@ each bucket by broadcast (`update_weights` with `kind="receive"`), on gloo (CPU)
 code, only the backend differs (`services/common/weight_dist.py`).
 
 A received bucket is checked (digest, finite values) by the shared `weight_dist.BucketReceiver` and
-staged in the rollout server's spool file at the offset the server chose; nothing reaches the model
-while the push streams. Receives are pipelined: `receive` of bucket k starts its broadcast, then checks
-and stages bucket k-1 (so on a GPU bucket k's transfer overlaps k-1's checks and its copy to the host);
-`flush` checks and stages the last one, before the server verifies the commit. The server applies the
+staged in the rollout server's spool file at the offset the server chose (with `rollout.weight_staging:
+memory`, in this worker's host arena instead); nothing reaches the model while the push streams.
+Receives are pipelined: `receive` of bucket k starts its broadcast, then checks
+and stages bucket k-1 (so on a GPU bucket k's transfer overlaps k-1's checks and its copy to the host,
+and the file write runs in `BucketStager`'s threads); `flush` checks and stages the last one and waits
+for every write, before the server verifies the commit. The server applies the
 spool once the commit verified, as for a gRPC push (`kind="load"`, the `omrl_spool` engine's path this
 class inherits). So a receive session does not start vLLM's layerwise reload: it starts at the first
 `load`, and `finish_weight_update` finalizes only a session that loaded."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferInitInfo
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from services.common.weight_dist import BucketReceiver, Group, Rendezvous
+from services.common.weight_spool import BucketStager, HostArena
 from services.rollout.backends.vllm_spool_engine import SpoolUpdateInfo, SpoolWeightTransferEngine
 
 BACKEND = "omrl_dist"
@@ -52,11 +54,15 @@ class DistUpdateInfo(SpoolUpdateInfo):
     kind: str = "load"
     digest: str = ""
     previous_digest: str = ""  # where digests follow their buckets: the pending bucket's, checked now
+    staging: str = "file"  # with `open`: where this push's buckets are staged, "file" (the spool) or "memory"
+    staging_bytes: int = 0  # with `open` and "memory": the arena this push needs (`HostArena.span`)
 
     def __post_init__(self):
         super().__post_init__()
         if self.kind not in ("open", "receive", "flush", "load"):
             raise ValueError(f"update kind must be open, receive, flush or load, got {self.kind!r}")
+        if self.staging not in ("file", "memory"):
+            raise ValueError(f"staging must be file or memory, got {self.staging!r}")
 
 
 class DistWeightTransferEngine(SpoolWeightTransferEngine):
@@ -66,6 +72,8 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
     group: Group | None = None
     receiver: BucketReceiver | None = None
     _reloading = False
+    stager: BucketStager | HostArena | None = None  # this push's: the spool file's or the arena
+    arena: HostArena | None = None  # kept from push to push, and across groups (its allocation is slow)
     _posted: tuple[str, int] | None = None  # where the bucket in flight is staged: spool path, offset
 
     def init_transfer_engine(self, init_info: DistInitInfo) -> None:
@@ -93,23 +101,49 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
         if info.kind == "open":  # the server accepted a push: tell the learner its buckets may come
             if self.receiver.pending:  # an earlier push ended without flush and without leaving the group
                 raise RuntimeError("a bucket of an earlier push is still pending: the group is out of step")
+            self._open_staging(info)
             if self.parallel_config.rank == 0:
                 self.group.open_session()
             return
         if info.kind == "flush":
             self._stage(self._posted, self.receiver.flush(info.previous_digest))
             self._posted = None
+            if self.stager is not None:
+                self.stager.drain()  # every bucket in the spool before the server verifies the commit
             return
         where, self._posted = self._posted, (info.path, info.offset)
         earlier = self.receiver.post(info.specs, sum(info.sizes), info.digest, info.previous_digest)
         if earlier is not None:
             self._stage(where, earlier)
 
+    def _open_staging(self, info: DistUpdateInfo) -> None:
+        """The push's staging: the spool file (`BucketStager`: from a GPU through pinned buffers and a writer
+        thread), or with `memory` this process's `HostArena` (one worker only: the others could not read
+        it at the commit)."""
+        if info.staging == "memory":
+            if self.parallel_config.world_size != 1:
+                raise RuntimeError("weight staging in memory needs an engine of one worker (rollout.gpus: 1)")
+            if self.arena is None:
+                self.arena = HostArena()
+            self.arena.begin(info.staging_bytes, pinned=self.group.rdv.backend == "nccl")
+            self.stager = self.arena
+        elif not isinstance(self.stager, BucketStager):
+            self.stager = BucketStager()
+
     def _stage(self, where: tuple[str, int] | None, tensors: list) -> None:
-        """Writes the bucket just checked to the spool (the first worker only)."""
+        """Stages the bucket just checked (the first worker only)."""
         if self.parallel_config.rank == 0 and tensors and where is not None:
-            data = self.receiver.last
-            _write_at(*where, data.cpu().numpy() if data.is_cuda else data.numpy())
+            if self.stager is None:
+                self.stager = BucketStager()
+            self.stager.stage(*where, self.receiver.last)
+
+    def receive_weights(self, update_info) -> None:
+        """A `load` of a bucket this push staged in the arena loads its views of it; any other from the spool."""
+        tensors = self.arena.tensors(update_info.path, update_info.offset, update_info.specs) if self.arena else None
+        if tensors is None:
+            super().receive_weights(update_info)
+        else:
+            self.model.load_weights(tensors)
 
     def finish_weight_update(self) -> None:
         if self._reloading:
@@ -118,21 +152,14 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
 
     def shutdown(self) -> None:
         self._posted = None
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
         if self.receiver is not None:
             self.receiver.release()
         if self.group is not None:
             self.group.close()
         self.group, self.receiver = None, None
-
-
-def _write_at(path: str, offset: int, data) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        view, at = memoryview(data).cast("B"), 0
-        while at < len(view):
-            at += os.pwrite(fd, view[at:], offset + at)
-    finally:
-        os.close(fd)
 
 
 def register() -> None:
