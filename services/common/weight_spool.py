@@ -194,7 +194,8 @@ class BucketStager:
     the bucket first) and written from there by a background thread once the copy ends: the caller goes back
     to the wire while the bucket goes to the file, where a synchronous copy into fresh pageable memory (1.4
     GB/s on an H200 host, against 55 GB/s into pinned memory) and the write held the worker for both. One
-    writer: writes into one file went no faster with 4-16 threads (~4 GB/s on that host, disk or tmpfs).
+    writer: writes into one file went no faster with 4-16 threads (on that host ~4 GB/s into a disk-backed
+    temp folder, ~2.7 GB/s into tmpfs).
     `drain()` waits for every write and raises the first failure (before a commit is verified); `close()`
     waits without raising and ends the thread."""
 
