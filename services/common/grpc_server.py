@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -254,6 +255,39 @@ async def wait_for_health(address: str, timeout_s: float, service: str = "") -> 
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port that nothing listens on now, for a server that binds it later (the local launcher hands ports
+    to services that bind them after loading a model). Drawn at random below the kernel's ephemeral range
+    (`ip_local_port_range`): the ports other processes get from a bind to port 0 or for an outgoing
+    connection come from that range, so none of them can take it in the meantime (with the kernel's own
+    pick, another process's vLLM engine or connection did, one start in a few on a busy machine: "Address
+    already in use"). The kernel's pick where no such range is known or every draw is taken."""
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(64):
+        if low <= _PICK_FROM:
+            break
+        port = draw.randrange(_PICK_FROM, low)
+        if port in _RESERVED_PORTS:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+_PICK_FROM = 16384
+_RESERVED_PORTS = frozenset({29600})  # the `nccl` weight push's rendezvous port (learner.weight_dist_port)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), 0 where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -181,8 +181,38 @@ def test_port_in_use_fails_loudly():
     run(main())
 
 
-def test_free_port_is_bindable():
+def test_free_port_is_bindable_and_outside_the_kernels_ephemeral_range():
+    """The ports other processes get from a bind to 0 or for outgoing connections come from the ephemeral
+    range: a port handed out for a later bind must not, or one of them can take it first."""
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", free_port()))
+    from services.common.grpc_server import _ephemeral_low
+
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(50)}
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+    if low > 16384:  # Linux, a range that leaves room below it
+        assert all(16384 <= p < low and p != 29600 for p in ports), (low, sorted(ports))
+        assert len(ports) > 40  # drawn at random, not one port again and again
+
+
+def test_free_port_draws_again_past_a_port_in_use_and_the_reserved_one(monkeypatch):
+    import socket
+
+    from services.common import grpc_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        draws = iter([taken.getsockname()[1], 29600, free_port()])
+
+        class Drawn:
+            def randrange(self, start, stop):
+                return next(draws)
+
+        monkeypatch.setattr(grpc_server.random, "SystemRandom", Drawn)
+        monkeypatch.setattr(grpc_server, "_ephemeral_low", lambda: 32768)
+        port = free_port()
+        assert port not in (taken.getsockname()[1], 29600) and next(draws, None) is None
