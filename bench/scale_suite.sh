@@ -14,10 +14,11 @@
 # rows with a tiny model on CPU (2 processes for (b)), to check the script.
 # LEVERS=1 (one GPU, under 8 minutes; implies A_ONLY): the 0.5B shape's MFU levers instead of the (a) rows, one
 # row after another on GPU 0, each with its bare loop: `base` (the levers off: per-layer FSDP units, 4k-token
-# head chunks, 32k-token micro-batches, foreach AdamW), each lever alone (`root`: fsdp_wrap=root; `chunk16k`:
-# logprob_chunk_tokens=16384; `mb40k`: micro_batch_tokens=40960, 2 micro-batches where 32k gives 3), `all`
-# (the three, --profile), `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and
-# `all_fused_adamw`; each row gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped
+# head chunks, 32k-token micro-batches, foreach AdamW, the head's torch kernels), each lever alone (`root`:
+# fsdp_wrap=root; `chunk16k`: logprob_chunk_tokens=16384; `mb40k`: micro_batch_tokens=40960, 2 micro-batches
+# where 32k gives 3), `all` (the three and the head's Triton kernels, --profile), `all_torch_head` (`all` with
+# the head's torch kernels), `all_keep_logits` (head_keep_logits: no recompute of the head's logits),
+# `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and `all_fused_adamw`; each row gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped
 # under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only; ROW_CAP_S: a row's most seconds (180);
 # `all_cdtune` (Inductor's coordinate-descent tuning of its kernels' block sizes) runs only when named there.
 # B_ONLY=1: the (b) rows alone (no (a) rows, no gpu tests): the 7B row with the defaults, then, if time is left,
@@ -88,8 +89,9 @@ a_row() {  # name, gpu, overrides...
 }
 if [ "${LEVERS:-0}" = 1 ]; then
   base=(learner.logprob_head=fused learner.fsdp_wrap=layers learner.logprob_chunk_tokens=4096
-    learner.fused_optimizer=false)
-  levers=(learner.fsdp_wrap=root learner.logprob_chunk_tokens=16384 algorithm.micro_batch_tokens=40960)
+    learner.fused_optimizer=false learner.head_kernel=torch)
+  levers=(learner.fsdp_wrap=root learner.logprob_chunk_tokens=16384 algorithm.micro_batch_tokens=40960
+    learner.head_kernel=auto)
   # TINY: uncompiled (inductor takes minutes a row on a small CPU; tests/unit covers the compiled levers)
   [ "${TINY:-0}" = 1 ] && levers=(learner.fsdp_wrap=root learner.logprob_chunk_tokens=64 \
     algorithm.micro_batch_tokens=320) base+=(learner.compile=false)
@@ -114,6 +116,8 @@ if [ "${LEVERS:-0}" = 1 ]; then
     lever_row l7_all_cdtune 0 "${levers[@]}"
     unset TORCHINDUCTOR_COORDINATE_DESCENT_TUNING
   fi
+  lever_row l8_all_torch_head 0 "${levers[@]}" learner.head_kernel=torch
+  lever_row l9_all_keep_logits 0 "${levers[@]}" learner.head_keep_logits=true
   lever_row l5_all_decoder_compile 0 "${levers[@]}" learner.compile_scope=decoder
   lever_row l6_all_fused_adamw 0 "${levers[@]}" learner.fused_optimizer=true
 elif [ "${B_ONLY:-0}" = 1 ]; then

@@ -334,6 +334,14 @@ class LearnerConfig(Section):
     """How the chunked head computes them: `fused`, one autograd node that takes each chunk's logprob and entropy
     in one fp32 pass and forms the logits' gradient analytically (compiled with `compile`); `recompute`,
     autograd through each chunk's log-softmax, recomputed in the backward pass (activation checkpointing)."""
+    head_kernel: Literal["auto", "triton", "torch"] = "auto"
+    """The fused head's elementwise passes (the logsumexp, logprob and entropy; the logits' gradient): `triton`,
+    kernels that read each chunk's logits once (CUDA); `torch`, the torch formulation (compiled with `compile`);
+    `auto`: triton on CUDA where the kernels build, else torch."""
+    head_keep_logits: bool = False
+    """With the fused head: keep each chunk's logits from the forward pass for the backward pass instead of
+    recomputing them (one matmul of the LM head fewer a micro-batch, for [micro-batch tokens, vocabulary] in
+    the compute dtype held until the backward pass: 12 GB at 40k tokens and Qwen's 152k vocabulary in bf16)."""
     fused_optimizer: bool = False
     """AdamW's fused kernel (torch's `fused=True`: one kernel per step over all of a device's parameters) for the
     policy and critic, instead of the default foreach kernels; the same update up to float rounding."""

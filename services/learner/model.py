@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from services.learner.batch import entropy_from_logits, logprobs_from_logits
 from services.learner.fsdp import TOKEN_STATS_METHOD  # the method that computes chunked logprobs
-from services.learner.fused_head import head_token_stats
+from services.learner.fused_head import KERNELS, head_token_stats
 from services.learner.packing import pack_rows
 from services.learner.prefix import Prefix, shared_prefix_hidden
 
@@ -25,16 +25,27 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 HEADS = ("fused", "recompute")
 
 
-def load_model(path: str, dtype: str = "float32", attention: str = "sdpa", head: str = "fused") -> torch.nn.Module:
+def load_model(
+    path: str,
+    dtype: str = "float32",
+    attention: str = "sdpa",
+    head: str = "fused",
+    head_kernel: str = "auto",
+    keep_logits: bool = False,
+) -> torch.nn.Module:
     """Loads on CPU with dropout off (eval mode), so PPO's first-epoch ratio is exactly 1. `head`: how the
-    chunked logprobs are computed (`HEADS`)."""
+    chunked logprobs are computed (`HEADS`); `head_kernel`, `keep_logits`: the fused head's options
+    (`fused_head.head_token_stats`)."""
     from transformers import AutoModelForCausalLM
 
     if head not in HEADS:
         raise ValueError(f"unknown logprob head {head!r}: one of {HEADS}")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn_name(attention))
     model.config.use_cache = False
-    setattr(model, TOKEN_STATS_METHOD, functools.partial(_chunked_token_stats, model, head=head))
+    if head_kernel not in KERNELS:
+        raise ValueError(f"unknown head kernel {head_kernel!r}: one of {KERNELS}")
+    stats = functools.partial(_chunked_token_stats, model, head=head, kernel=head_kernel, keep_logits=keep_logits)
+    setattr(model, TOKEN_STATS_METHOD, stats)
     return model.eval()
 
 
@@ -139,6 +150,8 @@ def _chunked_token_stats(
     head: str = "fused",
     compiled: bool = False,
     prefixes: list[Prefix] | None = None,
+    kernel: str = "auto",
+    keep_logits: bool = False,
     **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, T] logprobs, [B, T] entropies, zeros unless `with_entropy`), aligned as `token_logprobs`."""
@@ -158,7 +171,9 @@ def _chunked_token_stats(
         return F.pad(torch.cat(parts).reshape(b, t)[:, :-1], (1, 0))
 
     if head == "fused":
-        lp, ent = head_token_stats(flat, lm_head.weight, lm_head.bias, targets, chunk_tokens, with_entropy, compiled)
+        lp, ent = head_token_stats(
+            flat, lm_head.weight, lm_head.bias, targets, chunk_tokens, with_entropy, compiled, kernel, keep_logits
+        )
         return unflatten([lp]), unflatten([ent])
     logps, ents = [], []
     for start in range(0, b * t, chunk_tokens):

@@ -23,10 +23,11 @@ class ReferencePolicy:
         attention: str = "sdpa",
         head: str = "fused",
         wrap: str = "layers",
+        head_kernel: str = "auto",
     ):
         from services.common.weights import checksum
 
-        self.model = load_model(model_path, dtype, attention, head)
+        self.model = load_model(model_path, dtype, attention, head, head_kernel)
         self.chunk_tokens, self.pack = chunk_tokens, pack
         self.model.requires_grad_(False)
         digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None

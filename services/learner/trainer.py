@@ -93,7 +93,15 @@ class PolicyTrainer:
         load_dtype = "float32" if mixed else config.model.dtype
         self.model_path = model_path
         self.pack = config.learner.pack_sequences
-        self.model = load_model(model_path, load_dtype, config.learner.attention, config.learner.logprob_head)
+        learner = config.learner
+        self.model = load_model(
+            model_path,
+            load_dtype,
+            learner.attention,
+            learner.logprob_head,
+            learner.head_kernel,
+            learner.head_keep_logits,
+        )
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(
             self.model,
@@ -122,6 +130,7 @@ class PolicyTrainer:
                 attention=config.learner.attention,
                 head=config.learner.logprob_head,
                 wrap=config.learner.fsdp_wrap,
+                head_kernel=config.learner.head_kernel,
             )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0

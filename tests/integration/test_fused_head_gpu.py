@@ -1,5 +1,6 @@
-"""The fused LM head on CUDA in bf16 at the Qwen2.5 vocabulary, eager and compiled, against the dense path
-(bf16 logits, fp32 log-softmax, autograd): the same logprobs, entropies and gradients to bf16 rounding."""
+"""The fused LM head on CUDA in bf16 at the Qwen2.5 vocabulary, eager, compiled and with the Triton kernels
+(logits recomputed or kept), against the dense path (bf16 logits, fp32 log-softmax, autograd): the same
+logprobs, entropies and gradients to bf16 rounding."""
 
 import pytest
 import torch
@@ -15,8 +16,12 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_fused_head_matches_dense_bf16(compiled):
+@pytest.mark.parametrize(
+    "compiled, kernel, keep",
+    [(False, "torch", False), (True, "torch", False), (False, "triton", False), (False, "triton", True)],
+    ids=["eager", "compiled", "triton", "triton-kept"],
+)
+def test_fused_head_matches_dense_bf16(compiled, kernel, keep):
     from services.learner.fused_head import head_token_stats
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -31,7 +36,7 @@ def test_fused_head_matches_dense_bf16(compiled):
         return log_p.gather(-1, targets[:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
 
     out = []
-    for fn in (dense, lambda: head_token_stats(hidden, weight, None, targets, 1024, compiled=compiled)):
+    for fn in (dense, lambda: head_token_stats(hidden, weight, None, targets, 1024, True, compiled, kernel, keep)):
         lp, ent = fn()
         grads = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), (hidden, weight))
         out.append((lp.detach(), ent.detach(), *grads))

@@ -1,6 +1,9 @@
 """The fused LM head (`learner.logprob_head: fused`): the dense path's values and gradients, without any
 [tokens, V] tensor kept for the backward pass."""
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,7 +34,8 @@ def _grads(fn, leaves, entropy_in_loss):
 @pytest.mark.parametrize("chunk", [1, 8, 37, 1000])  # 37 rows: one chunk a row, uneven, exact, larger than all
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("entropy_in_loss", [False, True])
-def test_values_and_gradients_equal_the_dense_head(chunk, with_bias, entropy_in_loss):
+@pytest.mark.parametrize("keep_logits", [False, True], ids=["recomputed", "kept"])
+def test_values_and_gradients_equal_the_dense_head(chunk, with_bias, entropy_in_loss, keep_logits):
     gen = torch.Generator().manual_seed(0)
     n, d, v = 37, 16, 50
     hidden = torch.randn(n, d, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -40,7 +44,9 @@ def test_values_and_gradients_equal_the_dense_head(chunk, with_bias, entropy_in_
     targets = torch.randint(v, (n,), generator=gen)
     leaves = [x for x in (hidden, weight, bias) if x is not None]
     dense = _grads(lambda: _dense(hidden, weight, bias, targets), leaves, entropy_in_loss)
-    fused = _grads(lambda: head_token_stats(hidden, weight, bias, targets, chunk), leaves, entropy_in_loss)
+    fused = _grads(
+        lambda: head_token_stats(hidden, weight, bias, targets, chunk, keep_logits=keep_logits), leaves, entropy_in_loss
+    )
     # both take the softmax in float32 (of float64 inputs here): float32 rounding is the tolerance
     for got, want in zip(fused[:2], dense[:2]):
         torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=2e-5)
@@ -135,6 +141,125 @@ def test_model_logprobs_entropy_and_gradients_equal_dense(model_dir, pack, entro
 def test_unknown_head_is_refused(model_dir):
     with pytest.raises(ValueError, match="logprob head"):
         load_model(model_dir, head="triton")
+    with pytest.raises(ValueError, match="head kernel"):
+        load_model(model_dir, head_kernel="cuda")
+
+
+def test_kept_logits_are_the_recomputed_ones_and_dropped_after_the_backward_pass():
+    """`keep_logits`: the backward pass reads the forward pass's logits (no recompute: a patched linear that
+    counts its calls sees only the forward's chunks), drops them as it goes, and a second backward pass over a
+    retained graph recomputes them; under no_grad nothing is kept."""
+    from services.learner import fused_head
+
+    gen = torch.Generator().manual_seed(6)
+    hidden = torch.randn(20, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(30, 8, generator=gen, requires_grad=True)
+    targets = torch.randint(30, (20,), generator=gen)
+    calls = []
+    linear = fused_head.F.linear
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return linear(*args)
+
+    want = torch.autograd.grad(head_token_stats(hidden, weight, None, targets, 8)[0].sum(), [hidden, weight])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused_head.F, "linear", counted)
+        lp, _ = head_token_stats(hidden, weight, None, targets, 8, keep_logits=True)
+        assert calls == [8, 8, 4]
+        node = lp.grad_fn
+        assert [t.shape for t in node.kept] == [(8, 30), (8, 30), (4, 30)]
+        got = torch.autograd.grad(lp.sum(), [hidden, weight], retain_graph=True)
+        assert calls == [8, 8, 4] and node.kept == []
+        again = torch.autograd.grad(lp.sum(), [hidden, weight])
+        assert calls == [8, 8, 4, 8, 8, 4]
+        with torch.no_grad():
+            assert head_token_stats(hidden, weight, None, targets, 8, keep_logits=True)[0].grad_fn is None
+    for g, a, w in zip(got, again, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(a, w, rtol=0, atol=0)
+
+
+_TRITON_RUN = """
+import torch
+from services.learner import fused_head, head_kernel
+
+torch.manual_seed(0)
+n, d, v = 11, 16, 5000  # v: one full 4096-column block and a part one
+for dtype in (torch.float32, torch.bfloat16):
+    z = (4 * torch.randn(n, v)).to(dtype)
+    t = torch.randint(v, (n,))
+    t[0], t[1] = 0, v - 1
+    got = head_kernel.stats(z, t)
+    want = fused_head._stats(z, t, True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=2e-5)
+    g_lp, g_ent = torch.randn(n), torch.randn(n)
+    for ge in (None, g_ent):
+        g = head_kernel.logits_grad(z, t, want[0], want[2], g_lp, ge, dtype)
+        w = fused_head._logits_grad(z, t, want[0], want[2], g_lp, ge, dtype)
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+    bad = t.clone()
+    bad[2], bad[3] = v, -1
+    lp = head_kernel.stats(z, bad)[1]
+    assert lp[2:4].isnan().all() and lp[4:].isfinite().all()
+for keep in (False, True):
+    hidden = torch.randn(n, d, requires_grad=True)
+    weight = torch.randn(v, d, requires_grad=True)
+    t = torch.randint(v, (n,))
+    out = []
+    for kernel in ("torch", "triton"):
+        lp, ent = fused_head.head_token_stats(hidden, weight, None, t, 4, kernel=kernel, keep_logits=keep)
+        out.append((lp, ent, *torch.autograd.grad((lp * torch.arange(n)).sum() + 0.3 * ent.sum(), [hidden, weight])))
+    for g, w in zip(out[1], out[0]):  # gradients: float32 sums over 5,000 columns in another order
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+print("ok")
+"""
+
+
+def test_triton_kernels_equal_the_torch_formulation_in_the_interpreter():
+    """The head's Triton kernels, run by Triton's interpreter on CPU (in a child process: the interpreter is
+    chosen when triton is first imported), against the torch formulation: statistics in float32 and bf16
+    over a vocabulary of one full and one part block, the gradient with and without the entropy's term,
+    a target outside the vocabulary giving a NaN logprob, and the whole head's values and gradients through
+    `kernel="triton"`, with the logits kept and recomputed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    run = subprocess.run(
+        [sys.executable, "-c", _TRITON_RUN], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("ok")
+
+
+def test_auto_takes_the_torch_formulation_off_cuda_and_after_a_failed_build(monkeypatch):
+    from services.learner import fused_head
+
+    torch_fns = fused_head._kernels(False)
+    assert fused_head._elementwise("auto", False, torch.device("cpu")) == torch_fns
+    assert fused_head._elementwise("torch", False, torch.device("cuda")) == torch_fns
+    stats, _ = fused_head._elementwise("auto", False, torch.device("cuda"))
+    assert stats.func is fused_head._triton_stats and stats.keywords["fallback"] is torch_fns[0]
+
+    def broken(*_args):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(fused_head, "_triton_broken", [])
+    monkeypatch.setitem(sys.modules, "services.learner.head_kernel", SimpleNamespace(stats=broken, logits_grad=broken))
+    z, t = torch.randn(3, 7), torch.tensor([0, 6, 2])
+    lse, lp, ent = stats(z, t, True)
+    torch.testing.assert_close(lp, torch_fns[0](z, t, True)[1])
+    assert fused_head._triton_broken and fused_head._elementwise("auto", False, torch.device("cuda")) == torch_fns
+    strict, _ = fused_head._elementwise("triton", False, torch.device("cuda"))
+    with pytest.raises(RuntimeError, match="no compiler"):
+        strict(z, t, True)
 
 
 @pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
