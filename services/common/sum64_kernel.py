@@ -33,9 +33,7 @@ def sums(buffer: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     programs = max(1, -(-words_n // (_BLOCK * _ITERS)))
     device = buffer.device
     partial = torch.empty(programs, 3, dtype=torch.int64, device=device)
-    words = (
-        buffer[: words_n * 8].view(torch.int64) if words_n else torch.zeros(1, dtype=torch.int64, device=buffer.device)
-    )
+    words = buffer[: words_n * 8].view(torch.int64) if words_n else torch.zeros(1, dtype=torch.int64, device=device)
     _sum64_kernel[(programs,)](
         words,
         buffer if n % 8 else words,

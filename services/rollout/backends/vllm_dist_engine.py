@@ -133,8 +133,8 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
     def _stage(self, where: tuple[str, int] | None, tensors: list) -> None:
         """Stages the bucket just checked (the first worker only)."""
         if self.parallel_config.rank == 0 and tensors and where is not None:
-            if self.stager is None:
-                self.stager = BucketStager()
+            if self.stager is None:  # every push's `open` sets it: a bucket without one is out of protocol
+                raise RuntimeError("a weight bucket arrived before its push's open")
             self.stager.stage(*where, self.receiver.last)
 
     def receive_weights(self, update_info) -> None:
