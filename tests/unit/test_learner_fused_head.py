@@ -12,6 +12,7 @@ from services.learner.fused_head import head_token_stats
 from services.learner.model import load_model, token_logprobs, token_logprobs_and_entropy
 from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
+from tests.triton_interpreter import run_interpreted
 from tests.unit.test_learner_levers import make_config, untimed
 
 
@@ -219,24 +220,11 @@ print("ok")
 
 
 def test_triton_kernels_equal_the_torch_formulation_in_the_interpreter():
-    """The head's Triton kernels, run by Triton's interpreter on CPU (in a child process: the interpreter is
-    chosen when triton is first imported), against the torch formulation: statistics in float32 and bf16
-    over a vocabulary of one full and one part block, the gradient with and without the entropy's term,
-    a target outside the vocabulary giving a NaN logprob, and the whole head's values and gradients through
-    `kernel="triton"`, with the logits kept and recomputed."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    run = subprocess.run(
-        [sys.executable, "-c", _TRITON_RUN], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip().endswith("ok")
+    """The head's Triton kernels, run by Triton's interpreter on CPU, against the torch formulation:
+    statistics in float32 and bf16 over a vocabulary of one full and one part block, the gradient with and
+    without the entropy's term, a target outside the vocabulary giving a NaN logprob, and the whole head's
+    values and gradients through `kernel="triton"`, with the logits kept and recomputed."""
+    assert run_interpreted(_TRITON_RUN).strip().endswith("ok")
 
 
 def test_auto_takes_the_torch_formulation_off_cuda_and_after_a_failed_build(monkeypatch):

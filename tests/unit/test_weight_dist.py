@@ -3,7 +3,6 @@ digests (CPU), the set checksum over digests, and the server's staging rules (de
 commit) without any process group."""
 
 import json
-import os
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from services.common.weight_dist import (
 from services.common.weights import WeightSetRejected, spec_of, tensor_views
 from services.learner.weight_push import PUSHERS
 from services.rollout.weight_receiver_dist import DistStaging
+from tests.triton_interpreter import run_interpreted
 
 
 def _learner(*overrides):
@@ -286,18 +286,8 @@ def test_the_one_pass_gpu_kernel_is_the_digests_definition_and_counts_infs_and_n
     """The Triton kernel CUDA buckets are digested with, run by Triton's interpreter on CPU tensors (a CI
     machine has no GPU): the same sums as `sum64`'s definition for every size (tail bytes, part rows, one
     program and several), and the exact count of non-finite bf16 and fp32 elements."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    run = subprocess.run(
-        [sys.executable, "-c", _KERNEL_RUN], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = {(nbytes, name): sums for nbytes, name, sums in json.loads(run.stdout.strip().splitlines()[-1])}
+    stdout = run_interpreted(_KERNEL_RUN)
+    got = {(nbytes, name): sums for nbytes, name, sums in json.loads(stdout.strip().splitlines()[-1])}
     for nbytes in _KERNEL_CASES:
         for name, data, _dtype, non_finite in _kernel_case(nbytes):
             plain, weighted, bad = got[nbytes, name]
