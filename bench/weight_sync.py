@@ -8,6 +8,9 @@ peak RSS above the state before the push on each side (the learner process; this
 vLLM children). Measured in the same run: loopback TCP bandwidth (a child process reading a socket)
 and vLLM's own `reload_weights` over the same tensors, timed inside the worker, with the rollout side's
 extra RSS meanwhile. `--spool-dir` puts the rollout's spool elsewhere than the temp folder.
+`atomic_push_floor_vs_reload_weights`: the least a push that applies nothing before its last byte is checked
+could take, over `reload_weights` (the set moved at the full loopback rate, then applied in `reload_weights`'
+own time), whatever the transport.
 
     python bench/weight_sync.py --model tiny --out tiny.json
     python bench/weight_sync.py --model 85m --bucket-mb 64 --out 85m.json
@@ -309,6 +312,9 @@ def main() -> None:
         "transfer_vs_loopback": (model_bytes / transfer_s) / med(tcp),
         "reload_weights_s": reload_s,
         "push_vs_reload_weights": push_s / reload_s,
+        # an atomic push applies nothing before its last byte is checked: even a transfer at the full loopback
+        # rate is followed by an apply of at least reload_weights' own time
+        "atomic_push_floor_vs_reload_weights": (model_bytes / med(tcp) + reload_s) / reload_s,
         "learner_extra_rss_mb": med(p["extra_rss"] for p in pushes) / 2**20,
         "rollout_extra_rss_mb": med(p["rollout_extra_rss"] for p in pushes) / 2**20,
         "reload_weights_extra_rss_mb": med(side["reload_weights_extra_rss"]) / 2**20,
