@@ -18,8 +18,8 @@
 # fsdp_wrap=root; `chunk16k`: logprob_chunk_tokens=16384; `mb40k`: micro_batch_tokens=40960, 2 micro-batches
 # where 32k gives 3), `all` (the three and the head's Triton kernels, --profile), `all_torch_head` (`all` with
 # the head's torch kernels), `all_keep_logits` (head_keep_logits: no recompute of the head's logits),
-# `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and `all_fused_adamw`; each row gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped
-# under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only; ROW_CAP_S: a row's most seconds (180);
+# `all_decoder_compile` (compile_scope=decoder: the decoder stack one graph) and `all_fused_adamw`; each row
+# gets what is left of BUDGET_S (default 450 s), at most 180 s, and is skipped under 60 s, in that order. LEVER_ROWS="l0_base l1_all": those rows only; ROW_CAP_S: a row's most seconds (180);
 # `all_cdtune` (Inductor's coordinate-descent tuning of its kernels' block sizes) runs only when named there.
 # B_ONLY=1: the (b) rows alone (no (a) rows, no gpu tests): the 7B row with the defaults, then, if time is left,
 # `b_7b_fsdp_levers` (16k-token head chunks, 40k-token micro-batches) instead of the row without checkpointing.

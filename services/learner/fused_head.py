@@ -95,9 +95,8 @@ def _triton_grad(logits, targets, lse, ent, g_lp, g_ent, out_dtype: torch.dtype,
 def _elementwise(kernel: str, compiled: bool, device: torch.device):
     """(stats, logits_grad) for a head on `device`. `kernel` `auto`: the Triton kernels on CUDA where they build
     (a failure is logged once, then the torch formulation for the rest of the process); `triton`: always (a
-    failure raises); `torch`: the torch formulation (compiled with `compiled`)."""
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown head kernel {kernel!r}: one of {KERNELS}")
+    failure raises); `torch`: the torch formulation (compiled with `compiled`). `head_token_stats` has checked
+    `kernel`."""
     torch_fns = _kernels(compiled)
     if kernel == "torch" or (kernel == "auto" and (device.type != "cuda" or _triton_broken)):
         return torch_fns
