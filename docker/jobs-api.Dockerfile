@@ -1,5 +1,7 @@
 # Job API (CPU only, no torch): python -m services.jobs, launching jobs through the Kubernetes API.
 # Build from the repository root: docker build -f docker/jobs-api.Dockerfile -t openmanus-rl/jobs-api:cpu .
+# Like every service it binds 127.0.0.1 unless OMRL_BIND_HOST says otherwise (the chart sets 0.0.0.0); alone:
+#   docker run -e OMRL_BIND_HOST=0.0.0.0 -e OMRL_API_TOKEN=... -p 127.0.0.1:8080:8080 openmanus-rl/jobs-api:cpu
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml ./

@@ -284,6 +284,15 @@ def build() -> dict:
                         "auth": obj({"token": STRING, "existingSecret": STRING, "existingSecretKey": STRING}),
                         "jobImages": obj({"cpu": STRING, "cuda": STRING}),
                         "jobWorkload": {"enum": ["", "Job", "JobSet"]},
+                        "specPolicy": obj(
+                            {
+                                "allowedEnvHosts": {"type": "array", "items": STRING},
+                                "envOptions": {"type": "object", "additionalProperties": OBJECT},
+                                "extraEngineArgs": {"type": "array", "items": STRING},
+                                "allowedImages": {"type": "array", "items": STRING},
+                                "allowedVolumeClaims": {"type": "array", "items": STRING},
+                            }
+                        ),
                         "persistence": obj(
                             {"enabled": BOOL, "existingClaim": STRING, "storageClass": STRING, "size": QUANTITY}
                         ),

@@ -70,6 +70,12 @@ class LiveView:
         if not self.progress.tasks[self.task].completed:
             self.progress.update(self.task, description=text if len(text) <= 60 else text[:57] + "...")
 
+    def notice(self, text: str) -> None:
+        """Something going wrong that the run handles (a service restarting): kept above the live line in
+        yellow, and shown on it until the next step."""
+        self.console.print(Text("  " + text, style="yellow"))
+        self.progress.update(self.task, description=text if len(text) <= 60 else text[:57] + "...")
+
     def line(self, text: str, style: str | None = None) -> None:
         self.console.print(Text(text, style=style or ""))
 

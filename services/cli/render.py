@@ -138,6 +138,8 @@ class LiveFollow:
             self.live.step(data)
         elif kind == "state":
             self.live.stage(f"state: {data['state']}" + (f" ({data['error']})" if data.get("error") else ""))
+        elif data.get("stage") in ("restarting", "restarted"):  # a local job's service restart
+            self.live.notice(str(data.get("message")))
         elif "stage" in data:
             self.live.stage(str(data.get("message")))
         else:

@@ -114,7 +114,7 @@ def reward_params_model(name: str) -> type[BaseModel]:
     fields: dict[str, Any] = {}
     if init is not RewardFunction.__init__:  # the base takes **params only to reject them
         try:
-            hints = typing.get_type_hints(init)
+            hints = typing.get_type_hints(init, include_extras=True)  # Annotated markers (services.common.trust)
         except (NameError, TypeError):  # an annotation this process cannot resolve: check names only
             hints = {}
         params = list(inspect.signature(init).parameters.values())

@@ -3,6 +3,7 @@ all map onto these models. Every field's docstring doubles as its help text."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,20 +31,38 @@ class Section(BaseModel):
     )
 
 
-def _reject_non_finite(value: Any, path: str = "") -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{path or 'value'} is {value}; numbers must be finite")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _reject_non_finite(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _reject_non_finite(item, f"{path}[{i}]")
+MAX_FREE_FORM_DEPTH = 32
+"""Deepest nesting of a free-form dict (itself level 1); deeper is a validation error, never a RecursionError."""
+MAX_FREE_FORM_BYTES = 64 * 1024
+"""Largest free-form dict, as compact JSON."""
+
+
+def _check_free_form(value: dict[str, Any]) -> dict[str, Any]:
+    """Bounded JSON data: finite numbers, at most MAX_FREE_FORM_DEPTH levels, MAX_FREE_FORM_BYTES as JSON.
+    Walked without recursion, so any depth is refused with a message."""
+    stack: list[tuple[str, Any, int]] = [("", value, 1)]
+    while stack:
+        path, item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{path or 'value'} is {item}; numbers must be finite")
+        if isinstance(item, dict):
+            children = [(f"{path}.{key}" if path else str(key), child) for key, child in item.items()]
+        elif isinstance(item, (list, tuple)):
+            children = [(f"{path}[{i}]", child) for i, child in enumerate(item)]
+        else:
+            continue
+        if depth > MAX_FREE_FORM_DEPTH:
+            where = path if len(path) <= 80 else path[:80] + "..."
+            raise ValueError(f"{where} is nested deeper than {MAX_FREE_FORM_DEPTH} levels")
+        stack.extend((where, child, depth + 1) for where, child in reversed(children))
+    size = len(json.dumps(value, separators=(",", ":"), default=str))
+    if size > MAX_FREE_FORM_BYTES:
+        raise ValueError(f"{size} bytes as JSON; free-form options take at most {MAX_FREE_FORM_BYTES}")
     return value
 
 
-FreeForm = Annotated[dict[str, Any], AfterValidator(_reject_non_finite)]
-"""Options of a plugin: any JSON but non-finite numbers; the plugin's own schema is checked beside it."""
+FreeForm = Annotated[dict[str, Any], AfterValidator(_check_free_form)]
+"""Options of a plugin: bounded JSON data (`_check_free_form`); the plugin's own schema is checked beside it."""
 
 
 def _plugin(kind: str) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -79,13 +80,6 @@ class RunState:
             pipe.hincrby(self.k("rollout_counters"), key, value)
         pipe.execute()
 
-    def add_lost_groups(self, count: int) -> None:
-        """Run-wide count of groups the learner dropped (stale or poison); the producers shift later claims
-        by it (see services.rollout.producer), so a dropped group is replaced instead of starving a step.
-        The key keeps its first name, `stale_groups`, which the producers read."""
-        if count:
-            self.client.incrby(self.k("stale_groups"), count)
-
     def add_dead_letter(self, reason: str, groups: int) -> None:
         """Run-wide dead-lettered groups by reason (hash `dead_letters`)."""
         self.client.hincrby(self.k("dead_letters"), reason, groups)
@@ -126,8 +120,9 @@ class RunState:
         return self._leases
 
     def lost_groups(self) -> int:
-        """Groups that will never reach the learner: dropped as stale by the learner (`stale_groups`) or out
-        of attempts (`dead_groups`); each one shifts later claims one slot earlier."""
+        """Claimed groups that will never reach the learner: dropped by the learner (`stale_groups`, stale or
+        poison; see GroupLeases.count_lost) or out of attempts (`dead_groups`); each one shifts later claims
+        one slot earlier."""
         stale, dead = self.client.mget(self.k("stale_groups"), self.k("dead_groups"))
         return int(stale or 0) + int(dead or 0)
 
@@ -300,16 +295,25 @@ return 1
 """
 )
 
-# KEYS: leases, expiry, stream; ARGV: slot, holder, max_len, then the entry's field/value pairs
+# KEYS: leases, expiry, stream, claimed_entries; ARGV: slot, holder, max_len, then the entry's field/value pairs
 _PUBLISH = (
     _HELD
     + """
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 4))
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[4], id, ARGV[1])
 return id
 """
 )
+
+# KEYS: claimed_entries, stale_groups; ARGV: entry ids
+_COUNT_LOST = """
+local lost = 0
+for _, id in ipairs(ARGV) do lost = lost + redis.call('HDEL', KEYS[1], id) end
+if lost > 0 then redis.call('INCRBY', KEYS[2], lost) end
+return lost
+"""
 
 
 class _LeaseScripts:
@@ -320,7 +324,7 @@ class _LeaseScripts:
         self.client, self.k = client, key
         self._claim, self._take = client.register_script(_CLAIM), client.register_script(_TAKE_OVER)
         self._renew, self._release = client.register_script(_RENEW), client.register_script(_RELEASE)
-        self._publish = client.register_script(_PUBLISH)
+        self._publish, self._count_lost = client.register_script(_PUBLISH), client.register_script(_COUNT_LOST)
 
     @property
     def _keys(self) -> list[str]:
@@ -373,7 +377,10 @@ class _LeaseScripts:
 
     def _publish_call(self, lease: Lease, stream_key: str, max_len: int, fields: dict[str, Any]) -> dict[str, list]:
         pairs = [item for pair in fields.items() for item in pair]
-        return {"keys": [*self._keys, stream_key], "args": [lease.slot, lease.holder, max_len, *pairs]}
+        return {
+            "keys": [*self._keys, stream_key, self.k("claimed_entries")],
+            "args": [lease.slot, lease.holder, max_len, *pairs],
+        }
 
     @staticmethod
     def _published(reply) -> str | None:
@@ -399,7 +406,13 @@ class GroupLeases(_LeaseScripts):
     Invariants: a slot is in both keys from its claim until it is published or dead-lettered, and in
     neither after; publishing removes the lease in the same script that appends the entry, and only for
     the lease's holder, so a slot is published at most once. A released slot (failed attempt) has no
-    holder and becomes due after its back-off; an unrenewed lease becomes due at its expiry."""
+    holder and becomes due after its back-off; an unrenewed lease becomes due at its expiry.
+
+    The same script records the entry in hash `claimed_entries` (stream entry id -> slot), where it stays
+    until the learner acknowledges it trained (`settle`) or counts its group lost (`count_lost`). Only an
+    entry found there counts, and finding it removes it: a lost group shifts later claims once, and an
+    entry no claim of this run published (written by anyone else, another run's, one already counted)
+    never does."""
 
     def claim(
         self, holder: str, groups_per_step: int, limit_step: int, ttl_s: float, floor_step: int = 0
@@ -439,6 +452,20 @@ class GroupLeases(_LeaseScripts):
         pipe = self.client.pipeline(transaction=True)
         self._queue_remaining(pipe)
         return self._remaining(total_groups, pipe.execute())
+
+    def count_lost(self, entry_ids: Iterable[str]) -> int:
+        """Counts in `stale_groups` the groups of those entries that a claim of this run published and that
+        were neither settled nor counted yet (see the class); returns how many. The learner calls it for
+        every entry whose group it drops, stale or poison; the others count nothing."""
+        ids = sorted(set(entry_ids))
+        return int(self._count_lost(keys=[self.k("claimed_entries"), self.k("stale_groups")], args=ids)) if ids else 0
+
+    def settle(self, entry_ids: Iterable[str]) -> None:
+        """Forgets entries the learner acknowledged after a checkpoint: their groups were trained (or were
+        counted already) and can no longer be lost."""
+        ids = list(entry_ids)
+        if ids:
+            self.client.hdel(self.k("claimed_entries"), *ids)
 
     def held(self) -> dict[int, dict[str, Any]]:
         return {int(slot): json.loads(raw) for slot, raw in self.client.hgetall(self.k("group_leases")).items()}

@@ -14,7 +14,6 @@ digest is the set checksum. A bucket from elsewhere (`PackedWeights`, a spooled 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -47,19 +46,6 @@ class Bucket:
 
 def sha256_of(data) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_while(data, work: Callable[[], None]) -> str:
-    """sha256 of `data` computed in a second thread while `work()` runs here: hashlib (and torch)
-    release the GIL, so the two passes over a bucket share two cores."""
-    digest: list[str] = []
-    thread = threading.Thread(target=lambda: digest.append(sha256_of(data)), daemon=True)
-    thread.start()
-    try:
-        work()
-    finally:
-        thread.join()
-    return digest[0]
 
 
 class WeightSet(Protocol):

@@ -755,8 +755,3 @@ class ParamCopier:
             targets = self._targets[names] = [self.params[name] for name in names]
         with torch.no_grad():  # one multi-tensor copy, not a kernel launch per tensor
             torch._foreach_copy_(targets, [t for _, t in pairs], non_blocking=True)
-
-
-def socket_ifname_hint() -> str:
-    """The interface NCCL/gloo bind to, for error messages: set by the deployment (NCCL_SOCKET_IFNAME)."""
-    return os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or "(default)"

@@ -14,7 +14,7 @@ from services.common import metrics
 from services.jobs.auth import forbid_unknown_query, require_token
 from services.jobs.errors import validation_error
 from services.jobs.manager import JobManager
-from services.jobs.middleware import BodySizeLimit, RequestMetrics
+from services.jobs.middleware import BodySizeLimit, JsonDepthLimit, RequestMetrics
 from services.jobs.progress import ProgressReader
 from services.jobs.reconcile import Reconciler
 from services.jobs.routers import events, health, jobs, logs
@@ -61,6 +61,8 @@ def build_launcher(settings: JobsSettings) -> Launcher:
             output_dir=settings.output_dir,
             max_jobs=settings.max_local_jobs,
             cancel_grace_s=settings.cancel_grace_s,
+            max_restarts=settings.max_restarts,
+            restart_delay_s=settings.restart_delay_s,
         )
     from services.launcher.kubernetes import KubernetesLauncher
 
@@ -110,6 +112,7 @@ def create_app(
     app.state.spec_policy = SpecPolicy.from_settings(settings)
     app.state.api_metrics = ApiMetrics.create()
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_middleware(JsonDepthLimit, max_depth=settings.max_json_depth)  # inside the size limit: reads bounded bodies
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, histogram=app.state.api_metrics.request_seconds)  # outermost: sees 413s too
     authed = [Depends(require_token), Depends(forbid_unknown_query)]

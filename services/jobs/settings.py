@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,10 +26,16 @@ class JobsSettings(BaseSettings):
     """Local launcher: jobs running at once; later ones wait as `queued`."""
     cancel_grace_s: float = Field(90.0, gt=0)
     """Local launcher: a cancelled job's processes are killed after this long."""
+    max_restarts: int = Field(3, ge=0, le=100)
+    """Local launcher: times each service of a job is restarted after it exits; past that (or with 0) the job fails."""
+    restart_delay_s: float = Field(5.0, ge=0, le=600)
+    """Local launcher: wait before a service that exited is restarted."""
     poll_interval_s: float = Field(1.0, gt=0, le=60)
     """How often running jobs are checked (state, steps)."""
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Larger request bodies get 413."""
+    max_json_depth: int = Field(64, ge=8, le=512)
+    """Request bodies whose JSON nests deeper (arrays and objects, the top level counting 1) get 400."""
     public_docs: bool = True
     """Serve the OpenAPI document and /docs without the token (they hold no job data)."""
     redis_timeout_s: float = Field(2.0, gt=0)
@@ -40,12 +46,27 @@ class JobsSettings(BaseSettings):
     """First wait before a crashed reconcile loop is restarted; doubles per crash, up to 60 s."""
     allowed_data_roots: list[Path] = Field(default_factory=lambda: [Path("data")])
     """Folders a spec's paths (env.data_dir, env.dataset, model.path, output_dir, learner.checkpoint_dir,
-    learner.export_dir) must lie in, besides output_dir; JSON list in the environment, e.g.
-    OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
+    learner.export_dir, plugin options marked as paths) must lie in, besides output_dir; JSON list in the
+    environment, e.g. OMRL_API_ALLOWED_DATA_ROOTS='["/data"]'."""
     redis_url: str | None = None
     """Redis of the jobs (local launcher; the kubernetes launcher uses k8s_redis_url); empty: the config default."""
     allow_spec_redis_url: bool = False
     """Accept a caller's stream.redis_url (off: a spec that sets one is rejected, the server's is used)."""
+    allowed_env_hosts: list[str] = Field(default_factory=list)
+    """Hosts that environment-server URLs in a spec (AgentGym's base_url) may name, each `host` (any port) or
+    `host:port`; empty: a spec names none (the servers come from env_options). JSON list in the environment."""
+    env_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Env options the deployment sets, by env name, e.g. {"agentgym": {"recycle_command": "...", "base_url":
+    "http://webshop:8000"}}: the only source of operator-only options (commands), and defaults for the rest;
+    merged into every accepted spec of that env (and so shown in its stored spec). JSON object in the environment."""
+    extra_engine_args: list[str] = Field(default_factory=list)
+    """vLLM engine arguments a spec may set beyond the built-in allow-list
+    (`services.rollout.backends.vllm_args.JOB_SPEC_ENGINE_ARGS`). JSON list in the environment."""
+    allowed_images: list[str] = Field(default_factory=list)
+    """Kubernetes launcher: images a spec's resources.image may name (exactly); empty: the jobs run k8s_image and
+    k8s_gpu_image only."""
+    allowed_volume_claims: list[str] = Field(default_factory=list)
+    """Kubernetes launcher: PersistentVolumeClaims a spec's resources.volume_claim may mount at /data; empty: none."""
     k8s_namespace: str = "default"
     """Kubernetes launcher: namespace the jobs' objects are created in."""
     k8s_image: str = "openmanus-rl/{component}:cpu"

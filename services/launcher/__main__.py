@@ -11,6 +11,7 @@ import signal
 import sys
 
 from services.common.config_cli import ConfigError, ConfigFlags, Parser, UsageError
+from services.launcher.restarts import RESTART_STAGES, add_restart_flags
 
 PROG = "python -m services.launcher"
 
@@ -27,6 +28,7 @@ def build_parser() -> tuple[Parser, ConfigFlags]:
     )
     train.add_argument("--debug", action="store_true", help="show tracebacks")
     train.add_argument("--plain", action="store_true", help="plain lines even on a terminal (no live view)")
+    add_restart_flags(train)
     return parser, ConfigFlags(train, shortcuts=True)
 
 
@@ -57,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         else TerminalView(config.learner.steps)
     )
     try:
-        result = LocalRun(config, say=view.say, view=view).run()
+        run = LocalRun(
+            config, say=view.say, view=view, restart_delay_s=args.restart_delay_s, max_restarts=args.max_restarts
+        )
+        result = run.run()
     except KeyboardInterrupt:
         view.close()
         print(f"{PROG}: interrupted; every service was stopped", file=sys.stderr)
@@ -91,7 +96,10 @@ class TerminalView:
         self.live.line(line)
 
     def stage(self, record: dict) -> None:
-        self.live.stage(record["message"])
+        if record.get("stage") in RESTART_STAGES:
+            self.live.notice(record["message"])
+        else:
+            self.live.stage(record["message"])
 
     def step(self, metrics: dict, total_steps: int) -> None:
         self.live.step(metrics)

@@ -114,9 +114,18 @@ def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
     config.learner.checkpoint_dir = f"/data/runs/{job_id}/checkpoints"
     if not config.env.data_dir.startswith("/"):  # the pods' root is read-only; /data is their writable volume
         config.env.data_dir = f"/data/{config.env.data_dir}"
+    if config.learner.weight_push == "nccl":  # the learner's rank 0 hosts the rendezvous store
+        config.learner.weight_dist_host = learner_pod0(job_id, options.workload)
     if options.redis_url:
         config.stream.redis_url = options.redis_url
     return config
+
+
+def learner_pod0(job_id: str, workload: str) -> str:
+    """DNS name of the learner's pod 0 (torchrun's rendezvous): `<job>-learner-0.<job>-learner` in a Job, the
+    JobSet controller's `<jobset>-learner-0-0.<subdomain>` in a JobSet."""
+    n = names(job_id)
+    return f"{job_id}-learner-0-0.{n['jobset']}" if workload == "JobSet" else f"{n['learner']}-0.{n['learner']}"
 
 
 def redis_url_with_password(url: str, password: str | None) -> str:
@@ -291,7 +300,7 @@ class JobObjects:
     def learner_job(self) -> dict[str, Any]:
         n = self.names
         # pod i is reachable as <job>-learner-i.<job>-learner: torchrun's rendezvous at pod 0
-        spec = self._learner_job_spec(f"{n['learner']}-0.{n['learner']}", subdomain=n["learner"])
+        spec = self._learner_job_spec(learner_pod0(self.job_id, "Job"), subdomain=n["learner"])
         spec["ttlSecondsAfterFinished"] = self.spec.schedule.ttl_after_finished_s
         return {
             "apiVersion": "batch/v1",
@@ -320,7 +329,7 @@ class JobObjects:
                         "name": "learner",
                         "replicas": 1,
                         # the controller names pod i of job 0 <jobset>-learner-0-i
-                        "template": {"spec": self._learner_job_spec(f"{name}-learner-0-0.{subdomain}")},
+                        "template": {"spec": self._learner_job_spec(learner_pod0(name, "JobSet"))},
                     },
                     {
                         "name": "rollout",

@@ -44,6 +44,7 @@ from services.launcher.report import (
     validation_line,
     write_reward_curve,
 )
+from services.launcher.restarts import MAX_RESTARTS, RESTART_DELAY_S, exit_reason
 from services.rollout.push_auth import TOKEN_ENV
 
 
@@ -63,15 +64,21 @@ class LocalRun:
         health_timeout_s: float = 300.0,
         restart_delay_s: float | None = None,
         view: Any = None,
+        max_restarts: int = MAX_RESTARTS,
     ):
-        """`restart_delay_s`: restart a service that exits (the learner: that fails) after this long, as
-        Kubernetes restarts a pod; None ends the run instead (a lost env replica excepted while another runs).
-        `view` shows start-up stages and steps (`services.launcher.report.PlainView` through `say` by default)."""
+        """`restart_delay_s`: restart a service that exits after this long (the learner: one that fails), up to
+        `max_restarts` times each, as Kubernetes restarts a pod; the restarted learner resumes from its last
+        checkpoint. None (or no restarts left) ends the run instead, naming the service and its exit codes; a
+        lost env replica excepted while another runs. `view` shows start-up stages, restarts and steps
+        (`services.launcher.report.PlainView` through `say` by default)."""
         self.config, self.say, self.health_timeout_s = config, say, health_timeout_s
         self.view = view if view is not None else PlainView(say)
-        self.restart_delay_s = restart_delay_s
+        self.restart_delay_s, self.max_restarts = restart_delay_s, max_restarts
         self._restart_at: dict[str, float] = {}
         self.restarts: dict[str, int] = {}
+        self.exit_codes: dict[str, list[int]] = {}
+        """Exit codes of each service that exited while the run went on, in order."""
+        self._exited: set[tuple[str, int]] = set()
         self.run_dir = config.run_dir
         self.processes: list[ServiceProcess] = []
         self.metrics_ports: dict[str, int] = {}
@@ -253,51 +260,87 @@ class LocalRun:
         while True:
             for last_id, metrics in state.read_metrics(last_id, block_ms=1000):
                 self._record(metrics, history)
-            if not learner.running() and (learner.popen.returncode == 0 or self.restart_delay_s is None):
+            if not learner.running() and (learner.popen.returncode == 0 or not self._may_restart(learner)):
                 for last_id, metrics in state.read_metrics(last_id):
                     self._record(metrics, history)
                 if learner.popen.returncode != 0:
-                    raise RuntimeError(f"learner exited with {learner.popen.returncode}:\n{learner.log_tail()}")
+                    raise self._exit_error(learner)
                 self._await_final_validation(state, last_id)
                 self._say_infra_counters(state)
                 return history
             self._check_services()
 
+    def _may_restart(self, proc: ServiceProcess) -> bool:
+        return self.restart_delay_s is not None and self.restarts.get(proc.name, 0) < self.max_restarts
+
     def _check_services(self) -> None:
-        """With restarts on, a service that exits is started again after `restart_delay_s`. Without, a lost
-        env replica is survivable while another runs (the rollout retries its episodes there), as a lost
-        pod is under Kubernetes; any other lost service ends the run."""
-        if self.restart_delay_s is not None:
-            self._restart_exited()
-            return
-        for proc in self.processes[:-1]:
+        """A service that exits is started again after `restart_delay_s`, up to `max_restarts` times. Past
+        that, or with restarts off, a lost env replica is survivable while another runs (the rollout retries
+        its episodes there), as a lost pod is under Kubernetes; any other lost service ends the run."""
+        now = time.monotonic()
+        for proc in self.processes:
             if proc.running() or proc in self.lost_replicas:
                 continue
+            if proc is self.processes[-1] and proc.popen.returncode == 0:
+                continue  # the learner has finished: follow() ends the run
+            self._note_exit(proc)
+            if self._may_restart(proc):
+                self._restart_when_due(proc, now)
+                continue
+            if proc is self.processes[-1]:
+                continue  # follow() fails the run with the learner's exit
             env_replicas = [p for p in self.processes if p.name in self._env_names()]
             if proc in env_replicas and any(p.running() for p in env_replicas):
                 self.lost_replicas.append(proc)
                 live = sum(p.running() for p in env_replicas)
                 self.say(f"{proc.name} exited with {proc.popen.returncode}; going on with {live} env replica(s)")
                 continue
-            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log_tail()}")
+            raise self._exit_error(proc)
 
-    def _restart_exited(self) -> None:
-        now = time.monotonic()
-        for proc in self.processes:
-            if proc.running():
-                continue
-            due = self._restart_at.get(proc.name)
-            if due is None:
-                self._restart_at[proc.name] = now + self.restart_delay_s
-                self.say(
-                    f"{proc.name} exited with {proc.popen.returncode}; restarting it in {self.restart_delay_s:.0f}s"
-                )
-            elif now >= due:
-                del self._restart_at[proc.name]
-                self.restarts[proc.name] = self.restarts.get(proc.name, 0) + 1
-                proc.start()
-                self._write_pids()
-                self.say(f"{proc.name} restarted (pid {proc.pid}, restart {self.restarts[proc.name]})")
+    def _restart_when_due(self, proc: ServiceProcess, now: float) -> None:
+        """Says why the service stopped and when it comes back (a stage event: the live view and the job's
+        events show it); starts it once the delay has passed."""
+        n, code = self.restarts.get(proc.name, 0) + 1, proc.popen.returncode
+        due = self._restart_at.get(proc.name)
+        if due is None:
+            self._restart_at[proc.name] = now + self.restart_delay_s
+            self.stage(
+                proc.name,
+                "restarting",
+                f"{proc.name} exited ({exit_reason(code)}); restarting it in {self.restart_delay_s:.0f}s "
+                f"(restart {n} of {self.max_restarts})",
+                exit_code=code,
+                restart=n,
+                max_restarts=self.max_restarts,
+            )
+        elif now >= due:
+            del self._restart_at[proc.name]
+            self.restarts[proc.name] = n
+            proc.start()
+            self._write_pids()
+            self.stage(
+                proc.name,
+                "restarted",
+                f"{proc.name} restarted (pid {proc.pid}, restart {n} of {self.max_restarts})",
+                restart=n,
+                max_restarts=self.max_restarts,
+            )
+
+    def _note_exit(self, proc: ServiceProcess) -> None:
+        if (proc.name, proc.pid) not in self._exited:
+            self._exited.add((proc.name, proc.pid))
+            self.exit_codes.setdefault(proc.name, []).append(proc.popen.returncode)
+
+    def _exit_error(self, proc: ServiceProcess) -> RuntimeError:
+        """The run's failure: the service, its exit codes (all of them, when it was restarted) and its log's tail."""
+        self._note_exit(proc)
+        codes, restarts = self.exit_codes[proc.name], self.restarts.get(proc.name, 0)
+        if not restarts:
+            return RuntimeError(f"{proc.name} exited with {codes[-1]}:\n{proc.log_tail()}")
+        return RuntimeError(
+            f"{proc.name} exited with {codes[-1]} after {restarts} restart(s) (exit codes "
+            f"{', '.join(map(str, codes))}; at most {self.max_restarts} restarts):\n{proc.log_tail()}"
+        )
 
     def _write_pids(self) -> None:
         # whoever outlives this process (the job API) can still stop the services by PID
@@ -365,9 +408,17 @@ class LocalLauncher(Launcher):
     # not repeated as messages: steps (the API reads them from the metrics stream) and progress bars
     _NOISE = re.compile(r"^step\s+\d+/\d+ \||\d+%\||^" + re.escape(DETAIL_MARK))
 
-    def __init__(self, output_dir: str | Path = "runs/jobs", max_jobs: int = 1, cancel_grace_s: float = 90.0):
+    def __init__(
+        self,
+        output_dir: str | Path = "runs/jobs",
+        max_jobs: int = 1,
+        cancel_grace_s: float = 90.0,
+        max_restarts: int = MAX_RESTARTS,
+        restart_delay_s: float = RESTART_DELAY_S,
+    ):
         self.output_dir = Path(output_dir).resolve()
         self.max_jobs, self.cancel_grace_s = max_jobs, cancel_grace_s
+        self.max_restarts, self.restart_delay_s = max_restarts, restart_delay_s
         self._children: dict[str, ServiceProcess] = {}
 
     def check(self, spec: JobSpec) -> None:
@@ -383,6 +434,8 @@ class LocalLauncher(Launcher):
     def run_config(self, job_id: str, spec: JobSpec) -> TrainConfig:
         config = spec.train_config()
         config.run, config.output_dir = job_id, str(self.output_dir)
+        if config.learner.weight_push == "nccl":  # the learner's rendezvous store is on this host
+            config.learner.weight_dist_host = "127.0.0.1"
         return config
 
     def start(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
@@ -400,7 +453,15 @@ class LocalLauncher(Launcher):
         run_dir.mkdir(parents=True, exist_ok=True)
         job_file.write_text(dump_config(config))
         args = python_module(
-            "services.launcher.supervisor", "--config", str(job_file), "--status", str(run_dir / STATUS)
+            "services.launcher.supervisor",
+            "--config",
+            str(job_file),
+            "--status",
+            str(run_dir / STATUS),
+            "--max-restarts",
+            str(self.max_restarts),
+            "--restart-delay-s",
+            str(self.restart_delay_s),
         )
         if spec.schedule.max_runtime_s:
             args += ["--max-runtime-s", str(spec.schedule.max_runtime_s)]

@@ -29,8 +29,8 @@ def failure_summary(exc: BaseException, limit: int = 400) -> str:
 
 
 def stage_record(service: str, stage: str, message: str, **extra: Any) -> dict[str, Any]:
-    """A start-up event: which service, which stage (building, started, loading, healthy, ready), and a line
-    a person reads."""
+    """A start-up or restart event: which service, which stage (building, started, loading, healthy, ready;
+    restarting, restarted), and a line a person reads."""
     return {"message": message, "service": service, "stage": stage, **extra}
 
 

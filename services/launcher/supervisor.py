@@ -17,6 +17,7 @@ from services.common.logs import setup_logging
 from services.launcher.job_files import EXITED, PREPARING, RUNNING, STARTING, StatusFile
 from services.launcher.local import LocalRun
 from services.launcher.report import DETAIL_MARK, SupervisorView, failure_summary
+from services.launcher.restarts import MAX_RESTARTS, RESTART_DELAY_S, add_restart_flags
 
 
 class Stop(SystemExit):
@@ -61,7 +62,13 @@ def _install_stop_handlers(max_runtime_s: int | None) -> None:
         signal.alarm(max_runtime_s)
 
 
-def supervise(config: TrainConfig, status_path: Path, max_runtime_s: int | None = None) -> int:
+def supervise(
+    config: TrainConfig,
+    status_path: Path,
+    max_runtime_s: int | None = None,
+    max_restarts: int = MAX_RESTARTS,
+    restart_delay_s: float = RESTART_DELAY_S,
+) -> int:
     status = StatusFile(status_path)
     status.write(phase=PREPARING, state=None)
     _install_stop_handlers(max_runtime_s)
@@ -69,7 +76,14 @@ def supervise(config: TrainConfig, status_path: Path, max_runtime_s: int | None 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    run = SupervisedRun(config, status, say=say, view=SupervisorView(say))
+    run = SupervisedRun(
+        config,
+        status,
+        say=say,
+        view=SupervisorView(say),
+        restart_delay_s=restart_delay_s,
+        max_restarts=max_restarts,
+    )
     try:
         result = run.run()
     except Stop as stop:
@@ -90,9 +104,12 @@ def main() -> int:
     parser.add_argument("--config", required=True, help="the job's run config (TrainConfig YAML)")
     parser.add_argument("--status", required=True, help="status file to keep current")
     parser.add_argument("--max-runtime-s", type=int, default=None, help="stop and fail the job after this long")
+    add_restart_flags(parser)
     args = parser.parse_args()
     setup_logging("supervisor")
-    return supervise(load_config(args.config), Path(args.status), args.max_runtime_s)
+    return supervise(
+        load_config(args.config), Path(args.status), args.max_runtime_s, args.max_restarts, args.restart_delay_s
+    )
 
 
 if __name__ == "__main__":

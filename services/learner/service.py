@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class LearnerService:
             # Redis may have lost the claim counter while the learner was away: claims restart at its step
             self.state.raise_claims_to(self.step * self.config.rollout.groups_per_step)
             pending = self.stream.read(CONSUMER, count=100000, block_ms=0, pending=True)
-            self.stream.ack([e.entry_id for e in pending if e.entry_id in consumed])
+            self._ack([e.entry_id for e in pending if e.entry_id in consumed])
             self._backlog = [e for e in pending if e.entry_id not in consumed]
             if self._backlog:
                 log.info("%d pending stream entries will be trained on again", len(self._backlog))
@@ -127,7 +128,7 @@ class LearnerService:
                 except (redis.ConnectionError, redis.TimeoutError) as exc:  # the client retried with back-off
                     log.warning("Redis unreachable while collecting step %d: %s", self.step + 1, exc)
                     entries = []
-            lost = set()
+            lost: dict[str, set[str]] = {}  # group -> entries of its stale trajectories
             for entry in entries:
                 out.entry_ids.append(entry.entry_id)
                 for traj in self.guard.admit(entry, self.version):
@@ -135,12 +136,12 @@ class LearnerService:
                         DROPPED.labels(reason="stale").inc()
                         stale += 1
                         out.dropped_stale += 1
-                        lost.add(traj.group_id)
+                        lost.setdefault(traj.group_id, set()).add(entry.entry_id)
                         continue
                     out.trajectories.append(traj)
                     out.groups.add(traj.group_id)
             self.guard.purge(out)
-            self._report_stale_groups(len(lost - out.groups))
+            self._count_stale_groups(e for group_id, ids in lost.items() if group_id not in out.groups for e in ids)
             if entries:
                 continue
             self._reclaim_lost_deliveries(out)
@@ -234,11 +235,17 @@ class LearnerService:
         self._backlog = []
         return CollectedStep()
 
-    def _report_stale_groups(self, count: int) -> None:
-        """Run-wide count of groups lost to staleness: the producers shift later claims by it (see
-        services.rollout.producer), so a dropped group is replaced instead of starving the last step."""
-        if count and self.state is not None:
-            self.state.client.incrby(self.config.key("stale_groups"), count)
+    def _count_stale_groups(self, entry_ids: Iterable[str]) -> None:
+        """Groups lost to staleness, by the entries they came in: the producers shift later claims by each
+        one a claim of this run published (see services.rollout.producer and GroupLeases.count_lost), so it is
+        replaced instead of starving the last step; it counts once, even when a restart drops it again."""
+        if self.state is not None:
+            self.state.leases.count_lost(entry_ids)
+
+    def _ack(self, entry_ids: list[str]) -> None:
+        """Acknowledges entries a committed checkpoint holds; their groups can no longer be lost."""
+        self.stream.ack(entry_ids)
+        self.state.leases.settle(entry_ids)
 
     def _push(self, rollback: bool = False) -> tuple[float, str, list[dict]]:
         """`rollback`: the servers may go back to this version (a learner resumed from a checkpoint older
@@ -310,7 +317,7 @@ class LearnerService:
         self._pending = None
         pending.commit()
         if self.stream is not None:
-            self.stream.ack(entry_ids)
+            self._ack(entry_ids)
 
     def export_policy(self) -> None:
         """Collective: the trained policy as a Hugging Face model directory (`learner.export_dir`)."""

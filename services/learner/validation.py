@@ -19,9 +19,13 @@ rank and after every restart):
    fails alone, the failure is not the input's and is raised unchanged (the batch stays pending); a
    second failure of the remaining groups is raised too.
 
-Each dropped group is counted three ways: `omrl_learner_dead_letters_total{reason}`, the run's Redis
-hash `dead_letters`, and the run-wide lost-group count (RunState.add_lost_groups) by which the producers
-replace it, so the step is not starved."""
+Each dead letter is counted by reason in `omrl_learner_dead_letters_total{reason}` and the run's Redis hash
+`dead_letters`. A dropped group also shifts the producers' later claims, so that a replacement keeps the step
+from starving, but only if it held a claim of this run: the entries it came in (the dead-lettered one, and
+those of its members collected earlier or arriving later) go to GroupLeases.count_lost, which counts an entry
+only if a claim published it and only once. Poison written by anyone else, entries of another run and
+duplicates of a group already counted shift nothing; counted, they would make the producers play groups the
+learner never asked for, each dropped as stale in the next step and counted again."""
 
 from __future__ import annotations
 
@@ -119,6 +123,8 @@ class PoisonGuard:
     def admit(self, entry: Any, policy_version: int) -> list[Trajectory]:
         """The trajectories of `entry` that may be trained on; dead-letters its poisoned groups."""
         bad: dict[str, Poison] = {}
+        if any(t.group_id in self.poisoned for t in entry.batch.trajectories):
+            self._count_lost([entry.entry_id])  # a member of a poisoned group, as lost as the rest of it
         for traj in entry.batch.trajectories:
             if traj.group_id in bad or traj.group_id in self.poisoned:
                 continue
@@ -195,8 +201,15 @@ class PoisonGuard:
         self.stream.dead_letter(entry_id, reason, error, [group_id], extra=extra, ack=ack)
 
     def _count(self, entry_id: str, reason: str, groups: list[str]) -> None:
-        lost = max(len(groups), 1)  # an unreadable entry holds one group as the producers write them
-        DEAD_LETTERS.labels(reason=reason).inc(lost)
+        """After each dead letter (`entry_id`: the entries it came in, comma-separated)."""
+        letters = max(len(groups), 1)  # an unreadable entry holds one group as the producers write them
+        DEAD_LETTERS.labels(reason=reason).inc(letters)
         if self.state is not None:
-            self.state.add_dead_letter(reason, lost)
-            self.state.add_lost_groups(lost)
+            self.state.add_dead_letter(reason, letters)
+        earlier = (e for group_id in groups for e in self._entries_of.get(group_id, ()))
+        self._count_lost([*entry_id.split(","), *earlier])
+
+    def _count_lost(self, entry_ids: Iterable[str]) -> None:
+        """Lost groups shift later claims only for entries a claim published (see the module)."""
+        if self.state is not None:
+            self.state.leases.count_lost(e for e in entry_ids if e)

@@ -1,20 +1,28 @@
 """Poison drill: input that gets past validation and still breaks a step. The learner (real service, real
 trainer on a tiny model, real Redis) finds the groups that fail alone, dead-letters them with the
-exception, trains the step on the rest, leaves nothing pending, and a restart does not trip on them."""
+exception, trains the step on the rest, leaves nothing pending, and a restart does not trip on them.
+Poison that no producer of the run wrote (foreign entries) is dead-lettered too, but shifts no claim: the
+producers make no surplus group, so no step drops anything as stale."""
 
+import asyncio
 import json
 import math
+import threading
+from types import SimpleNamespace
 
 import pytest
 
 from services.common.config import load_config
-from services.common.run_state import RunState
+from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
 from services.learner import validation
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
 from services.learner.weight_push.none import NoPush
+from services.rollout import producer as producer_module
+from services.rollout.producer import Producer
+from tests.claims import publish_claimed
 
 pytestmark = pytest.mark.faults
 
@@ -77,7 +85,7 @@ def test_groups_that_break_the_step_are_isolated_and_the_step_trains_on_the_rest
     config, state, stream = run
     monkeypatch.setattr(validation, "check_trajectory", lambda *args: None)  # the poison gets past validation
     for gid, kwargs in (("good0", {}), ("index", {"token": 64}), ("nan", {"reward": math.nan}), ("good1", {})):
-        stream.publish(group(gid, **kwargs), gid)
+        publish_claimed(state, group(gid, **kwargs), gid)  # as the producers write them
 
     service = learner(config, state, stream)
     [summary] = service.run()
@@ -109,7 +117,7 @@ def test_a_learner_restarted_before_its_checkpoint_replays_the_good_groups_and_n
         ("good2", {"version": 1}),
         ("good3", {"version": 1}),
     ):
-        stream.publish(group(gid, **kwargs), gid)
+        publish_claimed(state, group(gid, **kwargs), gid)
     first = learner(config, state, stream)
     first.resume()
     first.run_step()  # trained, not checkpointed: its good entries stay pending; the poison is acked already
@@ -119,7 +127,7 @@ def test_a_learner_restarted_before_its_checkpoint_replays_the_good_groups_and_n
     history = learner(config, state, stream).run()  # the "crashed" learner comes back
     assert [h["step"] for h in history] == [1, 2] and all(h["groups"] == 2 for h in history)
     assert stream.pending_count() == 0 and len(stream.dead_letters()) == 1
-    assert json.loads(json.dumps(state.dead_letter_counts())) == {"token_id": 1}
+    assert json.loads(json.dumps(state.dead_letter_counts())) == {"token_id": 1} and state.lost_groups() == 1
 
 
 def test_a_probe_or_a_non_finite_step_leaves_the_trainer_as_it_was(run):
@@ -136,3 +144,74 @@ def test_a_probe_or_a_non_finite_step_leaves_the_trainer_as_it_was(run):
     assert trainer.optimizer.param_groups[0]["lr"] == lr and not trainer.optimizer.state
     trainer.train_step(group("good"))
     assert param_checksum(trainer) != before and trainer.step == 1
+
+
+# -- foreign poison in a run fed by producers ---------------------------------------------------------
+
+FOREIGN_AT_SLOT = 8
+"""The foreign entries are written while slot 8 (the first group of step 3) is played: mid-run, the
+learner between steps."""
+
+
+class FeedingLoop:
+    """Plays a group at once with the served policy; while slot FOREIGN_AT_SLOT plays, someone else writes
+    poison to the run's stream (entries no claim published)."""
+
+    def __init__(self, core, stream):
+        self.core, self.stream, self.stats = core, stream, {}
+
+    async def run_group(self, task_index, group_id, seed):
+        if group_id == f"g{FOREIGN_AT_SLOT}":
+            self.stream.publish(group("foreign-token", token=64), "foreign-token")
+            self.stream.publish(group("foreign-nan", reward=math.nan), "foreign-nan")
+            self.stream.client.xadd(self.stream.key, {"batch": b"not a batch", "n": 1})
+        return group(group_id, version=self.core.policy_version)
+
+
+class ServedPolicy:
+    """The rollout core as the producers see it: the version the learner published."""
+
+    def __init__(self, state):
+        self.state = state
+
+    @property
+    def policy_version(self):
+        return self.state.policy_version()
+
+
+class Rewards:
+    async def score(self, trajs):
+        return [(0.5 * i, {"goal": 0.5 * i}) for i in range(len(trajs))]
+
+
+def test_foreign_poison_shifts_no_claims_so_the_producers_make_no_surplus_to_drop_as_stale(run, monkeypatch):
+    """Were the 3 foreign dead letters counted as lost groups, the producers would claim 3 surplus slots, each
+    group dropped as stale in the next step and counted again: 6 trajectories dropped in most later steps."""
+    config, state, stream = run
+    config.learner.steps = steps = 6
+    per_step = config.rollout.groups_per_step
+    monkeypatch.setattr(
+        producer_module.TaskSplit, "load", staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: 0))
+    )
+    core = ServedPolicy(state)
+    service, done = learner(config, state, stream), {}
+    thread = threading.Thread(target=lambda: done.update(history=service.run()), daemon=True)
+    thread.start()
+
+    async def produce():
+        producer = Producer(config, FeedingLoop(core, stream), Rewards(), AsyncRunState.connect(config), core, 0.01)
+        try:
+            await asyncio.wait_for(producer.run(), 120)
+        finally:
+            await producer.state.aclose()
+        return producer
+
+    producer = asyncio.run(produce())
+    thread.join(30)
+    assert not thread.is_alive() and "history" in done, "the learner did not finish its steps"
+    history = done["history"]
+    assert [h["groups"] for h in history] == [per_step] * steps
+    assert [h["dropped_stale"] for h in history] == [0] * steps and history[-1]["dropped_stale_total"] == 0
+    assert state.lost_groups() == 0 and producer.published == steps * per_step  # nothing made in surplus
+    assert state.dead_letter_counts() == {"token_id": 1, "non_finite": 1, "undecodable": 1}
+    assert stream.pending_count() == 0

@@ -16,6 +16,7 @@ from services.common.weight_buckets import TensorWeights
 from services.learner.service import LearnerService
 from services.learner.weight_push import PushResult, WeightPusher
 from services.learner.weight_push.none import NoPush
+from tests.claims import publish_claimed
 
 
 class RecordingTrainer:
@@ -294,14 +295,14 @@ def test_poison_entries_are_dead_lettered_and_the_step_trains_on_the_good_groups
     state = RunState.connect(config)
     stream = TrajectoryStream(state.client, state.trajectories_key, max_entry_bytes=config.stream.max_entry_bytes)
     try:
-        stream.publish(poisoned("vocab", token=64), "vocab")
-        stream.publish(group("good0", version=0), "good0")
-        stream.publish(poisoned("nanreward", reward=float("nan")), "nanreward")
-        stream.publish(poisoned("nanlogprob", logprob=float("nan")), "nanlogprob")
+        publish_claimed(state, poisoned("vocab", token=64), "vocab")  # as the producers write them
+        publish_claimed(state, group("good0", version=0), "good0")
+        publish_claimed(state, poisoned("nanreward", reward=float("nan")), "nanreward")
+        publish_claimed(state, poisoned("nanlogprob", logprob=float("nan")), "nanlogprob")
         huge = group("huge", version=0)
         huge[0].rollout_server = "x" * 4096  # over max_entry_bytes: rejected before it is decoded
-        stream.publish(huge, "huge")
-        stream.publish(group("good1", version=0), "good1")
+        publish_claimed(state, huge, "huge")
+        publish_claimed(state, group("good1", version=0), "good1")
 
         history = LearnerService(config, PolicyTrainer(config, str(tiny_llama)), NoPush(), state, stream).run()
         assert len(history) == 1

@@ -10,6 +10,7 @@ import redis
 from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState, LeaseOutcome, RunState
 from services.common.stream import TrajectoryStream, entry_fields
+from tests.claims import publish_claimed
 from tests.unit.test_learner_staleness import traj
 
 LONG, NOW = 60.0, 0.0  # a lease with TTL 0 is due at once
@@ -31,6 +32,26 @@ def test_claims_stop_at_the_limit_step_and_lost_groups_shift_them(state):
     assert leases.claim("a", 2, 1, LONG).slot == 2  # one group of step 0 was lost: slot 2 replaces it
     assert leases.claim("a", 2, 1, LONG) is None
     assert state.lost_groups() == 1 and leases.remaining(4) == 4 - 3 + 1 + 3
+
+
+def test_only_an_entry_a_claim_of_the_run_published_counts_lost_and_only_once(state, run_name):
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    claimed = [publish_claimed(state, [traj(f"g{i}", [0])], f"g{i}") for i in range(2)]
+    foreign = stream.publish([traj("g0", [0])], "g0")  # someone else's entry, even with a claimed group's id
+    other = RunState(state.client, TrainConfig.model_validate({"run": f"{run_name}-other"}))
+    try:  # another run's producer writing to this run's stream
+        lease = other.leases.claim("x", 1, 10, LONG)
+        elsewhere = other.leases.publish(lease, state.trajectories_key, 1000, entry_fields([traj("g9", [0])], "g9"))
+        assert state.leases.count_lost([foreign, elsewhere, "0-1"]) == 0 and state.lost_groups() == 0
+        assert state.leases.count_lost([claimed[0], claimed[0], foreign]) == 1
+        assert state.leases.count_lost([claimed[0]]) == 0 and state.lost_groups() == 1  # counted once
+        state.leases.settle([claimed[1]])  # acknowledged after a checkpoint: trained, never lost
+        assert state.leases.count_lost(claimed) == 0 and state.lost_groups() == 1
+        assert other.lost_groups() == 0
+    finally:
+        other.reset()
+    # the one lost group shifts later claims one slot: slot 2 still belongs to step 0
+    assert state.leases.claim("a", 2, 1, LONG).slot == 2 and state.leases.claim("a", 2, 1, LONG) is None
 
 
 def test_claims_skip_the_steps_the_served_policy_is_past_when_the_counter_was_lost(state):

@@ -647,6 +647,45 @@ def test_the_job_api_gives_its_jobs_policies_like_the_charts_and_confines_their_
     assert json.loads(env["OMRL_API_ALLOWED_DATA_ROOTS"]) == ["/data"]
 
 
+def test_the_job_apis_spec_policy_values_reach_its_settings(monkeypatch, tmp_path):
+    from services.jobs.settings import JobsSettings
+    from services.jobs.spec_policy import SpecPolicy
+
+    recycle = "kubectl rollout restart statefulset/webshop"
+    for values, expected in [
+        ((), {"allowed_env_hosts": [], "env_options": {}, "extra_engine_args": [], "allowed_images": []}),
+        (
+            (
+                "--set",
+                "jobsApi.specPolicy.allowedEnvHosts={webshop:3000}",
+                "--set-json",
+                f'jobsApi.specPolicy.envOptions={{"agentgym": {{"recycle_command": "{recycle}"}}}}',
+                "--set",
+                "jobsApi.specPolicy.extraEngineArgs={enable_expert_parallel}",
+                "--set",
+                "jobsApi.specPolicy.allowedImages={reg.io/omrl/custom:1}",
+                "--set",
+                "jobsApi.specPolicy.allowedVolumeClaims={omrl-data}",
+            ),
+            {
+                "allowed_env_hosts": ["webshop:3000"],
+                "env_options": {"agentgym": {"recycle_command": recycle}},
+                "extra_engine_args": ["enable_expert_parallel"],
+                "allowed_volume_claims": ["omrl-data"],
+            },
+        ),
+    ]:
+        env = {
+            e["name"]: e["value"] for e in main_container(workloads(render(*values))["jobs-api"])["env"] if "value" in e
+        }
+        for name, value in env.items():
+            if name.startswith("OMRL_API_") and not name.startswith(("OMRL_API_K8S_", "OMRL_API_TOKEN", "OMRL_API_DB")):
+                monkeypatch.setenv(name, value)
+        settings = JobsSettings(token="t", output_dir=tmp_path)
+        assert {k: getattr(settings, k) for k in expected} == expected
+        assert SpecPolicy.from_settings(settings)  # the deployment's values pass the policy's own checks
+
+
 def test_nccl_weight_push_opens_the_learner_and_rollout_pods_to_each_other(tmp_path):
     """`weight_push: nccl`: the rollout servers reach rank 0's rendezvous store through a Service of the
     learner's pod 0 (the run config names it), and NCCL/gloo connect both ways on ephemeral ports; the

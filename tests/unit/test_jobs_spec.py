@@ -8,7 +8,14 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from services.common.config import JobSpec, TrainConfig, dump_config, load_config
+from services.common.config import (
+    MAX_FREE_FORM_BYTES,
+    MAX_FREE_FORM_DEPTH,
+    JobSpec,
+    TrainConfig,
+    dump_config,
+    load_config,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "job-examples"
 
@@ -131,3 +138,59 @@ def test_weight_staging_in_memory_needs_a_one_worker_engine():
         JobSpec.model_validate(
             {"resources": {"rollout": {"gpus": 2}}, "rollout": {"weight_staging": "memory"}}
         ).train_config()
+
+
+def nested(depth: int) -> dict:
+    """`depth` dicts, each inside the one before."""
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        lambda v: {"env": {"name": "reasoning", "options": {"config": v}}},
+        lambda v: {"rollout": {"engine_args": {"hf_overrides": v}}},
+        lambda v: {"reward": {"components": {"goal": {"params": {"x": v}}}}},
+    ],
+    ids=["env.options", "rollout.engine_args.hf_overrides", "reward.params"],
+)
+@pytest.mark.parametrize("depth", [MAX_FREE_FORM_DEPTH, 300, 5000])
+def test_free_form_nesting_is_bounded(where, depth):
+    """One level is the free-form dict itself: up to MAX_FREE_FORM_DEPTH nested levels pass this check, deeper ones
+    are a validation error (never a RecursionError), however deep."""
+    data = where(nested(depth - 1))  # with the free-form dict itself, `depth` levels
+    if depth <= MAX_FREE_FORM_DEPTH:
+        try:
+            JobSpec.model_validate(data)
+        except ValidationError as exc:  # the plugin's own schema may refuse the key: not the depth check
+            assert "nested deeper" not in str(exc)
+        return
+    with pytest.raises(ValidationError, match=f"nested deeper than {MAX_FREE_FORM_DEPTH} levels"):
+        JobSpec.model_validate(data)
+
+
+def test_free_form_lists_count_as_levels_and_the_limit_is_exact():
+    ok = {"cudagraph_capture_sizes": [nested(MAX_FREE_FORM_DEPTH - 2)]}  # engine_args, the list, then the dicts
+    assert TrainConfig.model_validate({"rollout": {"engine_args": ok}}).rollout.engine_args == ok
+    too_deep = {"cudagraph_capture_sizes": [nested(MAX_FREE_FORM_DEPTH - 1)]}
+    with pytest.raises(ValidationError, match=r"cudagraph_capture_sizes\[0\](\.a)+\.\.\. is nested deeper"):
+        TrainConfig.model_validate({"rollout": {"engine_args": too_deep}})
+
+
+def test_the_deepest_accepted_spec_round_trips_through_json():
+    """What the job store does with a spec: what validation lets through must serialise and load back."""
+    spec = JobSpec.model_validate({"rollout": {"engine_args": {"hf_overrides": nested(MAX_FREE_FORM_DEPTH - 1)}}})
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_free_form_size_is_bounded():
+    small = {"hf_overrides": {"x": "a" * (MAX_FREE_FORM_BYTES - 100)}}
+    assert TrainConfig.model_validate({"rollout": {"engine_args": small}})
+    with pytest.raises(ValidationError, match=f"bytes as JSON; free-form options take at most {MAX_FREE_FORM_BYTES}"):
+        TrainConfig.model_validate({"rollout": {"engine_args": {"hf_overrides": {"x": "a" * MAX_FREE_FORM_BYTES}}}})
+    many = {str(i): i for i in range(20_000)}  # small values, many keys
+    with pytest.raises(ValidationError, match="bytes as JSON"):
+        TrainConfig.model_validate({"env": {"name": "reasoning", "options": {"config": many}}})

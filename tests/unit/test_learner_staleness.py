@@ -84,6 +84,29 @@ def test_backlog_is_replayed_step_by_step():
     assert service._collect().entry_ids == ["4-0", "9-0"]
 
 
+def test_a_stale_group_shifts_claims_once_and_only_if_a_claim_published_it(run_state):
+    from tests.claims import publish_claimed
+
+    state = run_state(1)
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    stream.ensure_group()
+    publish_claimed(state, [traj("a", [3]), traj("a", [3])], "a")  # stale at step 5 with bound 1
+    stream.publish([traj("f", [2])], "f")  # stale too, but no claim of this run published it
+    publish_claimed(state, [traj("b", [3]), traj("b", [5])], "b")  # half stale: the group is kept
+    publish_claimed(state, [traj("c", [5])], "c")
+
+    def collect():
+        service = LearnerService(state.config, trainer=None, pusher=None, state=state, stream=stream)
+        service.step = service.version = 5
+        service._backlog = stream.read("learner-0", count=100, block_ms=0, pending=True)
+        return service._collect()
+
+    first = collect()
+    assert first.groups == {"b", "c"} and first.dropped_stale == 4 and state.lost_groups() == 1
+    again = collect()  # a learner restarted before its checkpoint drops the same entries again
+    assert again.groups == {"b", "c"} and again.dropped_stale == 4 and state.lost_groups() == 1
+
+
 # -- the producer's gate -----------------------------------------------------------------------------
 
 

@@ -8,12 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from services.common.config import TrainConfig
-from services.common.stream import StreamEntry
+from services.common.run_state import RunState
+from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder
 from services.learner.exporter import DEAD_LETTERS
 from services.learner.service import CollectedStep
 from services.learner.trainer import NonFiniteUpdate
 from services.learner.validation import LOGPROB_EPSILON, Limits, Poison, PoisonGuard, check_trajectory
+from tests.claims import publish_claimed
 
 LIMITS = Limits(vocab_size=64, max_length=32)
 
@@ -139,11 +141,17 @@ class FakeStream:
 
 
 class FakeState:
-    def __init__(self):
-        self.lost, self.by_reason = 0, {}
+    """Takes every entry for one a claim published (the real accounting is tested on Redis below)."""
 
-    def add_lost_groups(self, n):
-        self.lost += n
+    def __init__(self):
+        self.lost, self.by_reason, self.counted = 0, {}, set()
+        self.leases = self
+
+    def count_lost(self, entry_ids):
+        new = set(entry_ids) - self.counted
+        self.counted |= new
+        self.lost += len(new)
+        return len(new)
 
     def add_dead_letter(self, reason, n):
         self.by_reason[reason] = self.by_reason.get(reason, 0) + n
@@ -271,3 +279,48 @@ def test_a_failure_no_group_causes_alone_is_raised_unchanged():
     with pytest.raises(RuntimeError, match="device lost"):
         g.train(trainer, step)
     assert stream.letters == [] and len(step.trajectories) == 4 and state.lost == 0
+
+
+# -- which dead letters shift the producers' claims, on a real Redis ------------------------------------
+
+
+@pytest.fixture
+def redis_guard(redis_url, run_name):
+    config = TrainConfig.model_validate({"run": run_name, "stream": {"redis_url": redis_url}})
+    state = RunState.connect(config)
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    stream.ensure_group()
+    trainer = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=64)))
+    yield PoisonGuard(config, trainer, state, stream), state, stream
+    state.reset()
+
+
+def admit_all(g, stream):
+    return [t.group_id for e in stream.read("learner-0", count=100, block_ms=10) for t in g.admit(e, 0)]
+
+
+def test_only_a_dead_letter_of_a_claimed_group_shifts_claims_and_only_once(redis_guard):
+    g, state, stream = redis_guard
+    publish_claimed(state, [traj("g0"), traj("g0", model_ids=(99, 5))], "g0")
+    publish_claimed(state, [traj("g1")], "g1")
+    stream.publish([traj("x", reward=math.nan)], "x")  # poison written by someone else
+    stream.publish([traj("g0", model_ids=(99, 5))], "g0")  # a copy of the group already counted: skipped
+    state.client.xadd(stream.key, {"batch": b"not a batch", "n": 1})
+    assert admit_all(g, stream) == ["g1"]
+    assert state.dead_letter_counts() == {"token_id": 1, "non_finite": 1, "undecodable": 1}
+    assert state.lost_groups() == 1  # g0 only: the foreign entries held no claim
+
+
+def test_a_claimed_group_poisoned_by_a_foreign_entry_is_lost_and_counted_once(redis_guard):
+    g, state, stream = redis_guard
+    publish_claimed(state, [traj("g0")], "g0")
+    stream.publish([traj("g0", reward=math.inf)], "g0")  # someone else's poison under g0's id drops g0
+    stream.publish([traj("g1", logprobs=(-0.5, 0.5))], "g1")
+    claimed_late = publish_claimed(state, [traj("g1")], "g1")  # a member of a poisoned group: dropped
+    stream.publish([traj("g1")], "g1")
+    assert admit_all(g, stream) == ["g0"]  # collected before the poison came: purged from the step
+    step = CollectedStep(trajectories=[traj("g0")], groups={"g0"})
+    g.purge(step)
+    assert step.groups == set() and g.poisoned == {"g0", "g1"}
+    assert state.lost_groups() == 2  # each claimed group once, however many foreign copies came
+    assert g.admit(entry(claimed_late, traj("g1")), 0) == [] and state.lost_groups() == 2  # and a replay

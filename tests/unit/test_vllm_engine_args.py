@@ -13,7 +13,13 @@ from pydantic import ValidationError
 
 from services.common.config import load_config
 from services.common.config_errors import error_lines
-from services.rollout.backends.vllm_args import BACKEND_SET, OWN_FIELD, engine_fields, engine_kwargs
+from services.rollout.backends.vllm_args import (
+    BACKEND_SET,
+    JOB_SPEC_ENGINE_ARGS,
+    OWN_FIELD,
+    engine_fields,
+    engine_kwargs,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,3 +151,16 @@ def test_parsing_engine_args_imports_no_vllm_or_torch():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_the_job_api_allow_list_holds_only_numbers_switches_and_choices():
+    """What a job API caller may set must not name code, a file or an endpoint: each key a bool, int or float
+    field, or a str field with fixed choices, of the committed vLLM field list, settable (not a field the config
+    or the backend owns); `trust_remote_code` is a bool that runs a model repository's code."""
+    fields = engine_fields()
+    for key in sorted(JOB_SPEC_ENGINE_ARGS):
+        assert key in fields and key not in OWN_FIELD and key not in BACKEND_SET, key
+        kinds = set(fields[key]["kinds"]) - {"null"}
+        assert kinds and (kinds <= {"bool", "int", "float"} or (kinds == {"str"} and fields[key].get("choices"))), key
+    assert "trust_remote_code" not in JOB_SPEC_ENGINE_ARGS
+    assert len(JOB_SPEC_ENGINE_ARGS) < len(fields) / 5, "an allow-list, not the field list"

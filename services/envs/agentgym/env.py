@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from services.common import trust
 from services.common.errors import DeadlineExceeded, Internal, ServiceError
 from services.envs.agentgym.probe import known_range, probed_range
 from services.envs.agentgym.profiles import PROFILES, Profile
@@ -38,8 +39,8 @@ log = logging.getLogger(__name__)
 class AgentGymOptions(EnvOptions):
     family: str
     """AgentGym family: textcraft, babyai, maze, wordle, webshop, alfworld, sciworld."""
-    base_url: str | list[str]
-    """The family's server(s), e.g. http://127.0.0.1:8000."""
+    base_url: str | list[str] = Field(json_schema_extra=trust.URL)
+    """The family's server(s), e.g. http://127.0.0.1:8000 (the job API takes only hosts its operator allows)."""
     timeout_s: float = Field(8.0, gt=0, le=600)
     """Deadline of one HTTP call (keep it below the env service's step timeout)."""
     max_concurrent: int = Field(8, ge=1, le=1024)
@@ -51,8 +52,9 @@ class AgentGymOptions(EnvOptions):
     """Turns after which the episode ends (done, not a success)."""
     recycle_after: int | None = Field(None, ge=1)
     """Environments a server creates before it is recycled; default: the family's (WebShop 7000)."""
-    recycle_command: str | None = None
-    """Command that restarts one server ({url} and {port} are filled in); needed to recycle."""
+    recycle_command: str | None = Field(None, json_schema_extra=trust.OPERATOR)
+    """Command that restarts one server ({url} and {port} are filled in); needed to recycle. The deployment's
+    to set: the job API refuses it from a job spec and adds its own (`OMRL_API_ENV_OPTIONS`)."""
     recycle_wait_s: float = Field(120.0, gt=0)
     """How long a recycled server may take to answer GET / again."""
 

@@ -17,6 +17,8 @@ import json
 import random
 from typing import Any
 
+from pydantic import field_validator
+
 from services.envs.base import EnvOptions, InvalidTask, MissingDependency, StepResult, TextEnv, action_format
 from services.envs.registry import register_env
 
@@ -33,6 +35,32 @@ class ReasoningOptions(EnvOptions):
     where it is one-digit sums and differences of two terms."""
     seed: int = 0
     """Dataset seed; with the task index it fixes the question."""
+
+    @field_validator("config")
+    @classmethod
+    def _files_are_names(cls, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        stack: list[Any] = [config]
+        while stack:  # composite's datasets hold configs of their own
+            item = stack.pop()
+            if isinstance(item, dict):
+                for key, value in item.items():
+                    if key in FILE_NAME_KEYS and not _bare_name(value):
+                        raise ValueError(f"config {key}: {value!r} is not the name of a file reasoning-gym ships")
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        return config
+
+
+FILE_NAME_KEYS = frozenset({"data_file", "static_font"})
+"""Config keys reasoning-gym turns into a file it reads (spell_backward's word list, figlet_font's font): a name of
+a file it ships, never a path (it joins the name to its own folder, where an absolute path would escape)."""
+
+
+def _bare_name(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, str) and bool(value) and not value.startswith(".") and not set(value) & set("/\\\0")
+    )
 
 
 @functools.lru_cache(maxsize=64)

