@@ -42,17 +42,17 @@ def main() -> None:
     import torch
 
     from services.common.config import load_config
-    from services.learner import fsdp
+    from services.learner import collectives
     from services.learner.checkpoint import latest_checkpoint
     from services.learner.trainer import PolicyTrainer
 
     cpu = args.shape == "tiny"
-    device = fsdp.resolve_device("cpu" if cpu else "cuda")
-    fsdp.init_distributed(device)
+    device = collectives.resolve_device("cpu" if cpu else "cuda")
+    collectives.init_distributed(device)
     model_dir = args.model or str(Path(tempfile.gettempdir()) / f"omrl-ckpt-bench-{args.shape}")
-    if fsdp.is_rank0() and not (Path(model_dir) / "config.json").is_file():
+    if collectives.is_rank0() and not (Path(model_dir) / "config.json").is_file():
         build_model(Path(model_dir), SHAPES[args.shape])
-    fsdp.barrier()
+    collectives.barrier()
     config = load_config(
         None,
         [
@@ -69,7 +69,7 @@ def main() -> None:
     vocab = trainer.model.config.vocab_size
     batches = [trajectories(args.trajectories, 4, args.seq_len, vocab, seed=s) for s in range(2)]
     sync = torch.cuda.synchronize if not cpu else (lambda: None)
-    result: dict = {"phase": args.phase, "gpus": fsdp.world_size(), "shape": args.shape, "format": args.format}
+    result: dict = {"phase": args.phase, "gpus": collectives.world_size(), "shape": args.shape, "format": args.format}
     if not cpu:
         result["gpu"] = torch.cuda.get_device_name(device)
     if args.phase == "save":
@@ -79,7 +79,7 @@ def main() -> None:
         start = time.perf_counter()
         path = trainer.save_checkpoint(args.dir)
         result["save_seconds"] = time.perf_counter() - start
-        result["checkpoint_bytes"] = folder_bytes(path) if fsdp.is_rank0() else 0
+        result["checkpoint_bytes"] = folder_bytes(path) if collectives.is_rank0() else 0
         continued = trainer.train_step(batches[1])
         result["next_step"] = {k: continued[k] for k in ("loss", "grad_norm", "entropy")}
     else:
@@ -99,8 +99,10 @@ def main() -> None:
                 abs(result["next_step"][k] - before[k]) / max(abs(before[k]), 1e-12) for k in before
             )
     if not cpu:
-        result["max_memory_gib_per_rank"] = fsdp.all_gather_object(torch.cuda.max_memory_allocated(device) / 2**30)
-    if fsdp.is_rank0():
+        result["max_memory_gib_per_rank"] = collectives.all_gather_object(
+            torch.cuda.max_memory_allocated(device) / 2**30
+        )
+    if collectives.is_rank0():
         text = json.dumps(result, indent=1)
         print(text, flush=True)
         if args.out:

@@ -76,14 +76,12 @@ PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}
 
 def build_model(path: Path, shape: dict) -> Path:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config
 
-    torch.manual_seed(0)
-    config = Qwen2Config(**shape)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(path)
-    return path
+    from services.common.tiny_model import build_random_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return build_random_model(path, Qwen2Config(**shape), seed=0, dtype="bfloat16", device=device)
 
 
 def default_model_dir(shape: str) -> Path:
@@ -198,7 +196,7 @@ def bare_loop(trainer, batches: list, warmup: int, sync) -> list[float]:
     step."""
     import torch
 
-    from services.learner import fsdp
+    from services.learner import parallelize
     from services.learner.batch import collate
     from services.learner.model import token_logprobs
 
@@ -213,7 +211,7 @@ def bare_loop(trainer, batches: list, warmup: int, sync) -> list[float]:
                 b = m.batch
                 lp = token_logprobs(trainer.model, b.input_ids, b.attention_mask, chunk, trainer.pack)
                 loss = -(lp * b.response_mask).sum() / mini.norm["num_tokens"]
-                fsdp.set_last_micro_batch(trainer.model, j == len(mini.micro) - 1)
+                parallelize.set_last_micro_batch(trainer.model, j == len(mini.micro) - 1)
                 (loss * trainer.world_size).backward()
         torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
         trainer.optimizer.step()
@@ -242,7 +240,7 @@ def profile_step(step, sync, rows: int = 40) -> dict:
     GPU time and by CPU time (printed on rank 0), to see where a step is launch-bound."""
     from torch.profiler import ProfilerActivity, profile
 
-    from services.learner import fsdp
+    from services.learner import collectives
 
     sync()
     start = time.perf_counter()
@@ -252,7 +250,7 @@ def profile_step(step, sync, rows: int = 40) -> dict:
     wall = time.perf_counter() - start
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     averages = prof.key_averages()
-    if fsdp.is_rank0():
+    if collectives.is_rank0():
         print(averages.table(sort_by="self_cuda_time_total", row_limit=rows), flush=True)
         print(averages.table(sort_by="self_cpu_time_total", row_limit=rows), flush=True)
 
@@ -332,19 +330,19 @@ def main() -> None:
     import torch
 
     from services.common.config import load_config
-    from services.learner import fsdp
+    from services.learner import collectives
     from services.learner.batch import collate
     from services.learner.trainer import PolicyTrainer
 
     device_name = "cpu" if tiny else "cuda"
-    device = fsdp.resolve_device(device_name)
-    fsdp.init_distributed(device)
+    device = collectives.resolve_device(device_name)
+    collectives.init_distributed(device)
     model_dir = args.model
     if not model_dir:
         model_dir = str(default_model_dir(args.shape))
-        if fsdp.is_rank0() and not (Path(model_dir) / "config.json").is_file():
+        if collectives.is_rank0() and not (Path(model_dir) / "config.json").is_file():
             build_model(Path(model_dir), SHAPES[args.shape])
-        fsdp.barrier()
+        collectives.barrier()
     config = load_config(
         None,
         [
@@ -430,8 +428,8 @@ def main() -> None:
     timed_flops = sum(step_flops(lens) for lens in timed_lengths)
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in gpu), 989.4)
-    world = fsdp.world_size()
-    mem = fsdp.all_gather_object(torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0)
+    world = collectives.world_size()
+    mem = collectives.all_gather_object(torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0)
     result = {
         "shape": args.shape,
         "gpu": gpu,
@@ -486,7 +484,7 @@ def main() -> None:
         result["profile"] = {"learner": profile_step(lambda: trainer.train_step(batches[-1]), sync)}
         if args.bare:
             result["profile"]["bare"] = profile_step(lambda: bare_loop(trainer, batches[-1:], 0, sync), sync)
-    if fsdp.is_rank0():
+    if collectives.is_rank0():
         text = json.dumps(result, indent=1)
         print(text, flush=True)
         if args.out:

@@ -1,7 +1,7 @@
 """Weight sync over a process group (the `nccl` push's data plane), without vLLM: a learner process on GPU0
 holds a random-weight model (bf16, or fp32 master weights with `--learner-dtype float32`; sent as bf16
 either way) sharded with FSDP2 (as the learner does, a world of one) and pushes it through the sender's code
-(`fsdp.streamed_weights` -> `weight_dist.BucketPacker`, kept across pushes as the pusher keeps it ->
+(`full_weights.streamed_weights` -> `weight_dist.BucketPacker`, kept across pushes as the pusher keeps it ->
 `Group.post` through a `SendWindow`, then the bucket's on-device digest while it moves, sent after it, as
 `nccl_push._stream` does with `digests_follow`); a receiver process on GPU1 takes each bucket through the
 shared receiving code (`BucketReceiver`) and copies it into a Hugging Face model's named parameters
@@ -90,14 +90,14 @@ def _sender(args, port, shape, gpu, results) -> None:
 
     from services.common.weight_buckets import plan_buckets
     from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, bucket_digest, open_store
-    from services.learner import fsdp
+    from services.learner import collectives, full_weights, parallelize
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    fsdp.init_distributed(device)  # FSDP's own world of one, as a one-process learner has
-    model = fsdp.shard_model(_model(shape, device, args.learner_dtype), device)
-    weights = fsdp.streamed_weights(model, torch.bfloat16)
+    collectives.init_distributed(device)  # FSDP's own world of one, as a one-process learner has
+    model = parallelize.shard_model(_model(shape, device, args.learner_dtype), device)
+    weights = full_weights.streamed_weights(model, torch.bfloat16)
     total = sum(s.nbytes for s in weights.specs)
 
     store = open_store("127.0.0.1", port, master=True, timeout_s=args.timeout_s)

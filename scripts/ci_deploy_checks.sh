@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Deployment checks that need no cluster and no Docker engine (CI runs this through
-# tests/unit/test_deploy_checks.py): values.schema.json and the chart README up to date; helm lint --strict
+# tests/deploy/test_deploy_checks.py): values.schema.json and the chart README up to date; helm lint --strict
 # and helm template for the default values, the GPU values, Kueue with a Job and with a JobSet, and other
 # representative value sets; every rendered object against Kubernetes' schemas (the chart's oldest and
 # newest supported versions) and the custom resources against theirs (scripts/check_manifests.py); the

@@ -4,7 +4,7 @@ the Helm chart ships as ConfigMaps and compose provisions. Edit the panels here,
     python scripts/gen_dashboards.py          # rewrite the JSON files
     python scripts/gen_dashboards.py --check  # exit 1 if they differ from what this script writes
 
-Every expression must use metrics the services export: tests/unit/test_dashboards.py checks the names,
+Every expression must use metrics the services export: tests/deploy/test_dashboards.py checks the names,
 tests/e2e/test_prometheus_dashboards.py runs each expression against a real Prometheus and training.
 """
 

@@ -2,7 +2,7 @@
 # Regenerates requirements/constraints-cpu.txt, the versions scripts/setup.sh (and so CI) installs on a CPU
 # host: sets up a throwaway virtualenv the way setup.sh does but without the constraints, so that pip
 # resolves every dependency in pyproject.toml afresh, and freezes it. Run it after adding or changing a
-# dependency (tests/unit/test_lock_file.py fails until then) and commit the file. Seen: 9 and 14 minutes on
+# dependency (tests/deploy/test_lock_file.py fails until then) and commit the file. Seen: 9 and 14 minutes on
 # a busy 2-core machine (2 minutes of CPU), 3 GB of disk under $TMPDIR while it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -26,6 +26,7 @@ REGISTRIES: dict[str, tuple[str, str]] = {
     "env": ("services.envs.registry", "ENVS"),
     "reward": ("services.reward.registry", "REWARDS"),
     "advantage": ("services.learner.advantages", "ADVANTAGES"),
+    "policy_loss": ("services.learner.policy_losses", "POLICY_LOSSES"),
     "weight_push": ("services.learner.weight_push", "PUSHERS"),
     "backend": ("services.rollout.backends.base", "BACKENDS"),
     "action_parser": ("services.rollout.action_parsers", "PARSERS"),

@@ -228,6 +228,8 @@ class AlgorithmConfig(Section):
     """Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False gives Dr.GRPO)."""
+    policy_loss: _plugin("policy_loss") = "ppo_clip"
+    """Registered policy loss: ppo_clip (PPO's clipped surrogate: clip_ratio_low/high, dual-clip, tis_cap weights)."""
     clip_ratio_low: float = Field(0.2, ge=0, le=1)
     """PPO clip below: the ratio is kept >= 1 - this for negative advantages."""
     clip_ratio_high: float = Field(0.2, ge=0, le=10)

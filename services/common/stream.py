@@ -2,7 +2,7 @@
 consumer group and acknowledges them only once they are part of a committed update.
 
 An entry the learner must not train on (undecodable, larger than `max_entry_bytes`, or rejected by the
-learner's validation) is copied to the dead-letter stream `<key>:dead` with its reason and error, and
+learner's poison guard) is copied to the dead-letter stream `<key>:dead` with its reason and error, and
 acknowledged: it never stays pending and never comes back after a restart."""
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Both vLLM and transformers load the result; it is the demo policy and the model every test uses.
 `build_tiny_model` is a pure function of its arguments: the same corpus and seed give the same files
 (timestamps aside), so a numerical change in a test shows up as a change, not as noise.
+
+`build_random_model` is the one place random weights are made: it writes any transformers config (a smaller
+Llama without a tokenizer for the learner's tests, a Qwen2.5 shape for the learner benchmark) the same way.
 """
 
 from __future__ import annotations
@@ -71,8 +74,7 @@ def build_tiny_model(
     tie_word_embeddings: bool = False,
 ) -> Path:
     """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 
     if not corpus:
         raise ValueError("build_tiny_model needs a non-empty corpus to train the tokenizer on")
@@ -100,12 +102,35 @@ def build_tiny_model(
         dtype="float32",
         **MODEL_SHAPE,
     )
-    # Fork the global RNG so building a model leaves the caller's torch seed state untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
-
-    model.save_pretrained(out)
+    generation = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    build_random_model(out, config, seed=seed, generation_config=generation)
     tokenizer.save_pretrained(out)
+    return out
+
+
+def build_random_model(
+    out_dir: str | Path,
+    config,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "cpu",
+    generation_config=None,
+) -> Path:
+    """Writes a causal LM of `config` (a transformers config of any architecture) with random weights drawn
+    from `seed` on `device`, saved in `dtype` with `generation_config` (default: the one transformers derives
+    from `config`). The caller's torch RNG state is left untouched. No tokenizer is written."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    on = torch.device(device)
+    # Fork the global RNG so building a model leaves the caller's torch seed state untouched.
+    with torch.random.fork_rng(devices=[on] if on.type == "cuda" else []), on:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    if generation_config is not None:
+        model.generation_config = generation_config
+    model.save_pretrained(out)
     return out

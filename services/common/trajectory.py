@@ -90,12 +90,14 @@ class TrajectoryBuilder:
         self.record.success = success
         self.record.stop_reason = stop_reason
         self.record.created_at = time.time()
-        validate(self.record)
+        check_invariants(self.record)
         return self.record
 
 
-def validate(traj: Trajectory) -> tuple[np.ndarray, np.ndarray]:
-    """Raises RecordError on an inconsistent record; returns its loss mask and logprobs as arrays."""
+def check_invariants(traj: Trajectory) -> tuple[np.ndarray, np.ndarray]:
+    """The record's invariants: token_ids, loss_mask and logprobs of one length, covered by the prompt and the
+    turns in order, the loss mask on exactly the model tokens and logprobs nowhere else. Raises RecordError on
+    an inconsistent record; returns its loss mask and logprobs as arrays."""
     n = len(traj.token_ids)
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
         raise RecordError(
@@ -141,5 +143,5 @@ def decode_batch(data: bytes) -> TrajectoryBatch:
     if batch.schema_version != SCHEMA_VERSION:
         raise RecordError(f"trajectory schema v{batch.schema_version}, this build reads v{SCHEMA_VERSION}")
     for traj in batch.trajectories:
-        validate(traj)
+        check_invariants(traj)
     return batch

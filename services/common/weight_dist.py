@@ -712,20 +712,6 @@ class BucketReceiver:
         self._views = [{}, {}]
 
 
-def check_finite_bucket(
-    specs: Sequence[TensorSpec], buffer: torch.Tensor, tensors: Sequence[tuple[str, torch.Tensor]]
-) -> None:
-    """`check_finite` for one bucket: a bucket of one floating dtype (the usual case) is summed as a
-    whole, one kernel and one read back however many tensors it holds; a non-finite or overflowing
-    sum, or a bucket of mixed dtypes, is checked tensor by tensor to name the culprit."""
-    dtypes = {s.dtype for s in specs}
-    if len(dtypes) == 1 and buffer.numel():
-        dtype = getattr(torch, dtypes.pop())
-        if dtype.is_floating_point and bool(torch.isfinite(buffer.view(dtype).sum(dtype=torch.float32))):
-            return
-    check_finite(tensors)
-
-
 def check_against(params: dict[str, torch.Tensor], specs: Sequence[TensorSpec]) -> None:
     """Every spec names a parameter of `params` with its shape and dtype (checked before any data moves)."""
     for s in specs:

@@ -270,21 +270,3 @@ def check_finite(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     for (name, t), total in zip(floats, sums.tolist(), strict=True):
         if not math.isfinite(total) and not bool(torch.isfinite(t).all()):
             raise WeightSetRejected(f"tensor {name!r} holds NaN or Inf values")
-
-
-class PayloadBuffer:
-    """Collects a push's data chunks, refusing any byte past the size its header declared, so an
-    over-size stream is cut off at the first chunk that overflows rather than held in memory."""
-
-    def __init__(self, declared_bytes: int):
-        self.declared_bytes, self.size = declared_bytes, 0
-        self._parts: list[bytes] = []
-
-    def add(self, data: bytes) -> None:
-        if self.size + len(data) > self.declared_bytes:
-            raise WeightSetRejected(f"more data than the {self.declared_bytes} bytes the header declared")
-        self.size += len(data)
-        self._parts.append(data)
-
-    def payload(self) -> bytes:
-        return b"".join(self._parts)

@@ -24,7 +24,7 @@ from services.common.config import TrainConfig
 from services.envs.registry import ENVS
 
 VALIDATION_CONCURRENCY = 64
-"""Validation episodes a rollout server plays at once (services.rollout.validation)."""
+"""Validation episodes a rollout server plays at once (services.rollout.evaluation)."""
 FORWARD_MARGIN_S = 5.0
 """How much longer than the service a forwarding replica, and than that the rollout, waits: the inner
 deadline fires first, so the caller gets its typed error rather than its own timeout."""

@@ -8,8 +8,8 @@ from services.common.config import TrainConfig
 from services.common.grpc_server import bind_host
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
-from services.learner import fsdp
-from services.learner.exporter import register_stream_collector
+from services.learner import collectives
+from services.learner.prometheus_metrics import register_stream_collector
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
 from services.learner.weight_push import PUSHERS
@@ -26,7 +26,7 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
         torch.set_num_threads(torch_threads(config.threads.learner))
     trainer = PolicyTrainer(config, config.model.path)
     state = stream = None
-    if fsdp.is_rank0():
+    if collectives.is_rank0():
         state = RunState.connect(config)
         stream = TrajectoryStream(
             state.client,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from services.common.trajectory import RecordError, Trajectory, model_segments, validate
+from services.common.trajectory import RecordError, Trajectory, check_invariants, model_segments
 from services.learner.allocation import trajectory_token_rewards
 
 
@@ -62,7 +62,7 @@ def collate(
     trailing observation was ~40% of each row's tokens, all computed and none used."""
     if not trajectories:
         raise ValueError("collate needs at least one trajectory")
-    checked = [validate(traj) for traj in trajectories]
+    checked = [check_invariants(traj) for traj in trajectories]
     used = [used_length(t) for t in trajectories]
     batch, length = len(trajectories), max(used)
     # rows are filled in numpy (a list assigned into an array converts in C); torch.tensor(list) per row was
@@ -95,13 +95,6 @@ def collate(
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         success=torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32),
     )
-
-
-def split_micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
-    """Consecutive chunks of at most `size` sequences, each trimmed to its own longest sequence."""
-    if size < 1:
-        raise ValueError("micro-batch size must be at least 1")
-    return [batch.select(slice(i, i + size)).trim() for i in range(0, batch.size, size)]
 
 
 def logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from services.learner import fsdp
+from services.learner import collectives, full_weights
 
 COMMITTED = "COMMITTED"
 _STEP = re.compile(r"^step_(\d+)$")
@@ -117,8 +117,8 @@ class PendingCheckpoint:
         if self.future is not None:
             self.future.result()
             self.future = None
-        fsdp.barrier()
-        if fsdp.is_rank0():
+        collectives.barrier()
+        if collectives.is_rank0():
             for file, value in self.files.items():
                 torch.save(value, self.tmp / file)
             (self.tmp / "meta.json").write_text(json.dumps(self.meta))
@@ -135,7 +135,7 @@ class PendingCheckpoint:
             _fsync(self.path.parent)
             shutil.rmtree(old, ignore_errors=True)
             prune(self.path.parent, self.keep)
-        fsdp.barrier()
+        collectives.barrier()
         self.committed = True
         return self.path
 
@@ -183,16 +183,16 @@ def save(
         raise ValueError(f"checkpoint format {fmt!r}: expected one of {', '.join(FORMATS)}")
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    if fsdp.is_rank0():
+    if collectives.is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    fsdp.barrier()
+    collectives.barrier()
     files: dict[str, Any] = {}
     future = None
     if fmt == "full":
         for name, (model, optimizer) in parts.items():
             model_file, optim_file = _files(name)
-            files[model_file] = fsdp.full_state_dict(model)
+            files[model_file] = full_weights.full_state_dict(model)
             files[optim_file] = get_optimizer_state_dict(model, optimizer, options=_state_options(cpu_offload=True))
     else:
         import torch.distributed.checkpoint as dcp
@@ -202,18 +202,18 @@ def save(
             future = dcp.async_save(shards, checkpoint_id=tmp / _SHARDS, process_group=_background_group())
         else:
             dcp.save(shards, checkpoint_id=tmp / _SHARDS)
-    files["rng.pt"] = fsdp.all_gather_object(_rng_state())
+    files["rng.pt"] = collectives.all_gather_object(_rng_state())
     files["trainer_state.pt"] = state or {}
-    if not fsdp.is_rank0():
+    if not collectives.is_rank0():
         files = {}
-    meta = {**meta, "world_size": fsdp.world_size(), "parts": sorted(parts), "format": fmt}
+    meta = {**meta, "world_size": collectives.world_size(), "parts": sorted(parts), "format": fmt}
     return PendingCheckpoint(path, tmp, files, meta, keep, future)
 
 
 def _load_full(path: Path, parts: Parts) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    rank0 = fsdp.is_rank0()
+    rank0 = collectives.is_rank0()
     for name, (model, optimizer) in parts.items():
         model_file, optim_file = _files(name)
         model_state = torch.load(path / model_file, map_location="cpu", weights_only=True) if rank0 else {}
@@ -252,8 +252,8 @@ def load(path: str | Path, parts: Parts) -> tuple[dict[str, Any], dict[str, Any]
         _load_full(path, parts)
     state_file = path / "trainer_state.pt"
     state = torch.load(state_file, weights_only=True) if state_file.is_file() else {}
-    if meta.get("world_size") == fsdp.world_size():
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=True)[fsdp.rank()])
+    if meta.get("world_size") == collectives.world_size():
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True)[collectives.rank()])
     return meta, state
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from services.common.config import TrainConfig
-from services.learner import fsdp
+from services.learner import collectives
 from services.learner.losses import value_loss
 from services.learner.model import load_value_model, token_values
 from services.learner.parallelize import parallelize
@@ -45,7 +45,7 @@ class Critic:
         """`ppo_epochs` passes over the mini-batches, each (micro-batches with .batch, .values, .returns; its
         num_tokens and num_seqs) one optimizer step; accumulates vf_loss and per-token stats into `sums`;
         returns the gradient norm of each optimizer step. The schedule advances once."""
-        algo, world = self.config.algorithm, fsdp.world_size()
+        algo, world = self.config.algorithm, collectives.world_size()
         norms = []
         for _ in range(algo.ppo_epochs):
             for micro, norm in minis:

@@ -1,5 +1,5 @@
 """PPO policy and value losses, loss aggregation and KL diagnostics on [B, T] tensors; position t refers
-to token t everywhere."""
+to token t everywhere. The trainer reaches the policy loss through `policy_losses` (by name)."""
 
 from __future__ import annotations
 

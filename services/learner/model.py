@@ -16,13 +16,15 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from services.learner.batch import entropy_from_logits, logprobs_from_logits
-from services.learner.fsdp import TOKEN_STATS_METHOD  # the method that computes chunked logprobs
 from services.learner.fused_head import KERNELS, head_token_stats
 from services.learner.packing import pack_rows
 from services.learner.prefix import Prefix, shared_prefix_hidden
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADS = ("fused", "recompute")
+TOKEN_STATS_METHOD = "token_stats"
+"""The policy's extra forward method, attached by `load_model`: the chunked logprobs and entropies. It runs the
+root's layers and head outside `forward`, so FSDP registers it as a forward method (`parallelize.shard_model`)."""
 
 
 def load_model(

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from services.learner import fsdp
+from services.learner import collectives
 from services.learner.model import load_model, token_logprobs
 from services.learner.parallelize import parallelize
 
@@ -30,8 +30,8 @@ class ReferencePolicy:
         self.model = load_model(model_path, dtype, attention, head, head_kernel)
         self.chunk_tokens, self.pack = chunk_tokens, pack
         self.model.requires_grad_(False)
-        digest = checksum(self.model.state_dict().items()) if fsdp.is_rank0() else None
-        self.identity: dict[str, Any] = {"path": str(model_path), "checksum": fsdp.broadcast_object(digest)}
+        digest = checksum(self.model.state_dict().items()) if collectives.is_rank0() else None
+        self.identity: dict[str, Any] = {"path": str(model_path), "checksum": collectives.broadcast_object(digest)}
         """Where the weights came from and their checksum; checkpoints record it, resume checks it."""
         parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap)
 

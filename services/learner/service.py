@@ -25,9 +25,9 @@ import redis
 from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
-from services.learner import fsdp
-from services.learner.exporter import DROPPED, export_summary
-from services.learner.validation import PoisonGuard
+from services.learner import collectives, full_weights
+from services.learner.poison_guard import PoisonGuard
+from services.learner.prometheus_metrics import DROPPED, export_summary
 
 CATCH_UP_EVERY_S = 10.0
 """Least time between two pushes to the same lagging rollout server (its registry entry lags a push by
@@ -99,7 +99,7 @@ class LearnerService:
 
     def wait_for_rollouts(self, timeout_s: float = 600.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while fsdp.is_rank0() and not self.state.rollout_servers():
+        while collectives.is_rank0() and not self.state.rollout_servers():
             if time.monotonic() > deadline:
                 raise StepTimeout("no rollout server registered")
             time.sleep(0.5)
@@ -251,18 +251,18 @@ class LearnerService:
         """`rollback`: the servers may go back to this version (a learner resumed from a checkpoint older
         than the last version it pushed before it died)."""
         if not self.pusher.needs_servers:  # offline (recorded batches): only the version is published
-            if fsdp.is_rank0():
+            if collectives.is_rank0():
                 self.state.publish_version(self.version)
             return 0.0, "", []
         weights = self.trainer.weight_set_for_push()
-        if not fsdp.is_rank0():
-            fsdp.walk_for_push(weights)
+        if not collectives.is_rank0():
+            full_weights.walk_for_push(weights)
             return 0.0, "", []
         start = time.perf_counter()
         addresses = sorted(self.state.rollout_servers())
         # Catch-up pushes re-read the model, which holds this version until the next step trains it. With
         # several ranks that read is a collective rank 0 cannot run alone: it keeps a spool of the push.
-        sharded = fsdp.world_size() > 1
+        sharded = collectives.world_size() > 1
         if sharded:
             from services.common.weight_spool import TeeToSpool
 
@@ -331,9 +331,9 @@ class LearnerService:
         start, started_at = time.perf_counter(), time.time()
         stats = None
         while stats is None:  # None: every group of the batch made the step fail and was dead-lettered
-            batch = self._collect() if fsdp.is_rank0() else None
+            batch = self._collect() if collectives.is_rank0() else None
             collected = time.perf_counter()
-            batch = fsdp.broadcast_object(batch)
+            batch = collectives.broadcast_object(batch)
             stats = self.guard.train(self.trainer, batch)
         self.step += 1
         self.version = self.trainer.policy_version = self.step
@@ -369,7 +369,7 @@ class LearnerService:
         return summary
 
     def _export(self, summary: dict[str, Any]) -> None:
-        if not fsdp.is_rank0():
+        if not collectives.is_rank0():
             return
         export_summary(summary)
         self.history.append(summary)
@@ -377,12 +377,12 @@ class LearnerService:
 
     def run(self) -> list[dict[str, Any]]:
         self.resume()
-        if fsdp.is_rank0() and self.pusher.needs_servers:
+        if collectives.is_rank0() and self.pusher.needs_servers:
             self.wait_for_rollouts()
         self._push(rollback=True)  # the servers may hold other weights than the checkpoint (restart, resume)
         while self.step < self.config.learner.steps:
             summary = self.run_step()
-            if fsdp.is_rank0():
+            if collectives.is_rank0():
                 log.info(
                     "step %d: reward %.3f success %.2f kl %.4f %.1fs v%d",
                     summary["step"],
@@ -395,6 +395,6 @@ class LearnerService:
         self._commit_pending()
         if self.step >= self.config.learner.steps:
             self.export_policy()
-        if fsdp.is_rank0():
+        if collectives.is_rank0():
             self.state.mark_done()
         return self.history

@@ -21,15 +21,18 @@ import torch
 
 from services.common.config import TrainConfig
 from services.common.trajectory import Trajectory
-from services.learner import checkpoint, fsdp
+from services.learner import checkpoint, collectives, full_weights
 from services.learner.advantages import build_estimator
+from services.learner.advantages.base import AdvantageInputs
 from services.learner.batch import TrainBatch, collate
 from services.learner.critic import Critic
 from services.learner.kl import build_kl_controller, kl_estimate
-from services.learner.losses import aggregate, k3_kl, masked_mean, policy_loss, truncated_is_weights
+from services.learner.losses import aggregate, k3_kl, masked_mean, truncated_is_weights
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
 from services.learner.packing import token_budget_chunks
-from services.learner.parallelize import parallelize
+from services.learner.parallelize import parallelize, set_last_micro_batch
+from services.learner.policy_losses import build_policy_loss
+from services.learner.policy_losses.base import POLICY_STATS, PolicyLossInputs
 from services.learner.prefix import Prefix, decoder_tokens, group_ordered, shared_prefixes
 from services.learner.reference import ReferencePolicy
 from services.learner.schedule import build_optimizer, build_scheduler, restore_scheduler
@@ -85,8 +88,8 @@ class PolicyTrainer:
 
     def __init__(self, config: TrainConfig, model_path: str):
         self.config = config
-        self.device = fsdp.resolve_device(config.learner.device)
-        self.rank, self.world_size = fsdp.init_distributed(self.device)
+        self.device = collectives.resolve_device(config.learner.device)
+        self.rank, self.world_size = collectives.init_distributed(self.device)
         torch.manual_seed(config.seed)
         algo = config.algorithm
         mixed = config.model.dtype != "float32" and self.device.type == "cuda"
@@ -115,6 +118,7 @@ class PolicyTrainer:
         self.optimizer = build_optimizer(self.model, algo.lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
+        self.policy_loss = build_policy_loss(algo)
         self.critic = None
         if self.estimator.needs_values:
             self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
@@ -196,7 +200,7 @@ class PolicyTrainer:
             if m.rows is not None:
                 local = getattr(m, field)
                 full[m.rows.to(self.device), : local.shape[1]] = local.to(torch.float64)
-        return fsdp.all_reduce_sum(full).to("cpu", torch.float32)
+        return collectives.all_reduce_sum(full).to("cpu", torch.float32)
 
     # -- one step ---------------------------------------------------------------------------
     def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor], fused: bool = False) -> None:
@@ -293,7 +297,7 @@ class PolicyTrainer:
             token_rewards = self._kl_penalised_rewards(batch, micro, extra, update_controller=not dry_run)
         values = self._gather(micro, "values", mask.shape) if self.critic is not None else None
         advantages, returns = self.estimator.advantages_and_returns(
-            token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam
+            AdvantageInputs(token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam)
         )
         for m in micro:
             width = m.batch.input_ids.shape[1]
@@ -321,7 +325,7 @@ class PolicyTrainer:
         self.scheduler.step()
         self.step += 1
         extra["time/step_cpu_s"] = time.process_time() - cpu_start  # every thread of the process: load shows here
-        totals = fsdp.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
+        totals = collectives.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
         return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
 
     def _update_policy(
@@ -363,17 +367,8 @@ class PolicyTrainer:
                 self._set_old_logprobs(m, lp.detach(), ent.detach(), sums)
                 if algo.entropy_coeff <= 0:
                     ent = None
-            pg, stats = policy_loss(
-                lp,
-                m.old_logprobs,
-                m.advantages,
-                mask,
-                algo.clip_ratio_low,
-                algo.clip_ratio_high,
-                algo.loss_agg_mode,
-                clip_ratio_c=algo.clip_ratio_c,
-                is_weights=m.is_weights,
-                **norm,
+            pg, stats = self.policy_loss(
+                PolicyLossInputs(lp, m.old_logprobs, m.advantages, mask, is_weights=m.is_weights, **norm)
             )
             loss = pg
             if ent is not None:
@@ -387,12 +382,12 @@ class PolicyTrainer:
                 loss = loss + algo.kl_loss_coef * kl_loss
                 sums["kl_loss"] += kl_loss.detach()
             # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss.
-            fsdp.set_last_micro_batch(self.model, i == len(mini.micro) - 1)
+            set_last_micro_batch(self.model, i == len(mini.micro) - 1)
             (loss * self.world_size).backward()
             n = mask.sum()
             sums["loss"] += loss.detach()
             sums["pg_loss"] += pg.detach()
-            for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"):
+            for key in POLICY_STATS:
                 sums[key] += stats[key] * n
             sums["update_tokens"] += n
         norm_value = torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip)
@@ -454,14 +449,14 @@ class PolicyTrainer:
         """The full weights by Hugging Face name, in the configured model dtype, as a set read bucket by
         bucket: each tensor is gathered (FSDP) and copied to CPU only when its bucket is built, so no
         rank holds more than a bucket beyond its shards. Collective on every pass: every rank walks it
-        in the same order (`fsdp.walk_for_push` on the ranks that do not send)."""
-        return fsdp.streamed_weights(self.model, DTYPES[self.config.model.dtype])
+        in the same order (`full_weights.walk_for_push` on the ranks that do not send)."""
+        return full_weights.streamed_weights(self.model, DTYPES[self.config.model.dtype])
 
     def named_weights_for_push(self) -> list[tuple[str, torch.Tensor]]:
         """Full weights by Hugging Face name, on CPU, in the configured model dtype. Collective; rank 0 gets
         the list, the other ranks an empty one."""
         dtype = DTYPES[self.config.model.dtype]
-        return [(name, t.to(dtype)) for name, t in fsdp.full_state_dict(self.model).items()]
+        return [(name, t.to(dtype)) for name, t in full_weights.full_state_dict(self.model).items()]
 
     def _parts(self) -> checkpoint.Parts:
         parts = {"policy": (self.model, self.optimizer)}
@@ -513,7 +508,7 @@ class PolicyTrainer:
         """Collective. Writes the policy as a Hugging Face model directory (config, safetensors weights in
         the configured dtype, tokenizer and generation config when the source has them) on rank 0."""
         weights = dict(self.named_weights_for_push())
-        if not fsdp.is_rank0():
+        if not collectives.is_rank0():
             return None
         from services.learner.hf_export import write_hf_model
 

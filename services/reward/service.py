@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from services.common import metrics
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
 from services.common.protos import trajectory_pb2
-from services.common.trajectory import RecordError, validate
+from services.common.trajectory import RecordError, check_invariants
 from services.reward.composer import RewardComposer
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class RewardService:
             if not isinstance(traj, trajectory_pb2.Trajectory):
                 raise InvalidArgument(f"expected Trajectory messages, got {type(traj).__name__}")
             try:
-                validate(traj)
+                check_invariants(traj)
             except RecordError as exc:
                 raise InvalidArgument(str(exc)) from None
         if not trajectories:

@@ -94,9 +94,9 @@ class Producer:
         workers = self.config.rollout.groups_per_step * (1 + self.config.algorithm.max_staleness)
         jobs = [self._worker(f"{self.holder}/{i}") for i in range(workers)]  # a lease is one worker's
         if self.config.env.validation_every:
-            from services.rollout.validation import Validator
+            from services.rollout.evaluation import Evaluator
 
-            jobs.append(Validator(self.config, self.loop, self.state, self.core).run())
+            jobs.append(Evaluator(self.config, self.loop, self.state, self.core).run())
         await asyncio.gather(*jobs)
         log.info("producer finished after %d groups", self.published)
 

@@ -226,6 +226,6 @@ def test_dashboard_query_returns_data(stack, dashboard, panel, expr):
     "dashboard, panel, expr", dashboard_queries(gpu=True), ids=[f"{d}: {p}" for d, p, _ in dashboard_queries(gpu=True)]
 )
 def test_gpu_query_is_accepted_by_prometheus(stack, dashboard, panel, expr):
-    """No DCGM exporter runs here: Prometheus parses and evaluates the query (tests/unit/test_dashboards.py
+    """No DCGM exporter runs here: Prometheus parses and evaluates the query (tests/deploy/test_dashboards.py
     checks its result on DCGM-shaped series), and finds no GPU series."""
     assert query(stack["url"], substitute(expr, stack["config"].run)) == []

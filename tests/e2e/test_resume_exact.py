@@ -21,7 +21,7 @@ from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch, encode_batch
 from services.launcher.processes import ServiceProcess, python_module
 from services.learner.checkpoint import checkpoint_path, full_model_state
-from services.learner.smoke import build_tiny_llama, synthetic_trajectories
+from tests.support.smoke import build_tiny_llama, synthetic_trajectories
 
 pytestmark = [pytest.mark.e2e]
 STEPS, GROUPS, GROUP_SIZE = 6, 3, 4

@@ -1,7 +1,7 @@
 """Every drill's outcome goes into scripts/drills.sh's table (OMRL_DRILL_REPORT), beside the figures that
-the whole-run drills report themselves (tests/faults/drill.py)."""
+the whole-run drills report themselves (tests/support/drill.py)."""
 
-from tests.faults import drill
+from tests.support import drill
 
 
 def pytest_runtest_logreport(report):

@@ -15,7 +15,7 @@ from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.common.weights import pack
 from services.rollout.backends.base import SamplingSpec
 from services.rollout.push_auth import auth_metadata
-from tests.rollout_server import start_rollout
+from tests.support.rollout_server import start_rollout
 
 pytestmark = pytest.mark.faults
 

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from services.common.trajectory import decode_batch
-from tests.integration.test_leases_producer import FlakyRewards, ScriptedLoop, play, run, seen, task_per_key  # noqa: F401
+from tests.support.producers import FlakyRewards, ScriptedLoop, play, run, seen, task_per_key  # noqa: F401
 
 pytestmark = pytest.mark.faults
 

@@ -1,4 +1,4 @@
-"""Poison drill: input that gets past validation and still breaks a step. The learner (real service, real
+"""Poison drill: input that gets past the poison guard's checks and still breaks a step. The learner (real service, real
 trainer on a tiny model, real Redis) finds the groups that fail alone, dead-letters them with the
 exception, trains the step on the rest, leaves nothing pending, and a restart does not trip on them.
 Poison that no producer of the run wrote (foreign entries) is dead-lettered too, but shifts no claim: the
@@ -16,20 +16,20 @@ from services.common.config import load_config
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
-from services.learner import validation
+from services.learner import poison_guard
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
 from services.learner.weight_push.none import NoPush
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
-from tests.claims import publish_claimed
+from tests.support.claims import publish_claimed
 
 pytestmark = pytest.mark.faults
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from services.learner.smoke import build_tiny_llama
+    from tests.support.smoke import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model", vocab_size=64)
 
@@ -83,7 +83,7 @@ def learner(config, state, stream):
 
 def test_groups_that_break_the_step_are_isolated_and_the_step_trains_on_the_rest(run, monkeypatch):
     config, state, stream = run
-    monkeypatch.setattr(validation, "check_trajectory", lambda *args: None)  # the poison gets past validation
+    monkeypatch.setattr(poison_guard, "check_trajectory", lambda *args: None)  # the poison gets past the checks
     for gid, kwargs in (("good0", {}), ("index", {"token": 64}), ("nan", {"reward": math.nan}), ("good1", {})):
         publish_claimed(state, group(gid, **kwargs), gid)  # as the producers write them
 
@@ -131,8 +131,8 @@ def test_a_learner_restarted_before_its_checkpoint_replays_the_good_groups_and_n
 
 
 def test_a_probe_or_a_non_finite_step_leaves_the_trainer_as_it_was(run):
-    from services.learner.smoke import param_checksum
     from services.learner.trainer import NonFiniteUpdate
+    from tests.support.smoke import param_checksum
 
     config, _, _ = run
     trainer = PolicyTrainer(config, config.model.path)

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from services.common.grpc_server import free_port
-from tests.faults.drill import run_drill
+from tests.support.drill import run_drill
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e]
 STEPS, GROUPS, GROUP_SIZE = 6, 4, 4

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.faults.drill import kill_service, run_drill
+from tests.support.drill import kill_service, run_drill
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e]
 STEPS, GROUPS, GROUP_SIZE = 9, 4, 4

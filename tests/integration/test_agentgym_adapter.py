@@ -39,10 +39,10 @@ from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
 from services.rollout.producer import Producer
 from services.rollout.prompting import ChatFormatter
-from tests.integration.test_leases_producer import FlakyRewards, LearnerPace, play
-from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer  # noqa: F401 - fixture
+from tests.support.producers import FlakyRewards, LearnerPace, play
+from tests.support.scripted_policy import ScriptedPolicy, tokenizer  # noqa: F401 - fixture
 
-FAKE = Path(__file__).with_name("agentgym_fake.py")
+FAKE = Path(__file__).resolve().parents[1] / "support" / "agentgym_fake.py"
 
 
 class FakeServer:

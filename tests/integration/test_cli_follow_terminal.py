@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from sse_starlette.sse import EventSourceResponse
 
-from tests.live_api import LiveApi
+from tests.support.live_api import LiveApi
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = [

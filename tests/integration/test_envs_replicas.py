@@ -28,7 +28,7 @@ from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop
 from services.rollout.producer import Producer
 from services.rollout.prompting import ChatFormatter
-from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
+from tests.support.scripted_policy import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 

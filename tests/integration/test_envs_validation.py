@@ -16,9 +16,9 @@ from services.launcher.local import LocalRun
 from services.launcher.report import validation_line
 from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop
+from services.rollout.evaluation import Evaluator
 from services.rollout.prompting import ChatFormatter
-from services.rollout.validation import Validator
-from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
+from tests.support.scripted_policy import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
 
 
 @pytest.fixture
@@ -57,12 +57,12 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
     )
     core = Version()
     servers = [AsyncRunState.connect(config) for _ in range(2)]  # two rollout servers
-    validators = [Validator(config, loop, server, core, poll_s=0.01) for server in servers]
-    assert [v for v in range(7) if validators[0].due(v)] == [0, 2, 4]
-    assert validators[0].loop.rollout.temperature == 0.0 and loop.rollout.temperature == 1.0
+    evaluators = [Evaluator(config, loop, server, core, poll_s=0.01) for server in servers]
+    assert [v for v in range(7) if evaluators[0].due(v)] == [0, 2, 4]
+    assert evaluators[0].loop.rollout.temperature == 0.0 and loop.rollout.temperature == 1.0
 
     async def main():
-        runs = [asyncio.create_task(v.run()) for v in validators]
+        runs = [asyncio.create_task(v.run()) for v in evaluators]
         for version in range(1, 5):
             await asyncio.sleep(0.3)
             core.policy_version = version

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from services.common.config import TrainConfig
-from services.learner.smoke import build_tiny_llama, synthetic_trajectories
+from tests.support.smoke import build_tiny_llama, synthetic_trajectories
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_one_gpu_step_in_bf16(model_dir, advantage):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_train_like_one(model_dir, tmp_path):
-    from services.learner.smoke import run
+    from tests.support.smoke import run
 
     out = tmp_path / "two.json"
     cmd = [
@@ -67,7 +67,7 @@ def test_two_gpus_train_like_one(model_dir, tmp_path):
         "--nproc_per_node",
         "2",
         "-m",
-        "services.learner.smoke",
+        "tests.support.smoke",
         "--model",
         model_dir,
         "--out",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.learner.smoke import (
+from tests.support.learner import untimed
+from tests.support.smoke import (
     ALL_AGG_MODES,
     LEVERS_CASE,
     PPO_CASE,
@@ -20,11 +21,6 @@ from services.learner.smoke import (
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = ALL_AGG_MODES + [PPO_CASE, LEVERS_CASE]
-
-
-def untimed(metrics):
-    """Metrics without the wall-clock phase timings, which differ from run to run."""
-    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
 def close(a, b, rel=1e-5, abs_=1e-7):
@@ -44,7 +40,7 @@ def results(tmp_path_factory):
         "--nproc_per_node",
         "2",
         "-m",
-        "services.learner.smoke",
+        "tests.support.smoke",
         "--model",
         model,
         "--out",

@@ -18,8 +18,8 @@ from services.common.run_state import RunState
 from services.jobs.app import create_app
 from services.jobs.models import JobRecord
 from services.jobs.settings import JobsSettings
-from tests.fake_launcher import FakeLauncher
-from tests.live_api import LiveApi
+from tests.support.fake_launcher import FakeLauncher
+from tests.support.live_api import LiveApi
 
 TOKEN = "test-token-123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,8 +12,8 @@ from schemathesis.checks import positive_data_acceptance
 
 from services.jobs.app import create_app
 from services.jobs.settings import JobsSettings
-from tests.fake_launcher import FakeLauncher
-from tests.live_api import LiveApi
+from tests.support.fake_launcher import FakeLauncher
+from tests.support.live_api import LiveApi
 
 TOKEN = "fuzz-token"
 MAX_EXAMPLES = 40

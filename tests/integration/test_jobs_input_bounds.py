@@ -12,8 +12,8 @@ from services.jobs.app import create_app
 from services.jobs.errors import CUT, ECHO_DEPTH
 from services.jobs.middleware import json_depth
 from services.jobs.settings import JobsSettings
-from tests.fake_launcher import FakeLauncher
-from tests.live_api import LiveApi
+from tests.support.fake_launcher import FakeLauncher
+from tests.support.live_api import LiveApi
 
 TOKEN = "bounds-token"
 MAX_DEPTH = 64

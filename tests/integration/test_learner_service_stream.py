@@ -16,7 +16,7 @@ from services.common.weight_buckets import TensorWeights
 from services.learner.service import LearnerService
 from services.learner.weight_push import PushResult, WeightPusher
 from services.learner.weight_push.none import NoPush
-from tests.claims import publish_claimed
+from tests.support.claims import publish_claimed
 
 
 class RecordingTrainer:
@@ -252,7 +252,7 @@ def test_the_learner_rebuilds_the_run_when_redis_comes_back_empty(setup):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from services.learner.smoke import build_tiny_llama
+    from tests.support.smoke import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model", vocab_size=64)
 

@@ -10,8 +10,8 @@ import redis
 from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState, LeaseOutcome, RunState
 from services.common.stream import TrajectoryStream, entry_fields
-from tests.claims import publish_claimed
-from tests.unit.test_learner_staleness import traj
+from tests.support.claims import publish_claimed
+from tests.support.trajectories import traj
 
 LONG, NOW = 60.0, 0.0  # a lease with TTL 0 is due at once
 

@@ -13,7 +13,7 @@ from services.common.errors import InvalidArgument
 from services.common.weight_buckets import TensorWeights
 from services.common.weights import PackedWeights, pack
 from services.rollout.backends.base import SamplingSpec
-from tests.rollout_server import start_rollout
+from tests.support.rollout_server import perturbed, reference_logprobs, start_rollout
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +28,6 @@ def server(tmp_path_factory):
         "run": rollout.run,
     }
     rollout.kill()
-
-
-def reference_logprobs(model, prompt, output):
-    ids = torch.tensor([prompt + output])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output)[:, None])[:, 0]
-
-
-def perturbed(model, scale, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [(n, t + scale * torch.randn(t.shape, generator=g)) for n, t in model.state_dict().items()]
 
 
 @pytest.fixture(scope="module")

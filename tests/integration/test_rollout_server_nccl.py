@@ -20,8 +20,7 @@ from services.common.weight_buckets import TensorWeights
 from services.common.weight_dist import DeviceBucket, bucket_digest
 from services.learner.weight_push.nccl_push import NcclWeightPusher
 from services.rollout.backends.base import SamplingSpec
-from tests.integration.test_rollout_server import perturbed, reference_logprobs
-from tests.rollout_server import start_rollout
+from tests.support.rollout_server import perturbed, reference_logprobs, start_rollout
 
 
 @pytest.fixture(scope="module", params=["file", "memory"])

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from services.common.grpc_server import free_port
 from services.common.stream import TrajectoryStream
-from services.learner.exporter import register_stream_collector
+from services.learner.prometheus_metrics import register_stream_collector
 
 
 def values(registry: CollectorRegistry) -> dict[str, float]:

@@ -118,7 +118,7 @@ def vllm_children() -> list[psutil.Process]:
 EXPORT = """
 import sys
 from services.common.config import TrainConfig
-from services.learner.smoke import synthetic_trajectories
+from tests.support.smoke import synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
 config = TrainConfig.model_validate({"learner": {"device": "cpu"}, "algorithm": {"lr": 1e-2}})
 trainer = PolicyTrainer(config, sys.argv[1])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.learner.smoke import build_tiny_llama
+from tests.support.smoke import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -6,43 +6,13 @@ import pytest
 
 from services.common.config import EnvConfig, RolloutConfig
 from services.common.errors import Unavailable
-from services.common.trajectory import validate
+from services.common.trajectory import check_invariants
 from services.envs.client import InProcessEnvClient
 from services.envs.service import EnvService
 from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
-from services.rollout.backends.base import Generation
-from services.rollout.core import VersionedGeneration
 from services.rollout.prompting import ChatFormatter
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from services.common.tiny_model import build_tiny_model
-
-    corpus = ["You are in cell 3. The exit is to the left. <action>left</action> <action>right</action>"] * 20
-    return AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tiny"), corpus))
-
-
-class ScriptedPolicy:
-    """Reads the latest observation from the prompt and answers with `reply(observation)`."""
-
-    def __init__(self, tokenizer, reply, version=3):
-        self.tokenizer, self.reply, self.version, self.prompts = tokenizer, reply, version, []
-
-    async def generate(self, request_id, prompt_ids, sampling):
-        self.prompts.append(list(prompt_ids))
-        text = self.tokenizer.decode(prompt_ids)
-        last_obs = text.rsplit("<|user|>", 1)[-1]
-        ids = self.tokenizer(self.reply(last_obs), add_special_tokens=False)["input_ids"][: sampling.max_tokens - 1]
-        ids.append(self.tokenizer.eos_token_id)
-        return VersionedGeneration(Generation(ids, [-0.5] * len(ids), "stop"), self.version)
-
-
-def toward_exit(obs):
-    return "<action>left</action>" if "to the left" in obs else "<action>right</action>"
+from tests.support.scripted_policy import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
 
 
 def make_loop(tokenizer, reply, env_client=None, max_turns=6, group_size=3):
@@ -64,7 +34,7 @@ def test_optimal_policy_succeeds_with_exact_tokens_and_masks(tokenizer):
     group = asyncio.run(loop.run_group(task_index=5, group_id="g"))
     assert len(group) == 3
     for traj in group:
-        validate(traj)
+        check_invariants(traj)
         assert traj.success and traj.stop_reason == "done" and len(traj.turns) == 3
         assert all(t.action_valid and t.policy_version == 3 for t in traj.turns)
         # every prompt the engine saw is exactly the record's prefix: nothing was re-tokenised

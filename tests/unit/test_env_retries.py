@@ -13,7 +13,7 @@ from services.envs.service import EnvService
 from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
 from services.rollout.prompting import ChatFormatter
-from tests.unit.test_agent_loop import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
+from tests.support.scripted_policy import ScriptedPolicy, tokenizer, toward_exit  # noqa: F401 - fixture
 
 
 class FlakyEnvClient(InProcessEnvClient):

@@ -14,7 +14,7 @@ from services.envs.client import GrpcEnvClient, InProcessEnvClient
 from services.envs.replicas import RoutedEnvService, StaticDirectory
 from services.envs.server import add_env_service
 from services.envs.service import EnvService, owner_of
-from tests.unit.test_envs_grpc import running
+from tests.support.envs_grpc import running
 
 
 class Endless(TextEnv):

@@ -2,7 +2,6 @@
 mapping, metrics) and both clients returning the same things."""
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
@@ -15,34 +14,12 @@ from services.common.protos import envs_pb2_grpc
 from services.envs.client import GrpcEnvClient, InProcessEnvClient
 from services.envs.server import EnvServicer, add_env_service
 from services.envs.service import EnvService
+from tests.support.envs_grpc import running
 
 
 class ExplodingServicer(EnvServicer):
     async def ListEnvs(self, request, context):
         raise RuntimeError("kaboom")
-
-
-@contextlib.asynccontextmanager
-async def running(*add_servicers, on_shutdown=None):
-    stop, bound = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(
-        serve(
-            "envs",
-            0,
-            list(add_servicers),
-            host="127.0.0.1",
-            grace_s=1.0,
-            stop=stop,
-            ready=bound.set_result,
-            on_shutdown=on_shutdown,
-        )
-    )
-    port = await asyncio.wait_for(asyncio.shield(bound), 10)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 def run(coro):

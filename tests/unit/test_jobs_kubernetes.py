@@ -2,7 +2,6 @@
 its logic runs through the real `kubernetes` client against an in-process fake API server."""
 
 import base64
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -14,24 +13,11 @@ from services.jobs.store import JobStore
 from services.launcher import base
 from services.launcher.k8s_objects import JobObjects, K8sOptions, run_config
 from services.launcher.kubernetes import KubernetesLauncher
-from tests.fake_kubernetes import FakeCluster
+from tests.support.fake_kubernetes import FakeCluster
+from tests.support.job_examples import EXAMPLES, JOB, by_kind, cpu_spec, gpu_spec
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "job-examples"
-JOB = "qwen-corridor-1a2b3c4d"
 OPTIONS = K8sOptions(namespace="rl", image="omrl:cpu", gpu_image="omrl:cuda", redis_url="redis://omrl-redis:6379/0")
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-
-
-def cpu_spec() -> JobSpec:
-    return load_config(str(EXAMPLES / "tiny-local.yaml"), ["model.path=/data/models/tiny"], schema=JobSpec)
-
-
-def gpu_spec() -> JobSpec:
-    return load_config(str(EXAMPLES / "gpu-cluster.yaml"), schema=JobSpec)
-
-
-def by_kind(objects, kind):
-    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
 def pod_specs(objects):

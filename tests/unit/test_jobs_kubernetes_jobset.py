@@ -11,8 +11,8 @@ from services.jobs.settings import JobsSettings
 from services.launcher import base
 from services.launcher.k8s_objects import QUEUE_LABEL, JobObjects, K8sOptions
 from services.launcher.kubernetes import KubernetesLauncher
-from tests.fake_kubernetes import FakeCluster, check_manifests_module
-from tests.unit.test_jobs_kubernetes import EXAMPLES, JOB, by_kind, cpu_spec, gpu_spec
+from tests.support.fake_kubernetes import FakeCluster, check_manifests_module
+from tests.support.job_examples import EXAMPLES, JOB, by_kind, cpu_spec, gpu_spec
 
 JOBSET = K8sOptions(namespace="rl", queue_name="gpus", workload="JobSet", redis_url="redis://omrl-redis:6379/0")
 

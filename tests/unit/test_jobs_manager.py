@@ -12,7 +12,7 @@ from services.jobs.models import STATES
 from services.jobs.store import JobStore
 from services.launcher import base
 from services.launcher.base import SpecRejected
-from tests.fake_launcher import FakeLauncher
+from tests.support.fake_launcher import FakeLauncher
 
 
 class ScriptedProgress:

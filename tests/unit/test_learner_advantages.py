@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from services.common.config import AlgorithmConfig
 from services.learner.advantages import ADVANTAGES, build_estimator
-from services.learner.advantages.base import AdvantageEstimator
+from services.learner.advantages.base import AdvantageEstimator, AdvantageInputs
 from services.learner.advantages.gae import GAE, gae
 from services.learner.advantages.grpo import GRPO
 from services.learner.advantages.reinforce_pp import ReinforcePlusPlus, ReinforcePlusPlusBaseline
@@ -37,7 +37,7 @@ def test_grpo_matches_reference(batch, length, n_groups, norm, seed):
     rewards = torch.randn(batch, length, generator=gen, dtype=torch.float64)
     mask = (torch.rand(batch, length, generator=gen) < 0.6).double()
     groups = torch.randint(0, n_groups, (batch,), generator=gen) * 7 + 3  # arbitrary ids
-    got = GRPO(norm_adv_by_std=norm).compute(rewards, mask, groups)
+    got = GRPO(norm_adv_by_std=norm).compute(AdvantageInputs(rewards, mask, groups))
     torch.testing.assert_close(got, reference_grpo(rewards, mask, groups, norm))
     assert got.shape == (batch, length)
 
@@ -45,14 +45,14 @@ def test_grpo_matches_reference(batch, length, n_groups, norm, seed):
 def test_group_of_one_and_equal_scores_give_zero():
     rewards = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 3.0], [0.0, 2.0], [0.0, 0.0]])
     mask = torch.ones(5, 2)
-    adv = GRPO().compute(rewards, mask, torch.tensor([0, 0, 1, 1, 2]))
+    adv = GRPO().compute(AdvantageInputs(rewards, mask, torch.tensor([0, 0, 1, 1, 2])))
     assert adv[:2].abs().max() == 0 and adv[4].abs().max() == 0
     assert adv[2, 0] > 0 > adv[3, 0]
 
 
 def test_dr_grpo_is_mean_centred_only():
     rewards = torch.tensor([[2.0], [0.0], [1.0]])
-    adv = GRPO(norm_adv_by_std=False).compute(rewards, torch.ones(3, 1), torch.tensor([0, 0, 0]))
+    adv = GRPO(norm_adv_by_std=False).compute(AdvantageInputs(rewards, torch.ones(3, 1), torch.tensor([0, 0, 0])))
     torch.testing.assert_close(adv, torch.tensor([[1.0], [-1.0], [0.0]]))
 
 
@@ -145,7 +145,9 @@ batches = st.tuples(st.integers(0, 2**31), st.integers(1, 10), st.integers(1, 9)
 def test_rloo_matches_reference(args):
     seed, batch, length, n_groups = args
     rewards, mask, groups, _ = rand_batch(seed, batch, length, n_groups)
-    torch.testing.assert_close(RLOO().compute(rewards, mask, groups), reference_rloo(rewards, mask, groups))
+    torch.testing.assert_close(
+        RLOO().compute(AdvantageInputs(rewards, mask, groups)), reference_rloo(rewards, mask, groups)
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -153,7 +155,7 @@ def test_rloo_matches_reference(args):
 def test_reinforce_pp_matches_reference(args, gamma):
     seed, batch, length, n_groups = args
     rewards, mask, groups, _ = rand_batch(seed, batch, length, n_groups)
-    got = ReinforcePlusPlus().compute(rewards, mask, groups, gamma=gamma)
+    got = ReinforcePlusPlus().compute(AdvantageInputs(rewards, mask, groups, gamma=gamma))
     expected = torch.tensor(ref_whiten(reference_returns(rewards, mask, gamma), mask), dtype=torch.float64)
     torch.testing.assert_close(got, expected)
 
@@ -170,7 +172,7 @@ def test_reinforce_pp_baseline_matches_reference(args):
         mean = sum(members) / len(members) if len(members) > 1 else 0.0
         centred.append([(scores[i] - mean) * m for m in mask[i].tolist()])
     expected = torch.tensor(ref_whiten(centred, mask), dtype=torch.float64)
-    torch.testing.assert_close(ReinforcePlusPlusBaseline().compute(rewards, mask, groups), expected)
+    torch.testing.assert_close(ReinforcePlusPlusBaseline().compute(AdvantageInputs(rewards, mask, groups)), expected)
 
 
 @settings(max_examples=80, deadline=None)
@@ -182,7 +184,9 @@ def test_gae_matches_reference(args, gamma, lam):
     ref_adv, ref_ret = reference_gae(rewards, values, mask, gamma, lam)
     torch.testing.assert_close(adv, ref_adv)
     torch.testing.assert_close(returns, ref_ret)
-    whitened, targets = GAE().advantages_and_returns(rewards, mask, groups, values=values, gamma=gamma, lam=lam)
+    whitened, targets = GAE().advantages_and_returns(
+        AdvantageInputs(rewards, mask, groups, values=values, gamma=gamma, lam=lam)
+    )
     torch.testing.assert_close(whitened, torch.tensor(ref_whiten(ref_adv.tolist(), mask), dtype=torch.float64))
     torch.testing.assert_close(targets, ref_ret)
 
@@ -228,10 +232,10 @@ def test_gae_needs_values_and_every_estimator_is_registered():
         est = build_estimator(AlgorithmConfig(advantage=name))
         assert est.name == name and est.needs_values == (name == "gae")
     with pytest.raises(ValueError, match="values"):
-        GAE().compute(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1))
+        GAE().compute(AdvantageInputs(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1)))
 
 
 def test_rloo_worked_example():
     rewards = torch.tensor([[1.0], [0.0], [0.0], [5.0]])
-    adv = RLOO().compute(rewards, torch.ones(4, 1), torch.tensor([0, 0, 0, 1]))
+    adv = RLOO().compute(AdvantageInputs(rewards, torch.ones(4, 1), torch.tensor([0, 0, 0, 1])))
     torch.testing.assert_close(adv, torch.tensor([[1.0], [-0.5], [-0.5], [0.0]]))

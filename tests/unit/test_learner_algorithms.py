@@ -13,8 +13,8 @@ from services.learner.advantages import ADVANTAGES
 from services.learner.batch import collate
 from services.learner.kl import kl_estimate
 from services.learner.model import token_logprobs
-from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
+from tests.support.smoke import build_tiny_llama, synthetic_trajectories
 
 PROMPT = [5, 6, 7]
 GOOD, BAD = 10, 20

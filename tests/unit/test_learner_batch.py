@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from services.common.trajectory import RecordError, TrajectoryBuilder, decode_batch, encode_batch
 from services.learner.allocation import allocate
-from services.learner.batch import TrainBatch, collate, entropy_from_logits, logprobs_from_logits, split_micro_batches
+from services.learner.batch import TrainBatch, collate, entropy_from_logits, logprobs_from_logits
 
 VOCAB = 16
 
@@ -111,22 +111,6 @@ def test_entropy_alignment():
     assert ent[:, 0].eq(0).all()
 
 
-def test_split_micro_batches_trims_and_covers_everything():
-    batch = collate(make_trajectories(7, 7), pad_id=0)
-    parts = split_micro_batches(batch, 3)
-    assert [p.size for p in parts] == [3, 3, 1]
-    for k, part in enumerate(parts):
-        rows = batch.select(slice(3 * k, 3 * k + 3))
-        width = part.input_ids.shape[1]
-        assert width == int(rows.attention_mask.sum(-1).max())
-        assert rows.attention_mask[:, width:].eq(0).all()
-        for name in ("input_ids", "response_mask", "rollout_logprobs", "token_rewards", "policy_versions"):
-            assert torch.equal(getattr(part, name), getattr(rows, name)[:, :width])
-        assert torch.equal(part.group_index, rows.group_index)
-    with pytest.raises(ValueError):
-        split_micro_batches(batch, 0)
-
-
 def test_collate_rejects_bad_input():
     with pytest.raises(ValueError):
         collate([], pad_id=0)
@@ -168,7 +152,7 @@ def _episodes(trailing: bool, seed: int = 5):
 @pytest.mark.parametrize("advantage", ["grpo", "gae"])
 def test_a_trailing_observation_changes_no_step_metric(model_dir, advantage):
     from services.learner.trainer import PolicyTrainer
-    from tests.unit.test_learner_levers import make_config, untimed
+    from tests.support.learner import make_config, untimed
 
     with_obs, without = _episodes(True), _episodes(False)
     assert collate(with_obs, 0).input_ids.shape == collate(without, 0).input_ids.shape

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from services.learner.fused_head import head_token_stats
 from services.learner.model import load_model, token_logprobs, token_logprobs_and_entropy
-from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
-from tests.triton_interpreter import run_interpreted
-from tests.unit.test_learner_levers import make_config, untimed
+from tests.support.learner import make_config, untimed
+from tests.support.smoke import build_tiny_llama, synthetic_trajectories
+from tests.support.triton_interpreter import run_interpreted
 
 
 def _dense(hidden, weight, bias, targets):

@@ -3,26 +3,11 @@
 import pytest
 import torch
 
-from services.common.config import TrainConfig
 from services.learner.batch import collate
 from services.learner.model import token_logprobs, token_logprobs_and_entropy
-from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
-
-
-def untimed(metrics):
-    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
-
-
-def make_config(learner=None, **algorithm):
-    return TrainConfig.model_validate(
-        {
-            "seed": 1,
-            "rollout": {"group_size": 4},
-            "learner": {"device": "cpu", **(learner or {})},
-            "algorithm": {"lr": 3e-3, "micro_batch_size": 3, "entropy_coeff": 0.01, **algorithm},
-        }
-    )
+from tests.support.learner import make_config, untimed
+from tests.support.smoke import build_tiny_llama, synthetic_trajectories
 
 
 def _inputs(batch=3, length=8):
@@ -212,12 +197,11 @@ def test_train_step_same_with_packing_and_token_budget(model_dir, advantage, att
 
 
 def test_activation_checkpointing_same_gradients_fewer_saved_tensors(model_dir):
-    from services.learner import fsdp
     from services.learner.model import load_model
-    from services.learner.parallelize import checkpoint_activations
+    from services.learner.parallelize import checkpoint_activations, decoder_layers
 
     plain, ckpt = load_model(model_dir), load_model(model_dir)
-    for layer in fsdp.decoder_layers(ckpt):
+    for layer in decoder_layers(ckpt):
         checkpoint_activations(layer)
     assert [n for n, _ in ckpt.named_parameters()] == [n for n, _ in plain.named_parameters()]
     counts = []
@@ -282,19 +266,18 @@ def test_fsdp_wrap_root_is_one_unit_and_trains_as_per_layer_units(model_dir):
 
 
 def test_fsdp_wrap_auto_is_root_on_one_process_only(monkeypatch):
-    from services.learner import fsdp
+    from services.learner import parallelize
 
-    assert fsdp.resolve_wrap("auto") == "root"
-    assert fsdp.resolve_wrap("layers") == "layers"
-    monkeypatch.setattr(fsdp, "world_size", lambda: 2)
-    assert fsdp.resolve_wrap("auto") == "layers"
-    assert fsdp.resolve_wrap("root") == "root"
+    assert parallelize.resolve_wrap("auto") == "root"
+    assert parallelize.resolve_wrap("layers") == "layers"
+    monkeypatch.setattr(parallelize, "world_size", lambda: 2)
+    assert parallelize.resolve_wrap("auto") == "layers"
+    assert parallelize.resolve_wrap("root") == "root"
     with pytest.raises(ValueError, match="unknown FSDP wrap"):
-        fsdp.resolve_wrap("blocks")
+        parallelize.resolve_wrap("blocks")
 
 
 def test_decoder_compile_scope_needs_one_fsdp_unit(model_dir, monkeypatch):
-    from services.learner import fsdp
     from services.learner.model import load_model
     from services.learner.parallelize import parallelize
 
@@ -303,7 +286,8 @@ def test_decoder_compile_scope_needs_one_fsdp_unit(model_dir, monkeypatch):
         parallelize(load_model(model_dir), cpu, compile_layers=True, compile_scope="decoder", wrap="layers")
     with pytest.raises(ValueError, match="unknown compile scope"):
         parallelize(load_model(model_dir), cpu, compile_layers=True, compile_scope="model")
-    monkeypatch.setattr(fsdp, "world_size", lambda: 2)  # auto is per-layer units on several processes
+    # auto is per-layer units on several processes
+    monkeypatch.setattr("services.learner.parallelize.world_size", lambda: 2)
     with pytest.raises(ValueError, match="needs one FSDP unit"):
         parallelize(load_model(model_dir), cpu, compile_layers=True, compile_scope="decoder", wrap="auto")
 
@@ -320,6 +304,7 @@ def test_mini_batches_match_a_hand_written_loop(model_dir):
     """2 mini-batches x 2 epochs = 4 optimizer steps, each on its mini-batch's mean loss; the learning-rate
     schedule advances once per learner step (warm-up: every optimizer step of step 0 runs at lr / 4)."""
     from services.learner.advantages import build_estimator
+    from services.learner.advantages.base import AdvantageInputs
     from services.learner.batch import collate
     from services.learner.losses import policy_loss
     from services.learner.model import load_model
@@ -339,7 +324,7 @@ def test_mini_batches_match_a_hand_written_loop(model_dir):
     with torch.no_grad():
         old = token_logprobs(model, batch.input_ids, batch.attention_mask)
     advantages, _ = build_estimator(algo).advantages_and_returns(
-        batch.token_rewards, batch.response_mask, batch.group_index, values=None, gamma=algo.gamma, lam=algo.lam
+        AdvantageInputs(batch.token_rewards, batch.response_mask, batch.group_index, gamma=algo.gamma, lam=algo.lam)
     )
     for _ in range(2):
         for rows in (slice(0, 4), slice(4, 8)):

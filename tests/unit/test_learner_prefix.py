@@ -8,7 +8,7 @@ import torch
 
 from services.learner.model import token_logprobs, token_logprobs_and_entropy
 from services.learner.prefix import Prefix, decoder_tokens, group_ordered, shared_prefix_hidden, shared_prefixes
-from tests.unit.test_learner_levers import make_config, untimed
+from tests.support.learner import make_config, untimed
 
 
 def _grouped_inputs():

@@ -9,18 +9,11 @@ import pytest
 from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import StreamEntry, TrajectoryStream
-from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder, decode_batch
+from services.common.trajectory import TrajectoryBatch, decode_batch
 from services.learner.service import LearnerService
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
-
-
-def traj(group, versions):
-    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=[5])
-    for v in versions:
-        b.add_model_turn([7], [-0.5], policy_version=v, text="", action="", action_valid=True, finish_reason="stop")
-        b.add_observation([8], env_reward=0.0)
-    return b.finish(env_return=0.0, success=False, stop_reason="done")
+from tests.support.trajectories import traj
 
 
 def entry(entry_id, *trajs):
@@ -85,7 +78,7 @@ def test_backlog_is_replayed_step_by_step():
 
 
 def test_a_stale_group_shifts_claims_once_and_only_if_a_claim_published_it(run_state):
-    from tests.claims import publish_claimed
+    from tests.support.claims import publish_claimed
 
     state = run_state(1)
     stream = TrajectoryStream(state.client, state.trajectories_key)

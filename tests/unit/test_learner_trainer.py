@@ -5,11 +5,11 @@ import torch
 
 from services.common.config import TrainConfig
 from services.common.trajectory import TrajectoryBuilder
-from services.learner import fsdp
+from services.learner import collectives, full_weights
 from services.learner.checkpoint import COMMITTED, checkpoint_path, latest_checkpoint
 from services.learner.model import token_logprobs
-from services.learner.smoke import build_tiny_llama, synthetic_trajectories
 from services.learner.trainer import PolicyTrainer
+from tests.support.smoke import build_tiny_llama, synthetic_trajectories
 
 PROMPT = [5, 6, 7]
 GOOD, BAD = 10, 20
@@ -154,7 +154,7 @@ def test_the_streamed_push_set_is_the_full_state_dict_bucket_by_bucket(model_dir
 def test_a_one_process_mesh_pushes_its_local_tensors_found_once_without_to_local(model_dir):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from services.learner.fsdp import _local_views
+    from services.learner.full_weights import _local_views
 
     trainer = PolicyTrainer(make_config(), model_dir)
     sharded = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=False))
@@ -173,12 +173,12 @@ def test_a_fp32_model_sent_as_bf16_yields_stored_tensors_packed_once_and_again_a
     packer = BucketPacker(4096, "cpu")
 
     def push():
-        weights = fsdp.streamed_weights(trainer.model, torch.bfloat16)
+        weights = full_weights.streamed_weights(trainer.model, torch.bfloat16)
         assert {s.dtype for s in weights.specs} == {"bfloat16"}
         assert {t.dtype for _, t in weights.named_tensors()} == {torch.float32}  # cast where packed
         stable = weights.stable_tensors()
         assert stable is not None and len(stable) == len(weights.specs)
-        sent = [(n, t.to(torch.bfloat16)) for n, t in fsdp.full_state_dict(trainer.model).items()]
+        sent = [(n, t.to(torch.bfloat16)) for n, t in full_weights.full_state_dict(trainer.model).items()]
         packed = [(b.data.numpy().tobytes(), b.digest) for b in packer.buckets(weights)]  # two slots, in turn
         assert b"".join(data for data, _ in packed) == b"".join(
             t.reshape(-1).view(torch.uint8).numpy().tobytes() for _, t in sent
@@ -239,8 +239,8 @@ def test_latest_checkpoint_ignores_unfinished_and_keeps_last_k(model_dir, tmp_pa
 
 
 def test_world_of_one_is_idempotent():
-    assert fsdp.init_distributed("cpu") == (0, 1) == fsdp.init_distributed("cpu")
-    assert fsdp.is_rank0() and fsdp.broadcast_object({"a": 1}) == {"a": 1}
+    assert collectives.init_distributed("cpu") == (0, 1) == collectives.init_distributed("cpu")
+    assert collectives.is_rank0() and collectives.broadcast_object({"a": 1}) == {"a": 1}
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])

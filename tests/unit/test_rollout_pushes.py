@@ -3,7 +3,6 @@ versions never go back (bar a flagged rollback of the same run), re-pushing the 
 pushes need the token, and a server that must wait for the run's version serves nothing meanwhile."""
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
@@ -11,30 +10,12 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
-from services.common.grpc_server import serve
 from services.common.weights import ModelSignature, pack
-from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
+from services.rollout.backends.base import SamplingSpec
 from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
 from services.rollout.core import RolloutCore
 from services.rollout.push_auth import PushAuthenticator
-from services.rollout.server import add_to_server
-
-
-class FakeEngine(RolloutBackend):
-    name = "fake"
-
-    def __init__(self):
-        self.loads: list[dict[str, torch.Tensor]] = []
-
-    async def start(self): ...
-
-    async def shutdown(self): ...
-
-    async def generate(self, request_id, prompt_token_ids, sampling):
-        return Generation([1, 2], [-0.1, -0.2], "length")
-
-    async def load_weights(self, named_tensors):
-        self.loads.append({name: t.clone() for name, t in named_tensors})
+from tests.support.weight_push import FakeEngine, serving
 
 
 def weights(value: float):
@@ -93,29 +74,6 @@ def test_an_invalid_set_reaches_no_engine():
     with pytest.raises(InvalidArgument, match="incomplete weight set"):
         run(client.update_weights(1, pack([("w", torch.zeros(2, 3))])))
     assert engine.loads == [] and core.policy_version == 0
-
-
-@contextlib.asynccontextmanager
-async def serving(core, token):
-    stop, bound = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(
-        serve(
-            "rollout",
-            0,
-            [add_to_server(core, PushAuthenticator(token))],
-            host="127.0.0.1",
-            grace_s=1.0,
-            stop=stop,
-            ready=bound.set_result,
-            serving=lambda: core.serving,
-        )
-    )
-    port = await asyncio.wait_for(asyncio.shield(bound), 10)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def health(address):

@@ -10,7 +10,7 @@ from services.jobs.store import JobStore
 from services.launcher.local import LocalLauncher, LocalRun
 from services.launcher.processes import ServiceProcess
 from services.launcher.report import SupervisorView, decode_stage, encode_stage, stage_record
-from tests.fake_launcher import FakeLauncher
+from tests.support.fake_launcher import FakeLauncher
 
 
 def test_a_stage_line_round_trips_and_other_lines_are_not_stages():

@@ -5,10 +5,10 @@ from services.common.trajectory import (
     RecordError,
     TrajectoryBatch,
     TrajectoryBuilder,
+    check_invariants,
     decode_batch,
     encode_batch,
     model_segments,
-    validate,
 )
 
 
@@ -58,15 +58,15 @@ def test_validate_catches_broken_records():
     traj = two_turn_trajectory()
     traj.loss_mask[0] = 1
     with pytest.raises(RecordError, match="loss_mask"):
-        validate(traj)
+        check_invariants(traj)
     traj = two_turn_trajectory()
     traj.logprobs[5] = -0.1
     with pytest.raises(RecordError, match="non-model"):
-        validate(traj)
+        check_invariants(traj)
     traj = two_turn_trajectory()
     del traj.logprobs[-1]
     with pytest.raises(RecordError, match="lengths"):
-        validate(traj)
+        check_invariants(traj)
 
 
 @pytest.mark.parametrize(
@@ -80,10 +80,10 @@ def test_validate_catches_broken_records():
 )
 def test_validate_catches_values_a_hostile_writer_could_send(breakage, message):
     traj = two_turn_trajectory()
-    validate(traj)
+    check_invariants(traj)
     breakage(traj)
     with pytest.raises(RecordError, match=message):
-        validate(traj)
+        check_invariants(traj)
 
 
 def test_builder_rejects_mismatched_logprobs():

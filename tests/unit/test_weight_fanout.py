@@ -8,7 +8,7 @@ import torch
 from services.common.grpc_server import free_port
 from services.common.weight_buckets import TensorWeights
 from services.learner.weight_push.grpc_push import GrpcWeightPusher
-from tests.unit.test_weight_receiver import make_core, named, serving
+from tests.support.weight_push import make_core, named, serving
 
 
 class CountingWeights(TensorWeights):

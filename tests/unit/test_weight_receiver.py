@@ -12,23 +12,11 @@ import torch
 from services.common.errors import InvalidArgument
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.common.weight_buckets import Bucket, TensorWeights, hash_specs, sha256_of
-from services.common.weights import SET_SHA256, ModelSignature, SetHasher, WeightSetRejected
+from services.common.weights import SET_SHA256, SetHasher, WeightSetRejected
 from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
-from services.rollout.core import PushHeader, RolloutCore
+from services.rollout.core import PushHeader
 from services.rollout.push_auth import auth_metadata
-from tests.unit.test_rollout_pushes import FakeEngine, serving
-
-SHAPES = {"w": (4, 3), "b": (3,), "big": (64,)}
-
-
-def named(value: float):
-    return [(n, torch.full(shape, value)) for n, shape in SHAPES.items()]
-
-
-def make_core(tmp_path):
-    engine = FakeEngine()
-    signature = ModelSignature.of(named(0.0))
-    return RolloutCore(engine, "fake", signature=signature, run="run-a", spool_dir=str(tmp_path)), engine
+from tests.support.weight_push import make_core, named, serving
 
 
 def run(coro):

@@ -6,7 +6,6 @@ import torch
 from services.common.weights import (
     ChecksumMismatch,
     ModelSignature,
-    PayloadBuffer,
     TensorSpec,
     WeightSetRejected,
     check_finite,
@@ -94,16 +93,6 @@ def test_non_finite_values_are_rejected_naming_the_tensor(bad):
     with pytest.raises(WeightSetRejected, match="'lm_head.weight' holds NaN or Inf"):
         check_finite(ts)
     check_finite(tensors())
-
-
-def test_payload_buffer_refuses_the_first_chunk_past_the_declared_size():
-    buffer = PayloadBuffer(declared_bytes=10)
-    buffer.add(b"x" * 6)
-    with pytest.raises(WeightSetRejected, match="more data than the 10 bytes"):
-        buffer.add(b"x" * 5)
-    assert buffer.size == 6
-    buffer.add(b"y" * 4)
-    assert buffer.payload() == b"x" * 6 + b"y" * 4
 
 
 def test_signature_of_pretrained_has_the_hf_names_the_learner_pushes(tmp_path):

@@ -4,18 +4,34 @@ group statistics they share."""
 from __future__ import annotations
 
 import abc
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
 from services.common.config import AlgorithmConfig
 
 
-class AdvantageEstimator(abc.ABC):
-    """`compute` sees the whole global batch (group statistics need every member of a group).
+@dataclass(frozen=True, eq=False)
+class AdvantageInputs:
+    """What every estimator reads, for the whole global batch (group statistics need every member of a group).
 
     Tensors: token_rewards, response_mask, values [B, T] (position t = token t); group_index [B] ints.
-    Estimators that need a critic set `needs_values`, read `values` and also give the critic's targets
-    through `advantages_and_returns`; `gamma`/`lam` are for the return-based ones.
+    `values` are the critic's (None without one); `gamma`/`lam` are for the return-based estimators."""
+
+    token_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    group_index: torch.Tensor
+    _: KW_ONLY
+    values: torch.Tensor | None = None
+    gamma: float = 1.0
+    lam: float = 1.0
+
+
+class AdvantageEstimator(abc.ABC):
+    """Per-token rewards in (`AdvantageInputs`), per-token advantages out.
+
+    Estimators that need a critic set `needs_values`, read `inputs.values` and also give the critic's targets
+    through `advantages_and_returns`.
     """
 
     name: str = "base"
@@ -26,30 +42,12 @@ class AdvantageEstimator(abc.ABC):
         return cls()
 
     @abc.abstractmethod
-    def compute(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> torch.Tensor:
+    def compute(self, inputs: AdvantageInputs) -> torch.Tensor:
         """Advantages [B, T], zero where response_mask is 0."""
 
-    def advantages_and_returns(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def advantages_and_returns(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(advantages, value targets); the targets matter only to estimators with a critic."""
-        adv = self.compute(token_rewards, response_mask, group_index, values=values, gamma=gamma, lam=lam)
+        adv = self.compute(inputs)
         return adv, adv
 
 

@@ -7,7 +7,13 @@ import torch
 
 from services.common.config import AlgorithmConfig
 from services.learner.advantages import ADVANTAGES
-from services.learner.advantages.base import AdvantageEstimator, masked_whiten, next_masked, reverse_discounted_sum
+from services.learner.advantages.base import (
+    AdvantageEstimator,
+    AdvantageInputs,
+    masked_whiten,
+    next_masked,
+    reverse_discounted_sum,
+)
 
 
 def gae(
@@ -36,31 +42,11 @@ class GAE(AdvantageEstimator):
     def from_config(cls, config: AlgorithmConfig) -> GAE:
         return cls()
 
-    def advantages_and_returns(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if values is None:
+    def advantages_and_returns(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if inputs.values is None:
             raise ValueError("GAE needs the critic's values")
-        adv, returns = gae(token_rewards, values, response_mask, gamma, lam)
-        return (masked_whiten(adv, response_mask) if self.whiten else adv), returns
+        adv, returns = gae(inputs.token_rewards, inputs.values, inputs.response_mask, inputs.gamma, inputs.lam)
+        return (masked_whiten(adv, inputs.response_mask) if self.whiten else adv), returns
 
-    def compute(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> torch.Tensor:
-        return self.advantages_and_returns(
-            token_rewards, response_mask, group_index, values=values, gamma=gamma, lam=lam
-        )[0]
+    def compute(self, inputs: AdvantageInputs) -> torch.Tensor:
+        return self.advantages_and_returns(inputs)[0]

@@ -6,7 +6,7 @@ import torch
 
 from services.common.config import AlgorithmConfig
 from services.learner.advantages import ADVANTAGES
-from services.learner.advantages.base import AdvantageEstimator, group_sums, sequence_scores
+from services.learner.advantages.base import AdvantageEstimator, AdvantageInputs, group_sums, sequence_scores
 
 
 @ADVANTAGES.register("grpo")
@@ -21,19 +21,10 @@ class GRPO(AdvantageEstimator):
     def from_config(cls, config: AlgorithmConfig) -> GRPO:
         return cls(norm_adv_by_std=config.norm_adv_by_std)
 
-    def compute(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> torch.Tensor:
-        mask = response_mask.to(token_rewards.dtype)
-        scores = sequence_scores(token_rewards, mask)
-        groups, counts, sums = group_sums(scores, group_index)
+    def compute(self, inputs: AdvantageInputs) -> torch.Tensor:
+        mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+        scores = sequence_scores(inputs.token_rewards, mask)
+        groups, counts, sums = group_sums(scores, inputs.group_index)
         centred = scores - (sums / counts)[groups]
         if self.norm_adv_by_std:
             sq = torch.zeros_like(counts).index_add_(0, groups, centred * centred)

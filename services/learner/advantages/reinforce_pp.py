@@ -8,6 +8,7 @@ import torch
 from services.learner.advantages import ADVANTAGES
 from services.learner.advantages.base import (
     AdvantageEstimator,
+    AdvantageInputs,
     group_sums,
     masked_whiten,
     reverse_discounted_sum,
@@ -21,18 +22,9 @@ class ReinforcePlusPlus(AdvantageEstimator):
 
     name = "reinforce_plus_plus"
 
-    def compute(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> torch.Tensor:
-        mask = response_mask.to(token_rewards.dtype)
-        return masked_whiten(reverse_discounted_sum(token_rewards, mask, gamma), mask)
+    def compute(self, inputs: AdvantageInputs) -> torch.Tensor:
+        mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+        return masked_whiten(reverse_discounted_sum(inputs.token_rewards, mask, inputs.gamma), mask)
 
 
 @ADVANTAGES.register("reinforce_plus_plus_baseline")
@@ -41,18 +33,9 @@ class ReinforcePlusPlusBaseline(AdvantageEstimator):
 
     name = "reinforce_plus_plus_baseline"
 
-    def compute(
-        self,
-        token_rewards: torch.Tensor,
-        response_mask: torch.Tensor,
-        group_index: torch.Tensor,
-        *,
-        values: torch.Tensor | None = None,
-        gamma: float = 1.0,
-        lam: float = 1.0,
-    ) -> torch.Tensor:
-        mask = response_mask.to(token_rewards.dtype)
-        scores = sequence_scores(token_rewards, mask)
-        groups, counts, sums = group_sums(scores, group_index)
+    def compute(self, inputs: AdvantageInputs) -> torch.Tensor:
+        mask = inputs.response_mask.to(inputs.token_rewards.dtype)
+        scores = sequence_scores(inputs.token_rewards, mask)
+        groups, counts, sums = group_sums(scores, inputs.group_index)
         mean = torch.where(counts > 1, sums / counts, torch.zeros_like(sums))
         return masked_whiten((scores - mean[groups]).unsqueeze(-1) * mask, mask)

@@ -78,3 +78,21 @@ def start_rollout(tmp: Path, sets: Sequence[str] = ()) -> RolloutProcess:
         server.kill()
         raise AssertionError(str(exc)) from None
     return server
+
+
+def reference_logprobs(model, prompt, output):
+    """The logprobs transformers gives `output` after `prompt`: what the server's must match."""
+    import torch
+
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output)[:, None])[:, 0]
+
+
+def perturbed(model, scale, seed):
+    """`model`'s weights plus seeded noise of `scale`: a new policy version to push."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [(n, t + scale * torch.randn(t.shape, generator=g)) for n, t in model.state_dict().items()]

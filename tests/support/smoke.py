@@ -2,7 +2,7 @@
 checkpoint round trip; prints/writes losses and a parameter checksum as JSON. Checks a machine's
 torch.distributed / FSDP setup, and lets tests compare 1 process with N:
 
-    torchrun --nproc_per_node 2 -m services.learner.smoke --out result.json
+    torchrun --nproc_per_node 2 -m tests.support.smoke --out result.json
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ LEVERS_LEARNER = {"activation_checkpointing": True, "logprob_chunk_tokens": 5, "
 
 
 def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, tie: bool = False) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A Llama smaller than the demo policy's (services.common.tiny_model) and without a tokenizer: its
+    `vocab_size` ids are what `synthetic_trajectories` draws from."""
+    from transformers import LlamaConfig
+
+    from services.common.tiny_model import build_random_model
 
     config = LlamaConfig(
         hidden_size=64,
@@ -52,9 +55,7 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, t
         bos_token_id=1,
         eos_token_id=2,
     )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return Path(path)
+    return build_random_model(path, config, seed=seed)
 
 
 def synthetic_trajectories(
@@ -99,12 +100,12 @@ def streamed_push_agrees(trainer) -> bool:
     """Whether the bucketed push set (gathered tensor by tensor, small buckets) has the checksum of the
     full state dict. Collective; True on the ranks that only walk it."""
     from services.common.weights import checksum
-    from services.learner import fsdp
+    from services.learner import collectives, full_weights
 
     full = trainer.named_weights_for_push()
     weights = trainer.weight_set_for_push()
-    if not fsdp.is_rank0():
-        fsdp.walk_for_push(weights)
+    if not collectives.is_rank0():
+        full_weights.walk_for_push(weights)
         return True
     for _ in weights.buckets(bucket_bytes=1 << 16):
         pass
@@ -208,12 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args(argv)
 
-    from services.learner import fsdp
+    from services.learner import collectives
 
-    fsdp.init_distributed(fsdp.resolve_device(args.device))
+    collectives.init_distributed(collectives.resolve_device(args.device))
     model = args.model
     if not model:
-        model = fsdp.broadcast_object(str(build_tiny_llama(tempfile.mkdtemp())) if fsdp.is_rank0() else None)
+        model = collectives.broadcast_object(
+            str(build_tiny_llama(tempfile.mkdtemp())) if collectives.is_rank0() else None
+        )
     result = run(
         model,
         agg_modes=args.agg_modes.split(","),
@@ -222,8 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         device=args.device,
         dtype=args.dtype,
     )
-    if fsdp.is_rank0():
-        text = json.dumps({"world_size": fsdp.world_size(), "results": result}, indent=1)
+    if collectives.is_rank0():
+        text = json.dumps({"world_size": collectives.world_size(), "results": result}, indent=1)
         if args.out:
             Path(args.out).write_text(text)
         else:

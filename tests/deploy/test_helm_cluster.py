@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from services.common.config import load_config
-from tests.helm_chart import (
+from tests.support.helm_chart import (
     CHART,
     GPU,
     ROOT,
@@ -185,7 +185,7 @@ def test_a_one_pod_learner_is_probed_on_its_metrics_port_and_has_a_deadline():
         assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}, probe
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] == 1800  # model download and load
-    # longer than a scrape that finds Redis hanging (services/learner/exporter.py: 3 reads, 2 s each)
+    # longer than a scrape that finds Redis hanging (services/learner/prometheus_metrics.py: 3 reads, 2 s each)
     assert container["livenessProbe"]["timeoutSeconds"] > 3 * 2
     assert job["spec"]["activeDeadlineSeconds"] == 7 * 86400
     assert learner_job(render("--set", "learner.activeDeadlineSeconds=3600"))["spec"]["activeDeadlineSeconds"] == 3600

@@ -18,8 +18,8 @@ import pytest
 
 from services.common.config import load_config
 from services.common.grpc_server import LIVENESS
-from tests import redis_start_script
-from tests.helm_chart import (
+from tests.support import redis_start_script
+from tests.support.helm_chart import (
     CHART,
     GPU,
     ROOT,
@@ -504,7 +504,7 @@ def launcher_calls(workload: str) -> set[tuple[str, str, str]]:
     from services.common.config import JobSpec
     from services.launcher.k8s_objects import K8sOptions
     from services.launcher.kubernetes import KubernetesLauncher
-    from tests.fake_kubernetes import FakeCluster
+    from tests.support.fake_kubernetes import FakeCluster
 
     cluster = FakeCluster()
     spec = JobSpec.model_validate({"model": {"path": "Qwen/Qwen2.5-0.5B"}})

@@ -1,8 +1,8 @@
-"""How one learner step's summary becomes Prometheus metrics (services/learner/exporter.py)."""
+"""How one learner step's summary becomes Prometheus metrics (services/learner/prometheus_metrics.py)."""
 
 from prometheus_client import REGISTRY
 
-from services.learner.exporter import export_summary, loss_term
+from services.learner.prometheus_metrics import export_summary, loss_term
 
 
 def sample(name: str, **labels) -> float | None:

@@ -1,4 +1,4 @@
-"""The learner's poison-input policy (services.learner.validation): each trajectory rule rejects with its
+"""The learner's poison-input policy (services.learner.poison_guard): each trajectory rule rejects with its
 reason, valid records pass, a poisoned group is dead-lettered and counted without touching the other
 groups, and a step that fails is isolated to the groups that fail alone."""
 
@@ -11,11 +11,11 @@ from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder
-from services.learner.exporter import DEAD_LETTERS
+from services.learner.poison_guard import LOGPROB_EPSILON, Limits, Poison, PoisonGuard, check_trajectory
+from services.learner.prometheus_metrics import DEAD_LETTERS
 from services.learner.service import CollectedStep
 from services.learner.trainer import NonFiniteUpdate
-from services.learner.validation import LOGPROB_EPSILON, Limits, Poison, PoisonGuard, check_trajectory
-from tests.claims import publish_claimed
+from tests.support.claims import publish_claimed
 
 LIMITS = Limits(vocab_size=64, max_length=32)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helm_chart import CHART, ROOT, helm, render
+from tests.support.helm_chart import CHART, ROOT, helm, render
 
 CHART_PATH = "deploy/helm/openmanus-rl"
 # fields of a StatefulSet spec the API server accepts changes to; any other change is refused

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import services.learner.exporter  # noqa: F401 - registers the learner's metrics
+import services.learner.prometheus_metrics  # noqa: F401 - registers the learner's metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = (

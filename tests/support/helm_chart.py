@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/helm/openmanus-rl"
 GPU = ("-f", str(CHART / "values-gpu.yaml"))
 

@@ -2,7 +2,7 @@
 TextCraft-style, BabyAI-style, LMRL-Gym (maze + wordle under route prefixes), WebShop-style, and
 ALFWorld/SciWorld-style (a loaded list of FAKE_GAMES tasks, default 13, indexed by the task).
 
-    python tests/integration/agentgym_fake.py <textcraft|babyai|lmrl|webshop|alfworld|sciworld> <port>
+    python tests/support/agentgym_fake.py <textcraft|babyai|lmrl|webshop|alfworld|sciworld> <port>
 
 Every game is the same small one so a scripted policy can win it: each observation ends with
 `Next: <action>`, and task (data_idx / game / seed / session_id) k needs 2 + k % 2 right actions.

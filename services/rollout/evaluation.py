@@ -1,4 +1,4 @@
-"""Validation on the held-out split: whenever the served policy version reaches a multiple of
+"""Held-out evaluation, on the validation split: whenever the served policy version reaches a multiple of
 `env.validation_every` (0 included, the starting policy), one rollout server (claimed run-wide in
 Redis) plays every validation task once, at `env.validation_temperature`, and publishes the success
 rate per environment to the run's metrics stream as an entry with `"kind": "validation"`.
@@ -29,7 +29,7 @@ VALIDATION_SUCCESS = metrics.gauge(
 )
 
 
-class Validator:
+class Evaluator:
     def __init__(
         self,
         config: TrainConfig,
@@ -56,7 +56,7 @@ class Validator:
             if self.due(version) and version not in done:
                 done.add(version)
                 if await self.state.claim_validation(version):  # one rollout server validates each version
-                    await self.validate(version)
+                    await self.evaluate(version)
             if version >= self.config.learner.steps or await self.state.done():
                 return
             wait = getattr(self.core, "wait_for_new_version", None)
@@ -65,7 +65,7 @@ class Validator:
             else:
                 await wait(version, self.poll_s)
 
-    async def validate(self, version: int) -> dict[str, Any]:
+    async def evaluate(self, version: int) -> dict[str, Any]:
         start = time.perf_counter()
         split = await asyncio.to_thread(TaskSplit.load, self.config.env, "validation")
         results = await asyncio.gather(

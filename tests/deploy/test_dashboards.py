@@ -123,12 +123,12 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
 def exported_series() -> set[str]:
     """What the services define: module-level metrics (rollout, learner) register on import; the env
     and reward services, the gRPC layer and the job API build theirs; the stream collector reads Redis."""
-    import services.learner.exporter as learner_exporter
+    import services.learner.prometheus_metrics as learner_metrics
     import services.rollout.agent_loop  # noqa: F401
     import services.rollout.core  # noqa: F401
     import services.rollout.engine_metrics  # noqa: F401
+    import services.rollout.evaluation  # noqa: F401
     import services.rollout.producer  # noqa: F401
-    import services.rollout.validation  # noqa: F401
     from services.common.config import RewardConfig
     from services.common.grpc_server import ErrorInterceptor
     from services.envs.service import EnvService
@@ -158,7 +158,7 @@ def exported_series() -> set[str]:
         def lag(self):
             return 1
 
-    collector = learner_exporter.StreamCollector(TrajectoryStream(redis.Redis(), "omrl:x:trajectories"))
+    collector = learner_metrics.StreamCollector(TrajectoryStream(redis.Redis(), "omrl:x:trajectories"))
     collector.stream = FakeStream(redis.Redis(), "omrl:x:trajectories")
     stream = CollectorRegistry()
     stream.register(collector)

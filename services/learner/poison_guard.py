@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.config import TrainConfig
-from services.common.trajectory import RecordError, Trajectory, encode_batch, validate
-from services.learner.exporter import DEAD_LETTERS
+from services.common.trajectory import RecordError, Trajectory, check_invariants, encode_batch
+from services.learner.prometheus_metrics import DEAD_LETTERS
 from services.learner.trainer import NonFiniteUpdate
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
             "token_id", f"{name}: token id {max(traj.token_ids)} is outside the vocabulary of {limits.vocab_size}"
         )
     try:
-        validate(traj)
+        check_invariants(traj)
     except RecordError as exc:
         raise Poison("turns", str(exc)) from None
     if n and traj.loss_mask[0]:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from services.common.config import load_config
-from tests import redis_start_script
+from tests.support import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -38,7 +38,7 @@ KINDS = {
     "jobsets": "JobSet",
 }
 DEFAULT_PROPAGATION = {"Job": "Orphan"}
-CHECK_MANIFESTS = Path(__file__).resolve().parents[1] / "scripts" / "check_manifests.py"
+CHECK_MANIFESTS = Path(__file__).resolve().parents[2] / "scripts" / "check_manifests.py"
 
 
 def check_manifests_module():
