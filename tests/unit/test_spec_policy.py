@@ -131,6 +131,7 @@ JOB_SPEC_TEXT = {
     "reward.components": "registered plugins (keys)",
     "reward.components.params": "plugin schema markers, FreeForm bounds",
     "algorithm.advantage": "registered plugin",
+    "algorithm.policy_loss": "registered plugin",
     "learner.checkpoint_dir": "path in the allowed roots (and the launcher's own)",
     "learner.export_dir": "path in the allowed roots",
     "learner.weight_push": "registered plugin",
