@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import redis
 
 from services.common.config import StreamConfig
 from services.common.grpc_server import free_port
+from tests.support.processes import alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TOKEN = "e2e-token"
@@ -86,13 +86,6 @@ def wait_until(http: httpx.Client, job_id: str, done, timeout_s: float = 400, wh
 def service_pids(job: dict) -> dict[str, int]:
     path = Path(job["launcher_info"]["run_dir"]) / "pids.json"
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ import uuid
 from pathlib import Path
 
 import pexpect
-import psutil
 import pytest
 import redis
 
 from services.common.config import StreamConfig
+from tests.support.processes import alive
 
 pytestmark = [pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,13 +28,6 @@ STEPS = 2
 
 def plain(text: str) -> str:
     return ANSI.sub("", text)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,15 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import redis
+
+from tests.support.processes import alive
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, KILLS = 30, {1: "reward", 10: "learner"}
 """After the launcher has printed step n, the service that is killed."""
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.fixture(scope="module")
