@@ -102,10 +102,10 @@ def perturbed_weights(model_dir: str, seed: int):
 
 def learner(args) -> None:
     """The pushing side (its own process): load, perturb, push once, report."""
-    import services.rollout.client  # noqa: F401 - imported by the push; loaded before the baseline
-    from services.common.weight_buckets import TensorWeights
-    from services.learner.weight_push.grpc_push import GrpcWeightPusher
-    from services.learner.weight_push.nccl_push import NcclWeightPusher
+    # everything the push imports (grpc, the protos, torch.distributed) loads here, before the baseline
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.grpc.send import GrpcWeightPusher
+    from services.weightsync.nccl.send import NcclWeightPusher
 
     named = perturbed_weights(args.model_dir, args.seed)
     weights = TensorWeights.of(named)
@@ -174,13 +174,13 @@ async def rollout_side(args, model_dir: Path) -> dict:
     import psutil
 
     from services.common.grpc_server import serve
-    from services.common.weight_buckets import TensorWeights
-    from services.common.weight_spool import SpoolWriter
-    from services.common.weights import ModelSignature
     from services.rollout.backends.vllm import VllmBackend
     from services.rollout.core import RolloutCore
-    from services.rollout.push_auth import PushAuthenticator
     from services.rollout.server import add_to_server
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.credential import PushAuthenticator
+    from services.weightsync.spool import SpoolWriter
+    from services.weightsync.wire import ModelSignature
 
     spool_dir = tempfile.mkdtemp(prefix="omrl-bench-spool-", dir=args.spool_dir or None)
     backend = VllmBackend(str(model_dir), gpu_memory_utilization=0.02)

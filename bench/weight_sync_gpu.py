@@ -1,9 +1,9 @@
 """Weight sync over a process group (the `nccl` push's data plane), without vLLM: a learner process on GPU0
 holds a random-weight model (bf16, or fp32 master weights with `--learner-dtype float32`; sent as bf16
 either way) sharded with FSDP2 (as the learner does, a world of one) and pushes it through the sender's code
-(`full_weights.streamed_weights` -> `weight_dist.BucketPacker`, kept across pushes as the pusher keeps it ->
+(`full_weights.streamed_weights` -> `nccl.pack.BucketPacker`, kept across pushes as the pusher keeps it ->
 `Group.post` through a `SendWindow`, then the bucket's on-device digest while it moves, sent after it, as
-`nccl_push._stream` does with `digests_follow`); a receiver process on GPU1 takes each bucket through the
+`nccl.send._stream` does with `digests_follow`); a receiver process on GPU1 takes each bucket through the
 shared receiving code (`BucketReceiver`) and copies it into a Hugging Face model's named parameters
 (`check_against` first, then a `ParamCopier`, kept across pushes: each bucket's parameter list looked up
 once). In the same run, the same two processes time a raw broadcast of buffers of the same bucket sizes: the
@@ -14,7 +14,7 @@ bucket k+1 while bucket k is on the wire, the receiver checks (digest and finite
 bucket k while bucket k+1 arrives (`BucketReceiver.receive_all`, the vLLM worker's `post`/`flush`).
 `serial`: one bucket at a time (pack, send and digest, then receive, check, apply: `BucketReceiver.receive`).
 `staged`: the vLLM worker's path, which a Hugging Face receiver can follow without vLLM: each checked bucket
-is staged in a host spool file (`weight_spool.BucketStager`), every write waited for, then each bucket is
+is staged in a host spool file (`nccl.staging.BucketStager`), every write waited for, then each bucket is
 mapped from the spool and copied into the model, as the commit's apply does (its seconds reported apart).
 `staged-plain`: the same with the worker's staging before `BucketStager` (a synchronous pageable copy and
 one write a bucket), for comparison in the same run. `staged-memory`: staged in a pinned host arena instead
@@ -88,9 +88,11 @@ def _combos(args) -> list[tuple[int, str]]:
 def _sender(args, port, shape, gpu, results) -> None:
     import torch
 
-    from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import BucketPacker, Group, Rendezvous, SendWindow, bucket_digest, open_store
     from services.learner import collectives, full_weights, parallelize
+    from services.weightsync.buckets import plan_buckets
+    from services.weightsync.digest import bucket_digest
+    from services.weightsync.nccl.group import Group, Rendezvous, open_store
+    from services.weightsync.nccl.pack import BucketPacker, SendWindow
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -131,7 +133,7 @@ def _sender(args, port, shape, gpu, results) -> None:
             with _tracing(traced, args.trace_dir, f"{shape}_c{c}_sender"):
                 _barrier(group, device)
                 start = time.perf_counter()
-                window = SendWindow()  # the pusher's loop (`nccl_push._stream`) for one group
+                window = SendWindow()  # the pusher's loop (`nccl.send._stream`) for one group
                 buckets = packers[pipelined].buckets(weights, digest=False)
                 for b, bucket in enumerate(buckets):
                     posted = group.post(bucket.data)  # digested while it moves; the digest follows it
@@ -185,9 +187,11 @@ def _digest_of(group, combo: int, sync: int, bucket: int) -> str:
 def _receiver(args, port, shape, gpu, results) -> None:
     import torch
 
-    from services.common.weight_buckets import plan_buckets
-    from services.common.weight_dist import BucketReceiver, Group, ParamCopier, Rendezvous, bucket_digest, check_against
-    from services.common.weights import TensorSpec
+    from services.weightsync.buckets import plan_buckets
+    from services.weightsync.digest import bucket_digest
+    from services.weightsync.nccl.group import Group, Rendezvous
+    from services.weightsync.nccl.receive import BucketReceiver, ParamCopier, check_against
+    from services.weightsync.wire import TensorSpec
 
     device = torch.device(f"cuda:{gpu}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -277,7 +281,8 @@ def _staged_sync(receiver, declared, digest_of, copy_into, args, mode: str) -> f
 
     import torch
 
-    from services.common.weight_spool import PAGE, BucketStager, HostArena, mapped_bucket, write_at
+    from services.weightsync.nccl.staging import BucketStager, HostArena, write_at
+    from services.weightsync.spool import PAGE, mapped_bucket
 
     offsets, at = [], 0
     for _specs, nbytes in declared:

@@ -105,11 +105,11 @@ def train_config_schema() -> tuple[dict, dict]:
     return schema, defs
 
 
-# -- plugin choices: the names and option schemas services/common/choices.py checks against ----------
+# -- plugin choices: the names and option schemas services/plugins.py lists ---------------------------------
 def plugin_names(kind: str) -> list[str]:
-    from services.common import choices
+    from services import plugins
 
-    return choices.registry(kind).names()
+    return plugins.names(kind)
 
 
 def plugin_kind(metadata: typing.Iterable[Any]) -> str | None:
@@ -154,12 +154,12 @@ def open_object(what: str, exc: Exception) -> dict:
 
 def env_options_conditions(defs: dict, default_env: str) -> list[dict]:
     """If env.name is X (the default when absent), options follow X's `Options` model."""
-    from services.common import choices
+    from services import plugins
 
     conditions = []
     for env in plugin_names("env"):
         try:
-            options = model_schema(choices.registry("env").get(env).Options, defs, f"env_options.{env}")
+            options = model_schema(plugins.options_model("env", env), defs, f"env_options.{env}")
         except Exception as exc:  # an env this process cannot import or describe: the services still check
             options = open_object(f"options of env {env!r}", exc)
         when = {"properties": {"name": {"const": env}}}
@@ -171,12 +171,12 @@ def env_options_conditions(defs: dict, default_env: str) -> list[dict]:
 
 def reward_components(defs: dict, component: dict) -> dict:
     """reward function name -> the component schema with that function's params."""
-    from services.common import choices
+    from services import plugins
 
     out = {}
     for name in plugin_names("reward"):
         try:
-            params = model_schema(choices.reward_params_model(name), defs, f"reward_params.{name}")
+            params = model_schema(plugins.options_model("reward", name), defs, f"reward_params.{name}")
         except Exception as exc:
             params = open_object(f"params of reward function {name!r}", exc)
         out[name] = {**component, "properties": {**component["properties"], "params": params}}

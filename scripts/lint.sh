@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Lint and format check with ruff (rules in pyproject.toml, [tool.ruff]), then every pre-commit hook
-# (.pre-commit-config.yaml) over the whole tree; CI runs it through scripts/test.sh.
+# Lint and format check with ruff (rules in pyproject.toml, [tool.ruff]), the services' layers and import cycles
+# with import-linter ([tool.importlinter]), then every pre-commit hook (.pre-commit-config.yaml) over the whole
+# tree; CI runs it through scripts/test.sh.
 # Fix what it reports with: .venv/bin/ruff check --fix . && .venv/bin/ruff format . (and the files the
 # pre-commit hooks rewrite: trailing whitespace, final newlines).
 # PRE_COMMIT=0 skips the hooks (they install their tools from PyPI on first use, into ~/.cache/pre-commit).
@@ -10,6 +11,7 @@ ruff="${RUFF:-.venv/bin/ruff}"
 status=0
 "$ruff" check . || status=1
 "$ruff" format --check . || status=1
+"${LINT_IMPORTS:-.venv/bin/lint-imports}" --no-logo || status=1
 if [ "${PRE_COMMIT:-1}" != 0 ]; then
   tools=.venv-pre-commit
   if [ ! -x "$tools/bin/pre-commit" ]; then

@@ -3,7 +3,36 @@ import uuid
 
 import pytest
 
+import services.plugins  # noqa: F401  (configs parsed here are checked against every plugin registry, as the front ends do)
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FIRST = ("e2e", "faults", "integration")
+"""Folders whose tests run first: the longest tests, so that a parallel run (pytest-xdist, scripts/test.sh)
+starts them early and its workers finish together."""
+
+
+def pytest_configure(config):
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker and 1 < workers <= len(cpus):
+        # each worker on its own cores: a local run plans its threads and binds vLLM's worker to the cores it
+        # sees (services.common.cpu_budget), so two runs seeing every core would bind to the same ones
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: workers])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every module's tests share one xdist worker (module-scoped fixtures start a run once) unless a test
+    names its own `xdist_group`; the first folders' tests come first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+    def rank(item) -> int:
+        parts = item.path.relative_to(config.rootpath).parts
+        return FIRST.index(parts[1]) if len(parts) > 2 and parts[1] in FIRST else len(FIRST)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

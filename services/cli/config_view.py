@@ -9,8 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.common import choices
-from services.common.config_cli import ENV_PREFIX, FieldDoc, Resolved, find_field, plugin_names, type_name, walk
+from services import plugins
+from services.common.config_cli import FieldDoc, Resolved, find_field, plugin_names, type_name, walk
+from services.common.config_layers import ENV_PREFIX
 
 
 def _text(value: Any) -> str:
@@ -96,12 +97,12 @@ def _plugin_options(path: str) -> list[str]:
         if path == "env.options":
             out = ["", "  options of each env:"]
             for name in plugin_names("env"):
-                fields = choices.registry("env").get(name).Options.model_fields
+                fields = plugins.options_model("env", name).model_fields
                 out.append(f"    {name:<13} {', '.join(_param(n, f) for n, f in fields.items()) or '(none)'}")
         elif path == "reward.components":
             out = ["", "  params of each reward function:"]
             for name in plugin_names("reward"):
-                fields = choices.reward_params_model(name).model_fields
+                fields = plugins.options_model("reward", name).model_fields
                 out.append(f"    {name:<15} {', '.join(_param(n, f) for n, f in fields.items()) or '(none)'}")
     except ImportError:  # a plugin whose package this install lacks
         pass

@@ -22,7 +22,7 @@ SPEC_USAGE = "omrl {} {} [--set KEY=VALUE] [--SECTION.FIELD VALUE ...]"
 
 
 def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
-    from services.common.config import JobSpec
+    from services.jobs.spec import JobSpec
 
     parser = Parser(prog="omrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--api", default=os.environ.get("OMRL_API_URL", "http://127.0.0.1:8080"), help="job API URL")
@@ -167,7 +167,7 @@ def offline(args: argparse.Namespace, flags: dict[str, ConfigFlags]) -> int:
         resolved = flags["config show"].resolve(args)
         print(config_view.show(resolved, args.changed, args.json))
         return 0
-    from services.common.config import JobSpec
+    from services.jobs.spec import JobSpec
 
     print(config_view.explain(JobSpec, args.field))
     return 0

@@ -14,11 +14,9 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
@@ -26,17 +24,7 @@ from pydantic_settings.exceptions import SettingsError
 from services.common import choices
 from services.common.config import TrainConfig
 from services.common.config_errors import error_lines
-
-ENV_PREFIX = "OMRL_CONFIG__"
-"""`OMRL_CONFIG__ALGORITHM__ADVANTAGE=rloo` is `--set algorithm.advantage=rloo` (the value is read as YAML)."""
-
-
-class ConfigError(ValueError):
-    """A bad file, override, flag or value: one line per problem, each naming the field."""
-
-    def __init__(self, lines: list[str]):
-        super().__init__("; ".join(lines))
-        self.lines = lines
+from services.common.config_layers import ConfigError, env_layer, file_layer, merge_layers, set_layer
 
 
 class UsageError(ValueError):
@@ -150,10 +138,12 @@ def _defaults(schema: type[BaseModel]) -> BaseModel:
 
 
 def plugin_names(kind: str) -> list[str]:
+    """The registered names of plugin kind `kind`; none where this process has not imported its registry."""
     try:
-        return choices.registry(kind).names()
-    except ImportError:  # a registry whose module needs a package this install lacks
+        found = choices.registry(kind)
+    except ImportError:  # an OMRL_PLUGINS module this install cannot import
         return []
+    return found.names() if found is not None else []
 
 
 def type_name(annotation: Any) -> str:
@@ -291,69 +281,6 @@ def _settings_error(exc: SettingsError) -> str:
         name = text.split('for field "', 1)[1].split('"', 1)[0]
         return f"--{name}: not valid JSON"
     return text
-
-
-# -- layers ----------------------------------------------------------------------------------------------
-def set_layer(items: list[str]) -> dict[str, Any]:
-    """`a.b.c=value` overrides (values read as YAML) as one nested dict."""
-    data: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError([f"--set {item!r}: expected KEY=VALUE, e.g. --set learner.steps=10"])
-        _put(data, key.split("."), _yaml(raw, f"--set {key}"), f"--set {key}")
-    return data
-
-
-def env_layer(environ: dict[str, str]) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for name, raw in sorted(environ.items()):
-        if name.upper().startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-            path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
-            _put(data, path, _yaml(raw, name), name)
-    return data
-
-
-def file_layer(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError([f"{path}: {exc.strerror or exc}"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {' '.join(str(exc).split())}"]) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: expected a mapping of config sections, got {type(data).__name__}"])
-    return data
-
-
-def _yaml(raw: str, where: str) -> Any:
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{where}: value is not valid YAML: {' '.join(str(exc).split())}"]) from None
-
-
-def _put(data: dict[str, Any], path: list[str], value: Any, where: str) -> None:
-    node = data
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError([f"{where}: {part} is set to a value, not a section"])
-    node[path[-1]] = value
-
-
-def merge_layers(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and value:
-            out[key] = merge_layers(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _lookup(data: dict[str, Any], path: tuple[str, ...]) -> bool:

@@ -5,6 +5,7 @@ an env that serves a limited number of calls at once (services.envs.deadlines)."
 import asyncio
 import logging
 
+import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed, as the launcher does)
 from services.common.config_cli import Parser, add_import_flag, parse_service_args
 from services.common.logs import setup_logging
 

@@ -205,6 +205,7 @@ class TaskSplit:
 
 
 def main() -> None:
+    import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed)
     from services.common.config_cli import Parser, parse_service_args
 
     parser = Parser(

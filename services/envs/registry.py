@@ -12,7 +12,13 @@ from services.envs.base import TextEnv
 
 E = TypeVar("E", bound=type[TextEnv])
 
-ENVS: Registry[TextEnv] = Registry("environment")
+
+def _options(name: str) -> type:
+    """An env's options schema: its `Options` model (the one `reset` parses them with)."""
+    return ENVS.get(name).Options
+
+
+ENVS: Registry[TextEnv] = Registry("environment", choice="env", options=_options)
 
 
 def register_env(name: str) -> Callable[[E], E]:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, PlatformColle
 from services.common import metrics
 from services.jobs.auth import forbid_unknown_query, require_token
 from services.jobs.errors import validation_error
+from services.jobs.launchers import LAUNCHERS, Launcher
 from services.jobs.manager import JobManager
 from services.jobs.middleware import BodySizeLimit, JsonDepthLimit, RequestMetrics
 from services.jobs.progress import ProgressReader
@@ -22,7 +23,6 @@ from services.jobs.routers import metrics as metrics_router
 from services.jobs.settings import JobsSettings
 from services.jobs.spec_policy import SpecPolicy
 from services.jobs.store import JobStore
-from services.launcher.base import LAUNCHERS, Launcher
 
 AUTH_RESPONSES = {
     401: {"description": "Missing or wrong bearer token"},
@@ -64,9 +64,7 @@ def build_launcher(settings: JobsSettings) -> Launcher:
             max_restarts=settings.max_restarts,
             restart_delay_s=settings.restart_delay_s,
         )
-    from services.launcher.kubernetes import KubernetesLauncher
-
-    return KubernetesLauncher.from_settings(settings)
+    return LAUNCHERS.get("kubernetes").from_settings(settings)
 
 
 def create_app(

@@ -10,11 +10,11 @@ import secrets
 import threading
 from typing import Any
 
-from services.common.config import JobSpec
+from services.jobs.launchers import STARTING, TERMINAL, Launcher, LaunchStatus
 from services.jobs.models import ACTIVE, JobRecord, now
 from services.jobs.progress import ProgressReader
+from services.jobs.spec import JobSpec
 from services.jobs.store import JobStore, UnreadableRecord
-from services.launcher.base import STARTING, TERMINAL, Launcher, LaunchStatus
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from services.common.config import JobSpec
-from services.launcher.base import TERMINAL
+from services.jobs.launchers import TERMINAL
+from services.jobs.spec import JobSpec
 
 JobState = Literal["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled", "interrupted"]
 STATES: tuple[str, ...] = get_args(JobState)

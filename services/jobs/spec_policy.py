@@ -31,9 +31,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from services.common import choices, trust
-from services.common.config import JobSpec
-from services.launcher.base import SpecRejected
+from services import plugins
+from services.common import trust
+from services.jobs.launchers import SpecRejected
+from services.jobs.spec import JobSpec
 from services.rollout.backends import vllm_args
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -89,7 +90,7 @@ class SpecPolicy:
             if key not in fields or key in vllm_args.OWN_FIELD or key in vllm_args.BACKEND_SET:
                 raise ValueError(f"extra_engine_args: {key!r} is {vllm_args.problem(key, None) or 'not settable'}")
         for env, options in self.env_options.items():
-            model = choices.registry("env").get(env).Options  # KeyError naming the known envs
+            model = plugins.options_model("env", env)  # KeyError naming the known envs
             unknown = set(options) - {f.alias or name for name, f in model.model_fields.items()}
             if unknown:
                 raise ValueError(f"env_options.{env}: {', '.join(sorted(unknown))} not options of env {env!r}")
@@ -197,7 +198,7 @@ class SpecPolicy:
         operators = self.env_options.get(spec.env.name)
         if not operators:
             return
-        model = choices.registry("env").get(spec.env.name).Options
+        model = plugins.options_model("env", spec.env.name)
         own = {k: v for k, v in operators.items() if k in model.model_fields and trust.trust_of(model, k) == "operator"}
         try:
             spec.env.options = {**operators, **spec.env.options, **own}
@@ -240,7 +241,7 @@ def _plugin_model(loc: tuple[str, ...], options: dict[str, Any], kind: str, name
     if not options:
         return None
     try:
-        return choices.registry("env").get(name).Options if kind == "env" else choices.reward_params_model(name)
+        return plugins.options_model(kind, name)
     except ImportError as exc:  # the config check skips such a plugin; a caller's options are not let through
         raise SpecNotAllowed(
             loc, f"{kind} {name!r} cannot be checked by this server ({exc}); leave its options out"

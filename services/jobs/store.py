@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.common.config import JobSpec
+from services.jobs.launchers import FAILED, TERMINAL
 from services.jobs.models import Event, JobRecord, now
-from services.launcher.base import FAILED, TERMINAL
+from services.jobs.spec import JobSpec
 
 KEPT_DOC_CHARS = 64 * 1024
 

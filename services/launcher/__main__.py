@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 
+import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed, as the launcher does)
 from services.common.config_cli import ConfigError, ConfigFlags, Parser, UsageError
 from services.launcher.restarts import RESTART_STAGES, add_restart_flags
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from services.common.config import ComponentResources, JobSpec, TrainConfig, dump_config
+from services.common.config import TrainConfig, dump_config
 from services.common.grpc_server import LIVENESS
 from services.common.logs import FORMAT_ENV, log_format
+from services.jobs.spec import ComponentResources, JobSpec
 
 PORTS = {"rollout": 50051, "envs": 50052, "reward": 50053}
 METRICS_PORT, RDZV_PORT = 9100, 29500

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from services.common.config import JobSpec, TrainConfig, load_config
-from services.launcher.base import (
+from services.common.config import TrainConfig, load_config
+from services.jobs.launchers import (
     CANCELLED,
     CANCELLING,
     FAILED,
@@ -27,6 +27,7 @@ from services.launcher.base import (
     LaunchStatus,
     SpecRejected,
 )
+from services.jobs.spec import JobSpec
 from services.launcher.k8s_objects import JOBSET_API, MANAGED_BY, WORKLOADS, JobObjects, K8sOptions, run_config
 
 log = logging.getLogger(__name__)
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.launcher.kubernetes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     render = sub.add_parser("render", help="print the manifests the launcher would create for a job spec")
-    render.add_argument("spec", help="job spec YAML (services.common.config.JobSpec)")
+    render.add_argument("spec", help="job spec YAML (services.jobs.spec.JobSpec)")
     render.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     render.add_argument("--job-id", default="example-job-00000000")
     render.add_argument("--namespace", default="default")

@@ -16,11 +16,11 @@ from typing import Any
 
 import psutil
 
-from services.common.config import JobSpec, TrainConfig, dump_config
+from services.common.config import TrainConfig, dump_config
 from services.common.cpu_budget import available_cores, engine_env, split, thread_env
 from services.common.grpc_server import free_port
 from services.common.run_state import RunState
-from services.launcher.base import (
+from services.jobs.launchers import (
     CANCELLED,
     CANCELLING,
     FAILED,
@@ -32,6 +32,7 @@ from services.launcher.base import (
     LaunchStatus,
     SpecRejected,
 )
+from services.jobs.spec import JobSpec
 from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_json
 from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, python_module
@@ -45,7 +46,7 @@ from services.launcher.report import (
     write_reward_curve,
 )
 from services.launcher.restarts import MAX_RESTARTS, RESTART_DELAY_S, exit_reason
-from services.rollout.push_auth import TOKEN_ENV
+from services.weightsync.credential import TOKEN_ENV
 
 
 @dataclass

@@ -4,6 +4,7 @@ processes; rank 0 reads the stream and pushes weights). Every run-config field i
 
 import json
 
+import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed, as the launcher does)
 from services.common.config_cli import Parser, parse_service_args
 from services.common.logs import setup_logging
 

@@ -12,7 +12,7 @@ from services.learner import collectives
 from services.learner.prometheus_metrics import register_stream_collector
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
-from services.learner.weight_push import PUSHERS
+from services.weightsync import PUSHERS
 
 
 def build_learner(config: TrainConfig, metrics_port: int | None = None, host: str | None = None) -> LearnerService:
@@ -38,7 +38,7 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
             register_stream_collector(stream)
             start_http_server(metrics_port, addr=bind_host(host))
     learner = config.learner
-    dist = (
+    nccl = (  # the `nccl` transport's settings
         {
             "host": learner.weight_dist_host,
             "port": learner.weight_dist_port,
@@ -49,6 +49,6 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
         else {}
     )
     pusher = PUSHERS.create(
-        learner.weight_push, timeout_s=learner.push_timeout_s, bucket_mb=learner.weight_bucket_mb, **dist
+        learner.weight_push, timeout_s=learner.push_timeout_s, bucket_mb=learner.weight_bucket_mb, **nccl
     )
     return LearnerService(config, trainer, pusher, state, stream)

@@ -18,7 +18,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def streamed_weights(model: nn.Module, dtype: torch.dtype):
-    """The model's full weights as a `weight_buckets.TensorWeights` sent as `dtype`: names and global shapes
+    """The model's full weights as a `weightsync.buckets.TensorWeights` sent as `dtype`: names and global shapes
     from the sharded state dict (no communication), each tensor gathered (`full_tensor`, a collective) when
     its bucket is built. A float tensor is yielded as stored (the specs say `dtype`: it is cast where its
     bucket is packed, no cast and allocation a tensor here); any other is cast here. Where no tensor needs
@@ -26,8 +26,8 @@ def streamed_weights(model: nn.Module, dtype: torch.dtype):
     pass in the same order: rank 0 sends it, the others walk it with `walk_for_push`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from services.common.weight_buckets import TensorWeights
-    from services.common.weights import TensorSpec
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.wire import TensorSpec
 
     sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
     size = torch.empty(0, dtype=dtype).element_size()

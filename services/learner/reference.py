@@ -25,7 +25,7 @@ class ReferencePolicy:
         wrap: str = "layers",
         head_kernel: str = "auto",
     ):
-        from services.common.weights import checksum
+        from services.weightsync.wire import checksum
 
         self.model = load_model(model_path, dtype, attention, head, head_kernel)
         self.chunk_tokens, self.pack = chunk_tokens, pack

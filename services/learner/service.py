@@ -245,7 +245,8 @@ class LearnerService:
     def _ack(self, entry_ids: list[str]) -> None:
         """Acknowledges entries a committed checkpoint holds; their groups can no longer be lost."""
         self.stream.ack(entry_ids)
-        self.state.leases.settle(entry_ids)
+        if self.state is not None:  # a learner fed a stream without run state (tests, offline tools) holds no leases
+            self.state.leases.settle(entry_ids)
 
     def _push(self, rollback: bool = False) -> tuple[float, str, list[dict]]:
         """`rollback`: the servers may go back to this version (a learner resumed from a checkpoint older
@@ -264,7 +265,7 @@ class LearnerService:
         # several ranks that read is a collective rank 0 cannot run alone: it keeps a spool of the push.
         sharded = collectives.world_size() > 1
         if sharded:
-            from services.common.weight_spool import TeeToSpool
+            from services.weightsync.spool import TeeToSpool
 
             weights = TeeToSpool(weights)
         results = self.pusher.push(self.version, weights, addresses, rollback=rollback, run=self.config.run)

@@ -4,6 +4,7 @@ run-config section is `reward` (`--set reward.components.goal.weight=2`, or a fl
 import asyncio
 import sys
 
+import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed, as the launcher does)
 from services.common.config_cli import Parser, add_import_flag, parse_service_args
 from services.common.logs import setup_logging
 

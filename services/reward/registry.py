@@ -11,13 +11,40 @@ directly: `REWARDS.register("name")(MyReward)`.
 from __future__ import annotations
 
 import importlib
+import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
 
 from services.common.registry import Registry
 from services.reward.base import RewardFunction
 
-REWARDS: Registry[RewardFunction] = Registry("reward function")
+
+def params_model(name: str) -> type[BaseModel]:
+    """The params a reward function takes: the keyword arguments of its `__init__` (strict types, as
+    the functions check their params by isinstance). Its options schema in REWARDS."""
+    target = reward_class(name)
+    init = target.__init__ if inspect.isclass(target) else target
+    fields: dict[str, Any] = {}
+    if init is not RewardFunction.__init__:  # the base takes **params only to reject them
+        try:
+            hints = typing.get_type_hints(init, include_extras=True)  # Annotated markers (services.common.trust)
+        except (NameError, TypeError):  # an annotation this process cannot resolve: check names only
+            hints = {}
+        params = list(inspect.signature(init).parameters.values())
+        for param in params[1:] if inspect.isclass(target) else params:
+            if param.kind is param.VAR_KEYWORD:
+                return create_model(f"{name}_params", __config__=ConfigDict(extra="allow"))
+            if param.kind in (param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
+                continue
+            default = ... if param.default is param.empty else param.default
+            fields[param.name] = (hints.get(param.name, Any), default)
+    return create_model(f"{name}_params", __config__=ConfigDict(extra="forbid", strict=True), **fields)
+
+
+REWARDS: Registry[RewardFunction] = Registry("reward function", choice="reward", options=params_model)
 _BUILTINS: dict[Callable[..., RewardFunction], str] = {}
 """Factory of a builtin -> the `module:Class` it builds."""
 

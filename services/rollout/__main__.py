@@ -4,6 +4,7 @@ field is also a flag (`--rollout.max_new_tokens 32`)."""
 import asyncio
 import os
 
+import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed, as the launcher does)
 from services.common.config_cli import Parser, parse_service_args
 from services.common.logs import setup_logging
 

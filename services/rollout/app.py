@@ -56,7 +56,6 @@ async def run_server(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from services.common.weights import ModelSignature
     from services.envs.client import GrpcEnvClient
     from services.envs.deadlines import env_deadlines
     from services.reward.client import GrpcRewardClient
@@ -65,8 +64,9 @@ async def run_server(
     from services.rollout.core import RolloutCore
     from services.rollout.producer import Producer
     from services.rollout.prompting import ChatFormatter
-    from services.rollout.push_auth import PushAuthenticator, token_from_env
     from services.rollout.server import add_to_server
+    from services.weightsync.credential import PushAuthenticator, token_from_env
+    from services.weightsync.wire import ModelSignature
 
     host = bind_host(host)
     auth = PushAuthenticator.for_server(host, token_from_env())

@@ -5,7 +5,7 @@ Invariants of a weight push (nothing reaches the engine unless all hold; on any 
 keeps serving the version it had):
 - the set is exactly the served model's (names, shapes, dtypes: `ModelSignature`, checked on the header
   before any data is read), each bucket matches its sha256 and holds finite values, and the whole set
-  matches the checksum of its commit (`weight_receiver`);
+  matches the checksum of its commit (`weightsync.grpc.receive`, `weightsync.nccl.staging`);
 - atomic without a second copy in memory: verified buckets wait in a spool file; only a set that
   checked out whole is applied, bucket by bucket from that file, under the write lock (no request in
   flight, none admitted until it is done); a refused or interrupted push deletes the spool;
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 from services.common import metrics
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from services.common.weight_spool import WeightSpool
-from services.common.weights import ModelSignature, TensorSpec, WeightSetRejected
 from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.loop_stages import LOOP_STAGE_SECONDS
 from services.rollout.rwlock import ReadWriteLock
-from services.rollout.weight_receiver import BucketReceiver
-from services.rollout.weight_receiver_dist import DistStaging
+from services.weightsync.grpc.receive import BucketReceiver
+from services.weightsync.nccl.staging import NcclStaging
+from services.weightsync.spool import WeightSpool
+from services.weightsync.wire import ModelSignature, TensorSpec, WeightSetRejected
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class RolloutCore:
     _idle_since: float | None = None
     _lock: ReadWriteLock = field(default_factory=ReadWriteLock)
     _version_waiters: set[asyncio.Future] = field(default_factory=set)
-    _dist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _nccl_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def waiting_for_version(self) -> int:
@@ -255,49 +255,49 @@ class RolloutCore:
         finally:
             spool.delete()
 
-    async def begin_dist_push(
+    async def begin_nccl_push(
         self, header: PushHeader, rendezvous: dict, *, digests_follow: bool = False
-    ) -> DistStaging | None:
+    ) -> NcclStaging | None:
         """An `nccl` push (buckets by broadcast to the engine's workers): admits the header, then joins the
         learner's process group (a new group name: the engine leaves the previous group first) and opens a
-        receive session. None: the set is already served. Holds the push slot until `end_dist_push`."""
+        receive session. None: the set is already served. Holds the push slot until `end_nccl_push`."""
         if self.admit(header):
             return None
         total = header.declared_bytes if header.total_bytes < 0 else header.total_bytes
         try:
-            staging = DistStaging(
+            staging = NcclStaging(
                 header.specs, header.bucket_bytes, total, self.spool_dir, digests_follow=digests_follow
             )
         except WeightSetRejected as exc:
             self._refuse(header, exc)
-        await self._dist_lock.acquire()
+        await self._nccl_lock.acquire()
         try:
-            await self.backend.begin_dist_push(rendezvous, total_bytes=total, tensors=len(header.specs))
+            await self.backend.begin_nccl_push(rendezvous, total_bytes=total, tensors=len(header.specs))
         except Exception as exc:
-            self._dist_lock.release()
+            self._nccl_lock.release()
             staging.abort()
             log.warning("weight push v%d: joining the learner's process group failed: %s", header.version, exc)
             raise Unavailable(f"joining the learner's process group failed, nothing applied: {exc}") from exc
         return staging
 
-    async def receive_dist(self, header: PushHeader, staging: DistStaging, specs, nbytes: int, digest: str) -> None:
+    async def receive_nccl(self, header: PushHeader, staging: NcclStaging, specs, nbytes: int, digest: str) -> None:
         try:
             info = staging.declare(specs, nbytes, digest)
         except WeightSetRejected as exc:
             self._refuse(header, exc)
         try:
-            await self.backend.receive_dist_bucket(info)
+            await self.backend.receive_nccl_bucket(info)
         except Exception as exc:  # a bad digest or non-finite values in the worker, or a broken group
             self._refuse(header, WeightSetRejected(f"bucket of {specs[0].name!r} not received: {exc}"))
 
-    def receive_dist_digest(self, header: PushHeader, staging: DistStaging, digest: str) -> None:
+    def receive_nccl_digest(self, header: PushHeader, staging: NcclStaging, digest: str) -> None:
         """The digest of the bucket declared last, in a push whose digests follow their buckets."""
         try:
             staging.add_digest(digest)
         except WeightSetRejected as exc:
             self._refuse(header, exc)
 
-    async def end_dist_push(self, header: PushHeader, staging: DistStaging, checksum: str | None) -> UpdateResult:
+    async def end_nccl_push(self, header: PushHeader, staging: NcclStaging, checksum: str | None) -> UpdateResult:
         """`checksum` None: the push failed or ended early (the group is dropped, the spool deleted).
         Otherwise closes the receive session and applies the set if the checksum verifies."""
         unflushed: Exception | None = None
@@ -305,12 +305,12 @@ class RolloutCore:
             try:
                 if checksum is not None:
                     try:
-                        await self.backend.flush_dist_bucket(staging.last_digest())
+                        await self.backend.flush_nccl_bucket(staging.last_digest())
                     except Exception as exc:  # noqa: BLE001 - the last bucket failed a check (refused below)
                         unflushed = exc
-                await self.backend.end_dist_push(ok=checksum is not None and unflushed is None)
+                await self.backend.end_nccl_push(ok=checksum is not None and unflushed is None)
             finally:
-                self._dist_lock.release()
+                self._nccl_lock.release()
         except BaseException:  # a broken group (the learner died midway): the spool goes too
             staging.abort()
             raise

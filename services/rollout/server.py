@@ -8,10 +8,10 @@ import uuid
 
 from services.common.errors import InvalidArgument, ServiceError, Unauthenticated
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weights import CHUNK_BYTES, TensorSpec
 from services.rollout.backends.base import SamplingSpec
 from services.rollout.core import PUSHES_REFUSED, PushHeader, RolloutCore
-from services.rollout.push_auth import PushAuthenticator
+from services.weightsync.credential import PushAuthenticator
+from services.weightsync.wire import CHUNK_BYTES, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     async def UpdateWeights(self, request_iterator, context):
         """Authenticates before reading anything, checks the header before reading data, checks each
-        bucket as it arrives (`weight_receiver`) and applies the set only at a commit that verifies; a
+        bucket as it arrives (`weightsync.grpc.receive`) and applies the set only at a commit that verifies; a
         stream that ends or breaks before it applies nothing.
 
         A push refused at its header is read to its end (discarded, up to one model's size) before the
@@ -92,7 +92,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             await self._discard_rest(request_iterator)
             raise
         if first.header.HasField("dist"):
-            return await self._update_weights_dist(header, first.header.dist, request_iterator)
+            return await self._update_weights_nccl(header, first.header.dist, request_iterator)
         if receiver is None:
             await self._discard_rest(request_iterator)
             return self._reply(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
@@ -119,18 +119,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         finally:
             receiver.abort()  # a no-op once the commit handed the spool over
 
-    async def _update_weights_dist(self, header, dist, request_iterator):
+    async def _update_weights_nccl(self, header, rdv, request_iterator):
         """An `nccl` push: this stream carries the control (bucket declarations with their digests, or the
         digests after them where `digests_follow`, the commit); the bytes come by broadcast to the engine's
-        workers, each bucket received, checked and staged while its declaration is handled."""
+        workers, each bucket received, checked and staged while its declaration is handled. The header's
+        rendezvous is its `dist` field (`WeightDistRendezvous`: the proto keeps that name for compatibility)."""
         rendezvous = {
-            "host": dist.host,
-            "port": dist.port,
-            "group": dist.group,
-            "backend": dist.backend,
-            "timeout_s": dist.timeout_s,
+            "host": rdv.host,
+            "port": rdv.port,
+            "group": rdv.group,
+            "backend": rdv.backend,
+            "timeout_s": rdv.timeout_s,
         }
-        staging = await self.core.begin_dist_push(header, rendezvous, digests_follow=dist.digests_follow)
+        staging = await self.core.begin_nccl_push(header, rendezvous, digests_follow=rdv.digests_follow)
         if staging is None:
             return self._reply(self.core.policy_version, self.core.weights_checksum, 0, 0.0)
         checksum = None
@@ -139,9 +140,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 kind = message.WhichOneof("payload")
                 if kind == "bucket":
                     b = message.bucket
-                    await self.core.receive_dist(header, staging, specs_from_proto(b.tensors), b.nbytes, b.digest)
+                    await self.core.receive_nccl(header, staging, specs_from_proto(b.tensors), b.nbytes, b.digest)
                 elif kind == "bucket_digest":
-                    self.core.receive_dist_digest(header, staging, message.bucket_digest)
+                    self.core.receive_nccl_digest(header, staging, message.bucket_digest)
                 elif kind == "commit":
                     checksum = message.commit.checksum
                     break
@@ -149,9 +150,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     raise _invalid(f"an nccl push carries bucket declarations, their digests and a commit, not {kind}")
         except BaseException:  # refused, broken or cancelled: drop the group, delete the spool
             with contextlib.suppress(ServiceError):
-                await self.core.end_dist_push(header, staging, None)
+                await self.core.end_nccl_push(header, staging, None)
             raise
-        result = await self.core.end_dist_push(header, staging, checksum)
+        result = await self.core.end_nccl_push(header, staging, checksum)
         return self._reply(result.policy_version, result.checksum, result.bytes_received, result.apply_seconds)
 
     async def _discard_rest(self, request_iterator) -> None:

@@ -501,7 +501,7 @@ def test_env_replicas_know_each_others_direct_addresses():
 # -- the job API's rights, Redis, the weight-push token, bind addresses ---------------------------------
 def launcher_calls(workload: str) -> set[tuple[str, str, str]]:
     """(api group, resource, verb) of every call the kubernetes launcher makes through a job's life."""
-    from services.common.config import JobSpec
+    from services.jobs.spec import JobSpec
     from services.launcher.k8s_objects import K8sOptions
     from services.launcher.kubernetes import KubernetesLauncher
     from tests.support.fake_kubernetes import FakeCluster

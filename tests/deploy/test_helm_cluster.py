@@ -160,7 +160,7 @@ def test_the_schema_refuses_an_unknown_log_format():
 
 
 def test_jobs_the_api_launches_log_in_the_charts_format(monkeypatch):
-    from services.common.config import JobSpec
+    from services.jobs.spec import JobSpec
     from services.launcher.k8s_objects import JobObjects, K8sOptions
 
     api = main_container(workloads(render("--set", "logFormat=text"))["jobs-api"])

@@ -17,6 +17,7 @@ import redis
 
 from services.common.config import StreamConfig
 from services.common.grpc_server import free_port
+from tests.support.api_process import JobApiProcess
 from tests.support.processes import alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -24,47 +25,7 @@ TOKEN = "e2e-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class ApiProcess:
-    def __init__(self, root: Path, port: int):
-        self.root, self.port = root, port
-        self.env = {
-            **os.environ,
-            "OMRL_API_TOKEN": TOKEN,
-            "OMRL_API_DB": str(root / "jobs.sqlite"),
-            "OMRL_API_OUTPUT_DIR": str(root / "runs"),
-            "OMRL_API_POLL_INTERVAL_S": "0.5",
-        }
-        self.proc: subprocess.Popen | None = None
-        self.url = f"http://127.0.0.1:{port}"
-
-    def start(self) -> "ApiProcess":
-        with open(self.root / "api.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.jobs", "--host", "127.0.0.1", "--port", str(self.port)],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                # ready = its first reconcile pass is done, so jobs that ran across a restart are taken up again
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, (self.root / "api.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "job API did not come up"
-            time.sleep(0.2)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
-
-
-def cli(api: ApiProcess, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def cli(api: JobApiProcess, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "services.cli", "--api", api.url, "--token", TOKEN, *args],
         capture_output=True,
@@ -96,7 +57,7 @@ def timeline(tmp_path_factory):
         "run: e2e\nlearner: {steps: 2}\nmodel: {warmstart_steps: 5}\nrollout: {group_size: 4, groups_per_step: 2}\n"
     )
     port, out, apis = free_port(), {}, []
-    api = ApiProcess(root, port).start()
+    api = JobApiProcess(root, port, TOKEN).start()
     apis.append(api)
     http = httpx.Client(base_url=api.url, headers=AUTH, timeout=30)
     try:
@@ -113,7 +74,7 @@ def timeline(tmp_path_factory):
         out["supervisor_pid"] = job["launcher_info"]["pid"]
         api.stop(signal.SIGKILL)
         out["supervisor_alive_without_api"] = alive(out["supervisor_pid"])
-        api = ApiProcess(root, port).start()
+        api = JobApiProcess(root, port, TOKEN).start()
         apis.append(api)
         out["after_restart"] = http.get(f"/v1/jobs/{job_id}").json()
         model = Path(job["launcher_info"]["run_dir"]) / "model" / "warm"

@@ -9,10 +9,6 @@ and plugin would create does not exist."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,10 +17,10 @@ import pytest
 from services.common.config import MAX_FREE_FORM_BYTES, MAX_FREE_FORM_DEPTH
 from services.common.grpc_server import free_port
 from services.rollout.backends.vllm_args import JOB_SPEC_ENGINE_ARGS, engine_fields
+from tests.support.api_process import JobApiProcess
 
 pytestmark = pytest.mark.faults
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hostile-token"
 ALLOWED_HOST = "envs.allowed.test:8000"
 ALLOWED_URL = f"http://{ALLOWED_HOST}"
@@ -43,44 +39,18 @@ class Api:
         self.touch = f"touch {self.marker}"
 
     def start(self) -> Api:
-        env = {
-            **os.environ,
-            "OMRL_API_TOKEN": TOKEN,
-            "OMRL_API_DB": str(self.root / "jobs.sqlite"),
+        settings = {
             "OMRL_API_OUTPUT_DIR": str(self.out),
             "OMRL_API_ALLOWED_DATA_ROOTS": json.dumps([str(self.root / "data")]),
             "OMRL_API_ALLOWED_ENV_HOSTS": json.dumps([ALLOWED_HOST]),
             "OMRL_API_POLL_INTERVAL_S": "0.2",
         }
-        with open(self.root / "api.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.jobs", "--host", "127.0.0.1", "--port", str(self.port)],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, (self.root / "api.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "job API did not come up"
-            time.sleep(0.1)
+        self.process = JobApiProcess(self.root, self.port, TOKEN, settings).start()
+        return self
 
     def stop(self) -> None:
         self.http.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
+        self.process.stop()
 
     def submit(self, spec: dict | None = None, content: bytes | None = None) -> httpx.Response:
         if content is not None:

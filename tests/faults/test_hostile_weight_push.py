@@ -12,9 +12,9 @@ import torch
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weights import pack
 from services.rollout.backends.base import SamplingSpec
-from services.rollout.push_auth import auth_metadata
+from services.weightsync.buckets import pack
+from services.weightsync.credential import auth_metadata
 from tests.support.rollout_server import start_rollout
 
 pytestmark = pytest.mark.faults
@@ -176,7 +176,7 @@ def test_versions_never_go_back_without_a_flagged_rollback_of_the_same_run(serve
 
 
 def test_the_learner_pusher_carries_the_token_from_its_environment(server, monkeypatch):
-    from services.learner.weight_push.grpc_push import GrpcWeightPusher
+    from services.weightsync.grpc.send import GrpcWeightPusher
 
     version = served(server)[0]
     weights = pack(valid(server, seed=5))

@@ -19,9 +19,9 @@ from services.common.trajectory import TrajectoryBuilder
 from services.learner import poison_guard
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
-from services.learner.weight_push.none import NoPush
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
+from services.weightsync.none import NoPush
 from tests.support.claims import publish_claimed
 
 pytestmark = pytest.mark.faults

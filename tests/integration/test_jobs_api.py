@@ -13,11 +13,12 @@ import pytest
 from fastapi.routing import APIRoute
 
 from services.cli.main import main as omrl
-from services.common.config import JobSpec, load_config
+from services.common.config import load_config
 from services.common.run_state import RunState
 from services.jobs.app import create_app
 from services.jobs.models import JobRecord
 from services.jobs.settings import JobsSettings
+from services.jobs.spec import JobSpec
 from tests.support.fake_launcher import FakeLauncher
 from tests.support.live_api import LiveApi
 

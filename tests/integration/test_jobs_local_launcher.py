@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from services.common.config import JobSpec
-from services.launcher import base
+from services.jobs import launchers
+from services.jobs.spec import JobSpec
 from services.launcher.local import LocalLauncher
 
 SLEEPER = "import sys, time; time.sleep(120)"
@@ -82,7 +82,7 @@ def test_a_restarted_api_reattaches_to_a_live_supervisor(tmp_path, procs):
     run_dir = job_dir(tmp_path, status={"phase": "running"}, log=log)
     supervisor = procs(SLEEPER)
     status = LocalLauncher(tmp_path).recover("job-1", handle_for(supervisor, run_dir))
-    assert status.state == base.RUNNING
+    assert status.state == launchers.RUNNING
     assert status.messages == [
         f"re-attached to the job's supervisor (pid {supervisor.pid})",
         "tiny model ready in 3s",
@@ -96,7 +96,7 @@ def test_a_supervisor_that_died_with_the_api_leaves_an_interrupted_job_and_no_pr
     service = procs(SLEEPER, "--config", str(run_dir / "config.yaml"))
     job_dir(tmp_path, status={"phase": "running"}, pids={"rollout": service.pid})
     status = LocalLauncher(tmp_path).recover("job-1", dead_supervisor(procs, run_dir))
-    assert status.state == base.INTERRUPTED
+    assert status.state == launchers.INTERRUPTED
     assert f"stopped its service processes (rollout (pid {service.pid}))" in status.error
     assert "checkpoints stay in" in status.error
     assert gone(service.pid)
@@ -105,7 +105,7 @@ def test_a_supervisor_that_died_with_the_api_leaves_an_interrupted_job_and_no_pr
 def test_a_job_that_ended_while_the_api_was_down_keeps_its_outcome(tmp_path, procs):
     run_dir = job_dir(tmp_path, status={"phase": "exited", "state": "succeeded", "error": None})
     status = LocalLauncher(tmp_path).recover("job-1", dead_supervisor(procs, run_dir))
-    assert status.state == base.SUCCEEDED and status.error is None
+    assert status.state == launchers.SUCCEEDED and status.error is None
 
 
 def test_a_reused_pid_is_neither_trusted_nor_killed(tmp_path, procs):
@@ -113,7 +113,7 @@ def test_a_reused_pid_is_neither_trusted_nor_killed(tmp_path, procs):
     run_dir = job_dir(tmp_path, status={"phase": "running"}, pids={"learner": stranger.pid})
     handle = handle_for(stranger, run_dir) | {"create_time": 12345.0}
     status = LocalLauncher(tmp_path).recover("job-1", handle)
-    assert status.state == base.INTERRUPTED and "none left" in status.error
+    assert status.state == launchers.INTERRUPTED and "none left" in status.error
     assert stranger.poll() is None  # its cmdline does not name the job's config: left alone
 
 
@@ -123,16 +123,16 @@ def test_cancel_escalates_to_sigkill_after_the_grace_period(tmp_path, procs):
     time.sleep(0.5)  # let it install its SIGTERM handler
     launcher = LocalLauncher(tmp_path, cancel_grace_s=0.5)
     handle = launcher.cancel("job-1", handle_for(supervisor, run_dir))
-    assert launcher.poll("job-1", handle).state == base.CANCELLING
+    assert launcher.poll("job-1", handle).state == launchers.CANCELLING
     time.sleep(0.6)
     status = launcher.poll("job-1", handle)
-    assert status.state == base.CANCELLING and any("killed" in m for m in status.messages)
+    assert status.state == launchers.CANCELLING and any("killed" in m for m in status.messages)
     assert gone(supervisor.pid)
-    assert launcher.poll("job-1", handle).state == base.CANCELLED
+    assert launcher.poll("job-1", handle).state == launchers.CANCELLED
 
 
 def test_only_one_of_each_service_runs_locally(tmp_path):
-    with pytest.raises(base.SpecRejected) as info:
+    with pytest.raises(launchers.SpecRejected) as info:
         LocalLauncher(tmp_path).check(JobSpec.model_validate({"resources": {"rollout": {"replicas": 2}}}))
     assert info.value.loc == ("resources", "rollout", "replicas")
 
@@ -187,7 +187,7 @@ def test_starting_a_job_whose_supervisor_already_runs_adopts_it(tmp_path, procs)
     (run_dir / "status.json").write_text(json.dumps({"pid": supervisor.pid, "phase": "starting"}))
     handle = launcher.start("job-1", JobSpec())  # the API died before it recorded the first start
     assert handle["pid"] == supervisor.pid and not (run_dir / "job.yaml").exists()
-    assert launcher.poll("job-1", handle).state == base.STARTING
+    assert launcher.poll("job-1", handle).state == launchers.STARTING
 
 
 def test_a_failed_job_says_why_once_in_one_line_and_keeps_the_detail_in_its_log(tmp_path, monkeypatch, capsys):

@@ -12,10 +12,10 @@ from services.common.config import load_config
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
-from services.common.weight_buckets import TensorWeights
 from services.learner.service import LearnerService
-from services.learner.weight_push import PushResult, WeightPusher
-from services.learner.weight_push.none import NoPush
+from services.weightsync import PushResult, WeightPusher
+from services.weightsync.buckets import TensorWeights
+from services.weightsync.none import NoPush
 from tests.support.claims import publish_claimed
 
 

@@ -10,9 +10,8 @@ import redis
 import torch
 
 from services.common.errors import InvalidArgument
-from services.common.weight_buckets import TensorWeights
-from services.common.weights import PackedWeights, pack
 from services.rollout.backends.base import SamplingSpec
+from services.weightsync.buckets import PackedWeights, TensorWeights, pack
 from tests.support.rollout_server import perturbed, reference_logprobs, start_rollout
 
 

@@ -1,6 +1,6 @@
 """The `nccl` weight push against a real rollout server process (vLLM on CPU): the same vLLM
 weight-transfer calls as on GPU (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`,
-`finish_weight_update`) with the `omrl_dist` engine, the process group on gloo. Replies agree with the
+`finish_weight_update`) with the `omrl_nccl` engine, the process group on gloo. Replies agree with the
 version they are stamped with across a live update; malformed pushes (wrong shape, unknown name, a
 corrupted or truncated bucket) are refused with nothing applied and the engine serving; a push whose
 learner dies midway leaves the previous version served, and the next push lands. Each with the buckets
@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from services.common.grpc_server import free_port
-from services.common.weight_buckets import TensorWeights
-from services.common.weight_dist import DeviceBucket, bucket_digest
-from services.learner.weight_push.nccl_push import NcclWeightPusher
 from services.rollout.backends.base import SamplingSpec
+from services.weightsync.buckets import TensorWeights
+from services.weightsync.digest import bucket_digest
+from services.weightsync.nccl.pack import DeviceBucket
+from services.weightsync.nccl.send import NcclWeightPusher
 from tests.support.rollout_server import perturbed, reference_logprobs, start_rollout
 
 
@@ -168,8 +169,8 @@ DYING_LEARNER = textwrap.dedent(
     """
     import os, sys
     import torch
-    from services.common.weight_buckets import TensorWeights
-    from services.learner.weight_push.nccl_push import NcclWeightPusher
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.nccl.send import NcclWeightPusher
     from transformers import AutoModelForCausalLM
 
     address, token, run, port, version = sys.argv[1:6]

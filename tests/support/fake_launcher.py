@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.config import JobSpec, TrainConfig
-from services.launcher.base import CANCELLED, Launcher, LaunchStatus, SpecRejected
+from services.common.config import TrainConfig
+from services.jobs.launchers import CANCELLED, Launcher, LaunchStatus, SpecRejected
+from services.jobs.spec import JobSpec
 
 
 class FakeLauncher(Launcher):

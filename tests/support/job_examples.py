@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from services.common.config import JobSpec, load_config
+from services.common.config import load_config
+from services.jobs.spec import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "job-examples"
 JOB = "qwen-corridor-1a2b3c4d"

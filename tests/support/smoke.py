@@ -99,8 +99,8 @@ def param_checksum(trainer) -> float:
 def streamed_push_agrees(trainer) -> bool:
     """Whether the bucketed push set (gathered tensor by tensor, small buckets) has the checksum of the
     full state dict. Collective; True on the ranks that only walk it."""
-    from services.common.weights import checksum
     from services.learner import collectives, full_weights
+    from services.weightsync.wire import checksum
 
     full = trainer.named_weights_for_push()
     weights = trainer.weight_set_for_push()

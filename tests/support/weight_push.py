@@ -7,11 +7,11 @@ import contextlib
 import torch
 
 from services.common.grpc_server import serve
-from services.common.weights import ModelSignature
 from services.rollout.backends.base import Generation, RolloutBackend
 from services.rollout.core import RolloutCore
-from services.rollout.push_auth import PushAuthenticator
 from services.rollout.server import add_to_server
+from services.weightsync.credential import PushAuthenticator
+from services.weightsync.wire import ModelSignature
 
 
 class FakeEngine(RolloutBackend):

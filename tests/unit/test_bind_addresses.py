@@ -23,7 +23,7 @@ LISTENERS = {
     ("services/common/grpc_server.py", ".bind(("): "free_port(): a probe of a port, closed at once",
     ("services/learner/app.py", "start_http_server("): "the learner's metrics endpoint, on bind_host()",
     ("services/jobs/__main__.py", "uvicorn.run("): "the job API, on bind_host()",
-    ("services/common/weight_dist.py", "TCPStore("): "the nccl weight push's rendezvous (learner rank 0): torch's "
+    ("services/weightsync/nccl/group.py", "TCPStore("): "the nccl weight push's rendezvous (learner rank 0): torch's "
     "store listens on every address, as it must for the rollout pods that reach it at learner.weight_dist_host",
 }
 """(file, call) -> where it listens and why that is right."""
@@ -62,7 +62,7 @@ def test_bind_host(bind_env, env_host, flag, expected):
 @pytest.mark.parametrize("env_host,flag,expected", CASES, ids=CASE_IDS)
 def test_the_rollout_server(monkeypatch, bind_env, env_host, flag, expected):
     from services.rollout import __main__ as entry
-    from services.rollout.push_auth import PushAuthenticator
+    from services.weightsync.credential import PushAuthenticator
 
     def for_server(cls, host, token):  # the first use of the address, before Redis, the engine and serve()
         raise Bound(host)

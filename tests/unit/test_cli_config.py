@@ -9,8 +9,9 @@ import pytest
 
 from services.cli.client import JobsClient
 from services.cli.main import main as omrl
-from services.common.config import JobSpec, TrainConfig
+from services.common.config import TrainConfig
 from services.common.config_cli import ConfigError, ConfigFlags, Parser, UsageError, resolve, walk
+from services.jobs.spec import JobSpec
 from services.launcher import __main__ as launcher
 
 ROOT = Path(__file__).resolve().parents[2]

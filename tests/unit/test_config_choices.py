@@ -9,9 +9,10 @@ from pydantic import ValidationError
 
 from services.cli.main import main as omrl
 from services.common import choices
-from services.common.config import JobSpec, load_config
+from services.common.config import load_config
 from services.common.config_errors import error_lines
 from services.envs.registry import ENVS
+from services.jobs.spec import JobSpec
 from services.reward.registry import REWARDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def test_a_reward_registered_by_a_plugin_module_is_known_through_omrl_plugins(tm
 
 def test_parsing_a_config_imports_no_torch_or_vllm():
     code = (
-        "import sys; from services.common.config import load_config; "
+        "import sys; import services.plugins; from services.common.config import load_config; "
         "load_config(None, ['env.options={length: 5}']); "
         "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
     )
@@ -185,6 +186,25 @@ def test_the_launcher_prints_one_line_naming_the_field(tmp_path):
         "config error: algorithm.advantage: 'grpoo' is not one of: gae, grpo, reinforce_plus_plus, "
         "reinforce_plus_plus_baseline, rloo"
     ]
+
+
+@pytest.mark.parametrize(
+    "module", ["services.envs", "services.reward", "services.rollout", "services.learner", "services.envs.datasets"]
+)
+def test_each_service_checks_the_plugins_of_every_other_service(module):
+    """A service's own process loads every registry before it parses its config (`services.plugins`, which the
+    package `services.common` cannot import): the plugin kinds of the layers above it are checked there too."""
+    bad = ["algorithm.advantage=grpoo", "rollout.backend=sglang", "reward.components={goall: {}}", "env.name=x"]
+    out = subprocess.run(
+        [sys.executable, "-m", module, *(arg for item in bad for arg in ("--set", item))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    fields = sorted(line.split(": ")[2] for line in out.stderr.splitlines())
+    assert fields == ["algorithm.advantage", "env.name", "reward.components.goall", "rollout.backend"], out.stderr
 
 
 def test_an_env_whose_dependencies_are_missing_here_is_left_to_the_env_service():

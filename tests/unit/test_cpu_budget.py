@@ -9,7 +9,7 @@ from services.common import cpu_budget
 from services.common.config import TrainConfig
 from services.common.cpu_budget import Cores, available_cores, cgroup_cpu_quota, split, torch_threads
 from services.launcher.local import LocalRun
-from services.rollout.push_auth import TOKEN_ENV
+from services.weightsync.credential import TOKEN_ENV
 
 
 def write(path: Path, text: str) -> None:

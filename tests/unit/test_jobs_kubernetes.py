@@ -7,10 +7,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.common.config import JobSpec, TrainConfig, load_config
+from services.common.config import TrainConfig, load_config
+from services.jobs import launchers
 from services.jobs.manager import JobManager
+from services.jobs.spec import JobSpec
 from services.jobs.store import JobStore
-from services.launcher import base
 from services.launcher.k8s_objects import JobObjects, K8sOptions, run_config
 from services.launcher.kubernetes import KubernetesLauncher
 from tests.support.fake_kubernetes import FakeCluster
@@ -173,17 +174,17 @@ def test_start_creates_every_object_owned_by_the_learner_job(cluster, launcher):
 def test_state_is_read_back_from_the_cluster_and_a_finished_job_frees_its_servers(cluster, launcher):
     spec = gpu_spec()
     handle = launcher.start(JOB, spec)
-    assert launcher.poll(JOB, handle).state == base.STARTING
+    assert launcher.poll(JOB, handle).state == launchers.STARTING
     mark_ready(cluster, spec)
     cluster.set_status("Deployment", f"{JOB}-rollout", {"replicas": 4, "availableReplicas": 3})
-    assert launcher.poll(JOB, handle).state == base.STARTING  # one rollout replica is still loading
+    assert launcher.poll(JOB, handle).state == launchers.STARTING  # one rollout replica is still loading
     mark_ready(cluster, spec)
-    assert launcher.poll(JOB, handle).state == base.RUNNING
+    assert launcher.poll(JOB, handle).state == launchers.RUNNING
     cluster.set_status(
         "Job", f"{JOB}-learner", {"succeeded": 2, "conditions": [{"type": "Complete", "status": "True"}]}
     )
     status = launcher.poll(JOB, handle)
-    assert status.state == base.SUCCEEDED and status.handle["released"]
+    assert status.state == launchers.SUCCEEDED and status.handle["released"]
     # kept until the TTL: the Job (logs), its config, token and policies (they guard pods still shutting down)
     assert {o["kind"] for o in cluster.objects.values()} == {"Job", "ConfigMap", "Secret", "NetworkPolicy"}
 
@@ -206,7 +207,7 @@ def test_a_failed_learner_job_reports_why(cluster, launcher):
         },
     )
     status = launcher.poll(JOB, handle)
-    assert status.state == base.FAILED and status.error.startswith("DeadlineExceeded: Job was active longer")
+    assert status.state == launchers.FAILED and status.error.startswith("DeadlineExceeded: Job was active longer")
     assert not cluster.of_kind("Deployment")
 
 
@@ -217,14 +218,14 @@ def test_cancel_deletes_everything_the_job_owns(cluster, launcher):
     cluster.add_pod(f"{JOB}-learner-0-abcde", {"app.kubernetes.io/instance": JOB}, {"phase": "Running"}, owner=root)
     handle = launcher.cancel(JOB, handle)
     assert cluster.objects == {}
-    assert launcher.poll(JOB, handle).state == base.CANCELLED
+    assert launcher.poll(JOB, handle).state == launchers.CANCELLED
 
 
 def test_a_job_deleted_behind_the_apis_back_is_failed(cluster, launcher):
     handle = launcher.start(JOB, cpu_spec())
     cluster.objects.clear()
     status = launcher.poll(JOB, handle)
-    assert status.state == base.FAILED and "deleted outside" in status.error
+    assert status.state == launchers.FAILED and "deleted outside" in status.error
 
 
 def test_pod_problems_are_reported_once(cluster, launcher):
@@ -262,7 +263,7 @@ def test_pod_problems_are_reported_once(cluster, launcher):
         },
     )
     first = launcher.poll(JOB, handle)
-    assert first.state == base.STARTING
+    assert first.state == launchers.STARTING
     assert any("not scheduled (Unschedulable): 0/3 nodes" in m for m in first.messages)
     assert any("envs: ImagePullBackOff" in m for m in first.messages)
     assert launcher.poll(JOB, first.handle).messages == []
@@ -309,7 +310,7 @@ def test_logs_come_from_the_components_pods(cluster, launcher):
 
 
 def test_a_spec_without_a_model_path_is_rejected_naming_the_field(launcher):
-    with pytest.raises(base.SpecRejected) as info:
+    with pytest.raises(launchers.SpecRejected) as info:
         launcher.check(JobSpec())
     assert info.value.loc == ("model", "path")
 

@@ -6,9 +6,10 @@ import logging
 
 import pytest
 
-from services.common.config import JobSpec, load_config
+from services.common.config import load_config
+from services.jobs import launchers
 from services.jobs.settings import JobsSettings
-from services.launcher import base
+from services.jobs.spec import JobSpec
 from services.launcher.k8s_objects import QUEUE_LABEL, JobObjects, K8sOptions
 from services.launcher.kubernetes import KubernetesLauncher
 from tests.support.fake_kubernetes import FakeCluster, check_manifests_module
@@ -155,16 +156,16 @@ def test_running_once_every_replicated_job_is_ready_and_done_when_the_learner_is
     servers_available(cluster, spec)
     suspended = {"conditions": [{"type": "Suspended", "status": "True", "reason": "WaitingForAdmission"}]}
     cluster.set_status("JobSet", JOB, suspended)  # Kueue has not admitted it yet
-    assert launcher.poll(JOB, handle).state == base.STARTING
+    assert launcher.poll(JOB, handle).state == launchers.STARTING
     learner_only = {"replicatedJobsStatus": [{"name": "learner", "ready": 1}, {"name": "rollout", "active": 1}]}
     cluster.set_status("JobSet", JOB, learner_only)
-    assert launcher.poll(JOB, handle).state == base.STARTING  # rollout pods still loading the model
+    assert launcher.poll(JOB, handle).state == launchers.STARTING  # rollout pods still loading the model
     both = {"replicatedJobsStatus": [{"name": "learner", "ready": 1}, {"name": "rollout", "ready": 1}]}
     cluster.set_status("JobSet", JOB, both)
-    assert launcher.poll(JOB, handle).state == base.RUNNING
+    assert launcher.poll(JOB, handle).state == launchers.RUNNING
     cluster.set_status("JobSet", JOB, {**both, "conditions": [{"type": "Completed", "status": "True"}]})
     status = launcher.poll(JOB, handle)
-    assert status.state == base.SUCCEEDED and status.handle["released"]
+    assert status.state == launchers.SUCCEEDED and status.handle["released"]
     # envs and reward are freed; the JobSet (its controller stops the rollout Job), config, token stay until TTL
     assert {o["kind"] for o in cluster.objects.values()} == {"JobSet", "ConfigMap", "Secret", "NetworkPolicy"}
 
@@ -175,7 +176,7 @@ def test_a_failed_jobset_reports_why(cluster, launcher):
     failed = {"type": "Failed", "status": "True", "reason": "FailedJobs", "message": why}
     cluster.set_status("JobSet", JOB, {"conditions": [failed]})
     status = launcher.poll(JOB, handle)
-    assert status.state == base.FAILED and status.error == f"FailedJobs: {failed['message']}"
+    assert status.state == launchers.FAILED and status.error == f"FailedJobs: {failed['message']}"
     assert not cluster.of_kind("Deployment")
 
 
@@ -184,18 +185,18 @@ def test_cancel_deletes_the_jobset_and_everything_it_owns(cluster, launcher):
     root = cluster.get("JobSet", JOB)
     labels = {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "rollout"}
     cluster.add_pod(f"{JOB}-rollout-0-0-abcde", labels, {"phase": "Running"}, owner=root)
-    assert launcher.poll(JOB, handle).state == base.STARTING
+    assert launcher.poll(JOB, handle).state == launchers.STARTING
     handle = launcher.cancel(JOB, handle)
     assert cluster.objects == {}
     assert ("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/{JOB}") in cluster.calls
-    assert launcher.poll(JOB, handle).state == base.CANCELLED
+    assert launcher.poll(JOB, handle).state == launchers.CANCELLED
 
 
 def test_a_jobset_deleted_behind_the_apis_back_is_failed(cluster, launcher):
     handle = launcher.start(JOB, cpu_spec())
     cluster.objects.clear()
     status = launcher.poll(JOB, handle)
-    assert status.state == base.FAILED and status.error == f"JobSet {JOB} was deleted outside the job API"
+    assert status.state == launchers.FAILED and status.error == f"JobSet {JOB} was deleted outside the job API"
 
 
 def test_a_rejected_object_rolls_the_jobset_back(cluster, launcher, monkeypatch):
@@ -221,7 +222,7 @@ def test_handles_recorded_before_jobsets_still_name_a_job(cluster):
     launcher = KubernetesLauncher(cluster.api_client(), K8sOptions(namespace="default", redis_url="redis://r:6379/0"))
     handle = launcher.start(JOB, cpu_spec())
     assert handle.pop("kind") == "Job"
-    assert launcher.poll(JOB, handle).state == base.STARTING
+    assert launcher.poll(JOB, handle).state == launchers.STARTING
     launcher.cancel(JOB, handle)
     assert cluster.objects == {}
 

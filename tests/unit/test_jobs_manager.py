@@ -6,12 +6,12 @@ import sqlite3
 
 import pytest
 
-from services.common.config import JobSpec
+from services.jobs import launchers
+from services.jobs.launchers import SpecRejected
 from services.jobs.manager import JobConflict, JobManager, new_job_id
 from services.jobs.models import STATES
+from services.jobs.spec import JobSpec
 from services.jobs.store import JobStore
-from services.launcher import base
-from services.launcher.base import SpecRejected
 from tests.support.fake_launcher import FakeLauncher
 
 
@@ -167,7 +167,7 @@ def test_a_spec_the_launcher_cannot_run_is_not_stored(store):
 
 
 def test_the_api_knows_every_state_a_launcher_reports():
-    assert base.TERMINAL | {base.STARTING, base.RUNNING, base.CANCELLING} <= set(STATES)
+    assert launchers.TERMINAL | {launchers.STARTING, launchers.RUNNING, launchers.CANCELLING} <= set(STATES)
 
 
 @pytest.mark.parametrize("name", ["default", "Qwen 2.5 / GRPO!", "123", "__", "x" * 80])

@@ -8,14 +8,8 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from services.common.config import (
-    MAX_FREE_FORM_BYTES,
-    MAX_FREE_FORM_DEPTH,
-    JobSpec,
-    TrainConfig,
-    dump_config,
-    load_config,
-)
+from services.common.config import MAX_FREE_FORM_BYTES, MAX_FREE_FORM_DEPTH, TrainConfig, dump_config, load_config
+from services.jobs.spec import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "job-examples"
 

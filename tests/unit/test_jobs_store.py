@@ -2,8 +2,8 @@
 
 import pytest
 
-from services.common.config import JobSpec
 from services.jobs.models import JobRecord, now
+from services.jobs.spec import JobSpec
 from services.jobs.store import JobStore
 
 

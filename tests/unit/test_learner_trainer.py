@@ -138,7 +138,7 @@ def test_pushed_weights_are_the_full_hf_state_dict(model_dir):
 
 
 def test_the_streamed_push_set_is_the_full_state_dict_bucket_by_bucket(model_dir):
-    from services.common.weights import checksum
+    from services.weightsync.wire import checksum
 
     config = make_config()
     config.model.dtype = "bfloat16"
@@ -166,8 +166,8 @@ def test_a_one_process_mesh_pushes_its_local_tensors_found_once_without_to_local
 
 
 def test_a_fp32_model_sent_as_bf16_yields_stored_tensors_packed_once_and_again_after_a_step(model_dir):
-    from services.common.weight_dist import BucketPacker
-    from services.common.weights import checksum
+    from services.weightsync.nccl.pack import BucketPacker
+    from services.weightsync.wire import checksum
 
     trainer = PolicyTrainer(make_config(), model_dir)
     packer = BucketPacker(4096, "cpu")

@@ -10,11 +10,12 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
-from services.common.weights import ModelSignature, pack
 from services.rollout.backends.base import SamplingSpec
 from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
 from services.rollout.core import RolloutCore
-from services.rollout.push_auth import PushAuthenticator
+from services.weightsync.buckets import pack
+from services.weightsync.credential import PushAuthenticator
+from services.weightsync.wire import ModelSignature
 from tests.support.weight_push import FakeEngine, serving
 
 
@@ -186,14 +187,14 @@ def test_a_first_push_whose_checksum_comes_at_the_commit_is_not_taken_for_the_se
 class BrokenGroupEngine(FakeEngine):
     """Joins the process group, then finds it broken when the push ends (a learner that died midway)."""
 
-    async def begin_dist_push(self, rendezvous, **sizes):
+    async def begin_nccl_push(self, rendezvous, **sizes):
         pass
 
-    async def end_dist_push(self, ok):
+    async def end_nccl_push(self, ok):
         raise RuntimeError("the process group is broken")
 
 
-def _dist_push_core(engine, tmp_path):
+def _nccl_push_core(engine, tmp_path):
     """A rollout core serving the two-tensor model of `weights`, and the header of an nccl push of it."""
     from services.rollout.core import PushHeader
 
@@ -204,16 +205,16 @@ def _dist_push_core(engine, tmp_path):
 
 def test_a_broken_group_at_the_end_of_an_nccl_push_deletes_the_spool_and_frees_the_push_slot(tmp_path):
     engine = BrokenGroupEngine()
-    core, header = _dist_push_core(engine, tmp_path)
+    core, header = _nccl_push_core(engine, tmp_path)
 
     async def scenario():
         for checksum in (None, "0" * 64):  # the stream broke / the commit came
-            staging = await core.begin_dist_push(header, {})
+            staging = await core.begin_nccl_push(header, {})
             assert list(tmp_path.iterdir())
             with pytest.raises(RuntimeError, match="broken"):
-                await core.end_dist_push(header, staging, checksum)
+                await core.end_nccl_push(header, staging, checksum)
             assert not list(tmp_path.iterdir())
-            assert not core._dist_lock.locked()
+            assert not core._nccl_lock.locked()
 
     run(scenario())
     assert (core.policy_version, engine.loads) == (0, [])
@@ -226,26 +227,26 @@ class LastBucketBadEngine(FakeEngine):
         super().__init__()
         self.calls = []
 
-    async def begin_dist_push(self, rendezvous, **sizes):
+    async def begin_nccl_push(self, rendezvous, **sizes):
         self.calls.append("begin")
 
-    async def flush_dist_bucket(self, digest=""):
+    async def flush_nccl_bucket(self, digest=""):
         self.calls.append("flush")
         raise RuntimeError("bucket of 'b': its bytes do not match the digest")
 
-    async def end_dist_push(self, ok):
+    async def end_nccl_push(self, ok):
         self.calls.append(f"end ok={ok}")
 
 
 def test_a_last_bucket_that_fails_at_the_flush_is_refused_before_the_commit_with_nothing_applied(tmp_path):
     engine = LastBucketBadEngine()
-    core, header = _dist_push_core(engine, tmp_path)
+    core, header = _nccl_push_core(engine, tmp_path)
 
     async def scenario():
-        staging = await core.begin_dist_push(header, {})
+        staging = await core.begin_nccl_push(header, {})
         with pytest.raises(InvalidArgument, match="nothing applied: the last bucket was not received: bucket of 'b'"):
-            await core.end_dist_push(header, staging, "0" * 64)
-        assert not list(tmp_path.iterdir()) and not core._dist_lock.locked()
+            await core.end_nccl_push(header, staging, "0" * 64)
+        assert not list(tmp_path.iterdir()) and not core._nccl_lock.locked()
 
     run(scenario())
     assert engine.calls == ["begin", "flush", "end ok=False"]

@@ -13,11 +13,13 @@ from typing import Annotated, Any, ClassVar
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from services.common import choices, trust
-from services.common.config import JobSpec, TrainConfig, load_config
+from services import plugins
+from services.common import trust
+from services.common.config import TrainConfig, load_config
 from services.envs.base import EnvOptions, StepResult, TextEnv
 from services.envs.registry import ENVS
 from services.jobs.settings import JobsSettings
+from services.jobs.spec import JobSpec
 from services.jobs.spec_policy import SpecNotAllowed, SpecPolicy
 from services.launcher.k8s_objects import K8sOptions
 from services.launcher.k8s_objects import run_config as k8s_run_config
@@ -49,10 +51,9 @@ def with_env(options: dict, name: str = "agentgym") -> dict:
 
 # -- every plugin's options: a closed schema, each text field marked or reviewed ------------------------------
 def plugin_schemas() -> dict[tuple[str, str], type[BaseModel]]:
-    schemas = {("env", name): choices.registry("env").get(name).Options for name in choices.registry("env").names()}
-    for name in choices.registry("reward").names():
-        schemas["reward", name] = choices.reward_params_model(name)
-    return schemas
+    return {
+        (kind, name): plugins.options_model(kind, name) for kind in ("env", "reward") for name in plugins.names(kind)
+    }
 
 
 def models_in(annotation: Any) -> list[type[BaseModel]]:

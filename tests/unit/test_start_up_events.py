@@ -4,8 +4,9 @@ as dict messages, and the manager stores them as message events with `service` a
 
 from pathlib import Path
 
-from services.common.config import JobSpec, load_config
+from services.common.config import load_config
 from services.jobs.manager import JobManager
+from services.jobs.spec import JobSpec
 from services.jobs.store import JobStore
 from services.launcher.local import LocalLauncher, LocalRun
 from services.launcher.processes import ServiceProcess

@@ -6,9 +6,9 @@ import hashlib
 import pytest
 import torch
 
-from services.common.weight_buckets import TensorWeights, plan_buckets
-from services.common.weight_spool import SpoolWriter
-from services.common.weights import SET_SHA256, TensorSpec, checksum, pack, spec_of
+from services.weightsync.buckets import TensorWeights, pack, plan_buckets
+from services.weightsync.spool import SpoolWriter
+from services.weightsync.wire import SET_SHA256, TensorSpec, checksum, spec_of
 
 
 def tensors():
@@ -106,7 +106,7 @@ def test_a_writer_left_by_an_error_deletes_its_file(tmp_path):
 
 
 def test_a_set_teed_to_a_spool_is_sent_again_bucket_for_bucket(tmp_path):
-    from services.common.weight_spool import TeeToSpool
+    from services.weightsync.spool import TeeToSpool
 
     tee = TeeToSpool(TensorWeights.of(tensors()), str(tmp_path))
     first = [(b.specs, bytes(b.data), b.digest) for b in tee.buckets(64)]
@@ -120,7 +120,7 @@ def test_a_set_teed_to_a_spool_is_sent_again_bucket_for_bucket(tmp_path):
 def test_a_stager_writes_each_bucket_at_its_offset_before_its_buffer_is_reused(tmp_path):
     """CPU buckets (the gloo path) are in the file when `stage` returns: the receiver reuses their buffer for
     the bucket after next. A write that fails raises (the push is refused before its commit)."""
-    from services.common.weight_spool import BucketStager
+    from services.weightsync.nccl.staging import BucketStager
 
     spool = tmp_path / "w.spool"
     spool.write_bytes(b"")
@@ -143,7 +143,7 @@ def test_a_stager_writes_each_bucket_at_its_offset_before_its_buffer_is_reused(t
 
 
 def test_an_arena_hands_back_each_staged_bucket_by_its_spool_place_and_forgets_them_at_the_next_push():
-    from services.common.weight_spool import HostArena
+    from services.weightsync.nccl.staging import HostArena
 
     specs = [spec_of("a", torch.zeros(3, dtype=torch.float32)), spec_of("b", torch.zeros(2, 2, dtype=torch.bfloat16))]
     odd = [spec_of("c", torch.zeros(5, dtype=torch.uint8))]

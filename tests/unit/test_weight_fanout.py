@@ -6,8 +6,8 @@ import asyncio
 import torch
 
 from services.common.grpc_server import free_port
-from services.common.weight_buckets import TensorWeights
-from services.learner.weight_push.grpc_push import GrpcWeightPusher
+from services.weightsync.buckets import TensorWeights
+from services.weightsync.grpc.send import GrpcWeightPusher
 from tests.support.weight_push import make_core, named, serving
 
 

@@ -11,11 +11,11 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.common.weight_buckets import Bucket, TensorWeights, hash_specs, sha256_of
-from services.common.weights import SET_SHA256, SetHasher, WeightSetRejected
 from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
 from services.rollout.core import PushHeader
-from services.rollout.push_auth import auth_metadata
+from services.weightsync.buckets import Bucket, TensorWeights, hash_specs, sha256_of
+from services.weightsync.credential import auth_metadata
+from services.weightsync.wire import SET_SHA256, SetHasher, WeightSetRejected
 from tests.support.weight_push import make_core, named, serving
 
 
@@ -293,7 +293,7 @@ MIXED = [  # empty tensors at a bucket's start, middle and end; sizes that are n
 def test_a_bucket_arriving_in_pieces_is_hashed_and_spooled_as_a_whole(tmp_path, chunk, sha256):
     """The worker feeds the set checksum piece by piece: tensor boundaries, empty tensors and pieces that
     cut a tensor anywhere give the digest and checksum of the whole set, and the spool holds its bytes."""
-    from services.rollout.weight_receiver import BucketReceiver
+    from services.weightsync.grpc.receive import BucketReceiver
 
     weights = TensorWeights.of(MIXED)
     buckets = list(weights.buckets(40))
@@ -313,7 +313,7 @@ def test_a_bucket_arriving_in_pieces_is_hashed_and_spooled_as_a_whole(tmp_path, 
 
 
 def test_a_bucket_whose_piece_differs_is_refused_before_the_next_bucket(tmp_path):
-    from services.rollout.weight_receiver import BucketReceiver
+    from services.weightsync.grpc.receive import BucketReceiver
 
     weights = TensorWeights.of(MIXED)
     first, second, *_ = weights.buckets(40)
@@ -335,7 +335,7 @@ def test_a_bucket_whose_piece_differs_is_refused_before_the_next_bucket(tmp_path
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16383, 16384, (4 << 20) + 3])
 def test_a_data_chunk_encoded_by_hand_is_the_message_protobuf_would_send(size):
-    from services.rollout.client import encoded_data_chunk
+    from services.weightsync.grpc.send import encoded_data_chunk
 
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     encoded = encoded_data_chunk(memoryview(data))
@@ -345,7 +345,7 @@ def test_a_data_chunk_encoded_by_hand_is_the_message_protobuf_would_send(size):
 
 
 def test_a_receiver_used_after_its_abort_refuses_rather_than_waits(tmp_path):
-    from services.rollout.weight_receiver import BucketReceiver
+    from services.weightsync.grpc.receive import BucketReceiver
 
     weights = TensorWeights.of(MIXED)
     first, second, *_ = weights.buckets(40)

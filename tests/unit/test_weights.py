@@ -3,16 +3,8 @@ import re
 import pytest
 import torch
 
-from services.common.weights import (
-    ChecksumMismatch,
-    ModelSignature,
-    TensorSpec,
-    WeightSetRejected,
-    check_finite,
-    checksum,
-    pack,
-    unpack,
-)
+from services.weightsync.buckets import ChecksumMismatch, pack, unpack
+from services.weightsync.wire import ModelSignature, TensorSpec, WeightSetRejected, check_finite, checksum
 
 
 def tensors():

@@ -9,11 +9,11 @@ from typing import TypeVar
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 
-from services.common.config import JobSpec
+from services.jobs.launchers import SpecRejected
 from services.jobs.manager import JobConflict, JobManager, JobNotFound
 from services.jobs.models import JOB_ID_PATTERN, Job, JobPage, JobState
+from services.jobs.spec import JobSpec
 from services.jobs.store import UnreadableRecord
-from services.launcher.base import SpecRejected
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Path(pattern=JOB_ID_PATTERN, description="Job id, as returned by the submit call")

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from services.common.config import AlgorithmConfig
     from services.learner.advantages.base import AdvantageEstimator
 
-ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
+ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator", choice="advantage")
 ADVANTAGES.register_lazy("grpo", "services.learner.advantages.grpo")
 ADVANTAGES.register_lazy("rloo", "services.learner.advantages.rloo")
 ADVANTAGES.register_lazy("gae", "services.learner.advantages.gae")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from services.common.config import AlgorithmConfig
     from services.learner.policy_losses.base import PolicyLoss
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", choice="policy_loss")
 POLICY_LOSSES.register_lazy("ppo_clip", "services.learner.policy_losses.ppo_clip")
 
 

@@ -22,4 +22,4 @@ class ActionParser(abc.ABC):
         """What the model is told when its reply could not be parsed."""
 
 
-PARSERS: Registry[ActionParser] = Registry("action parser")
+PARSERS: Registry[ActionParser] = Registry("action parser", choice="action_parser")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.registry import Registry
+from services.rollout.backends import vllm_args
 
 
 @dataclass
@@ -44,29 +45,29 @@ class RolloutBackend(abc.ABC):
         """Replace weights in place by Hugging Face parameter name (torch tensors)."""
 
     async def load_weight_spool(self, spool: Any, version: int) -> None:
-        """Replace weights from a verified `weight_spool.WeightSpool` (bucket by bucket from its file).
+        """Replace weights from a verified `weightsync.spool.WeightSpool` (bucket by bucket from its file).
         This default hands `load_weights` copies of the tensors; engines override it to load from the
         file without the copies."""
         await self.load_weights(spool.named_tensors(copy=True))
 
-    async def begin_dist_push(self, rendezvous: dict, *, total_bytes: int = 0, tensors: int = 0) -> None:
+    async def begin_nccl_push(self, rendezvous: dict, *, total_bytes: int = 0, tensors: int = 0) -> None:
         """Joins the learner's process group named in `rendezvous` (unless already in it) and opens a
-        receive session for an `nccl` push (`services/common/weight_dist.py`) of `total_bytes` in
+        receive session for an `nccl` push (`services/weightsync/nccl/`) of `total_bytes` in
         `tensors` tensors."""
         raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
 
-    async def receive_dist_bucket(self, info: dict) -> None:
-        """Receives one bucket by broadcast, checks it and stages it (`DistStaging.declare`'s info). An
+    async def receive_nccl_bucket(self, info: dict) -> None:
+        """Receives one bucket by broadcast, checks it and stages it (`NcclStaging.declare`'s info). An
         engine may pipeline: start this bucket's transfer and check and stage the one before, leaving
-        the last to `flush_dist_bucket`."""
+        the last to `flush_nccl_bucket`."""
         raise NotImplementedError(f"the {self.name} backend has no process-group weight transport")
 
-    async def flush_dist_bucket(self, digest: str = "") -> None:
-        """Checks and stages the last received bucket, if `receive_dist_bucket` left it pending (against
+    async def flush_nccl_bucket(self, digest: str = "") -> None:
+        """Checks and stages the last received bucket, if `receive_nccl_bucket` left it pending (against
         `digest` where digests follow their buckets, else its declared one); raises if it fails a check.
         Called before the commit is verified."""
 
-    async def end_dist_push(self, ok: bool) -> None:
+    async def end_nccl_push(self, ok: bool) -> None:
         """Closes the receive session; `ok=False` also leaves the group (it may be broken)."""
 
     @abc.abstractmethod
@@ -79,5 +80,6 @@ class RolloutBackend(abc.ABC):
         return {"backend": self.name}
 
 
-BACKENDS: Registry[RolloutBackend] = Registry("rollout backend")
-BACKENDS.register_lazy("vllm", "services.rollout.backends.vllm")
+BACKENDS: Registry[RolloutBackend] = Registry("rollout backend", choice="backend")
+BACKENDS.register_lazy("vllm", "services.rollout.backends.vllm", options=vllm_args.check_engine_args)
+"""`rollout.engine_args` of the vLLM backend: checked against vLLM's engine fields without importing vLLM."""

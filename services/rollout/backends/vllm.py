@@ -28,7 +28,7 @@ from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 from services.rollout import engine_metrics
 from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
 from services.rollout.backends.vllm_args import engine_kwargs
-from services.rollout.backends.vllm_worker_ext import pack_tensor
+from services.rollout.backends.vllm_weights import pack_tensor
 
 WORKER_EXTENSION = "services.rollout.backends.vllm_worker_ext.WeightReloadExtension"
 
@@ -97,8 +97,9 @@ class VllmBackend(RolloutBackend):
     actually sampled from (after temperature/top-k/top-p): the behaviour policy the learner corrects
     against. `gpus` is vLLM's tensor-parallel size (GPU only). `engine_args` are further
     `AsyncEngineArgs` (`vllm_args` says which keys are refused and which override the backend's
-    defaults). On CPU the KV cache is `gpu_memory_utilization` of RAM unless `engine_args` sets
-    `kv_cache_memory_bytes` (the legacy `VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides both).
+    defaults). On CPU the KV cache is `gpu_memory_utilization` of RAM (at most max_num_seqs full
+    sequences) unless `engine_args` sets `kv_cache_memory_bytes` (the legacy `VLLM_CPU_KVCACHE_SPACE`, in
+    GiB, overrides both).
 
     vLLM's statistics are on: `EngineStatsLogger` feeds `omrl_rollout_engine_*` (KV-cache use, running
     and waiting requests, prefix-cache queries and hits, preemptions), and with `vllm_metrics` vLLM's own
@@ -150,7 +151,7 @@ class VllmBackend(RolloutBackend):
         # nested configs are converted here; vLLM checks the rest (ranges, combinations) in start()
         self._engine_args = AsyncEngineArgs(**kwargs)
         self._engine: AsyncLLM | None = None
-        self._dist_group: str | None = None  # the learner's process group the workers are in
+        self._nccl_group: str | None = None  # the learner's process group the workers are in
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -237,44 +238,44 @@ class VllmBackend(RolloutBackend):
         if not await self.engine.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache after loading weights (requests still running?)")
 
-    async def begin_dist_push(self, rendezvous: dict, *, total_bytes: int = 0, tensors: int = 0) -> None:
-        """vLLM's `init_weight_transfer_engine` joins the group (the `omrl_dist` engine in every worker),
+    async def begin_nccl_push(self, rendezvous: dict, *, total_bytes: int = 0, tensors: int = 0) -> None:
+        """vLLM's `init_weight_transfer_engine` joins the group (the `omrl_nccl` engine in every worker),
         then `start_weight_update` opens the session that receives into the spool, or with
         `weight_staging: memory` into the first worker's host arena (the model is untouched until the
         staged set is loaded)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        from services.common.weight_spool import HostArena
+        from services.weightsync.nccl.staging import HostArena
 
-        if self._dist_group != rendezvous["group"]:
-            if self._dist_group is not None:
+        if self._nccl_group != rendezvous["group"]:
+            if self._nccl_group is not None:
                 await self.engine.shutdown_weight_transfer_engine()
-            self._dist_group = None
+            self._nccl_group = None
             await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(rendezvous)))
-            self._dist_group = rendezvous["group"]
+            self._nccl_group = rendezvous["group"]
         await self.engine.start_weight_update()
         opened = {"kind": "open", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
         opened.update(staging=self.weight_staging, staging_bytes=HostArena.span(total_bytes, tensors))
-        await self.receive_dist_bucket(opened)
+        await self.receive_nccl_bucket(opened)
 
-    async def receive_dist_bucket(self, info: dict) -> None:
+    async def receive_nccl_bucket(self, info: dict) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
 
-    async def flush_dist_bucket(self, digest: str = "") -> None:
+    async def flush_nccl_bucket(self, digest: str = "") -> None:
         flush = {"kind": "flush", "path": "", "offset": 0, "names": [], "dtype_names": [], "shapes": [], "sizes": []}
         flush["previous_digest"] = digest
-        await self.receive_dist_bucket(flush)
+        await self.receive_nccl_bucket(flush)
 
-    async def end_dist_push(self, ok: bool) -> None:
+    async def end_nccl_push(self, ok: bool) -> None:
         try:
             await self.engine.finish_weight_update()
         except Exception:  # noqa: BLE001 - a failed receive already closed the worker's session
             if ok:
                 raise
-        if not ok and self._dist_group is not None:
-            self._dist_group = None
+        if not ok and self._nccl_group is not None:
+            self._nccl_group = None
             await self.engine.shutdown_weight_transfer_engine()
 
     async def check_alive(self) -> None:

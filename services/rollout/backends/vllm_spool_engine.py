@@ -7,8 +7,8 @@ IPC handles), and the base class's `update_weights` ends with `torch.accelerator
 (vllm/distributed/weight_transfer/base.py:502), which raises "Cannot access accelerator device when
 none is available" on a CPU build. This engine keeps the base lifecycle (layerwise reload, as the NCCL
 engine does), reads each bucket through a private memory map of the spool (no copy before the model's
-own), and synchronizes only where an accelerator exists. An NCCL engine for GPU clusters would differ
-only in `receive_weights` (broadcast into a bucket buffer instead of mapping a file).
+own), and synchronizes only where an accelerator exists. The `nccl` push's engine (`vllm_nccl_engine`,
+`omrl_nccl`) extends this one with receiving buckets by broadcast; a set it staged is loaded by this path.
 
 Imported by the worker extension module, so the registration happens inside every vLLM worker before
 the worker builds its engine (`Worker.load_model`)."""
@@ -25,8 +25,9 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from services.common.weight_spool import mapped_bucket
-from services.common.weights import TensorSpec
+from services.rollout.backends.vllm_weights import refresh_output_heads
+from services.weightsync.spool import mapped_bucket
+from services.weightsync.wire import TensorSpec
 
 BACKEND = "omrl_spool"
 
@@ -83,8 +84,6 @@ class SpoolWeightTransferEngine(WeightTransferEngine[SpoolInitInfo, SpoolUpdateI
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        from services.rollout.backends.vllm_worker_ext import refresh_output_heads
 
         finalize_layerwise_reload(self.model, self.model_config)
         refresh_output_heads(self.model)

@@ -1,6 +1,7 @@
-"""The `nccl` weight push: bytes by broadcast in a process group per rollout server (the learner's rank
-0 and that server's engine workers; gloo on CPU, NCCL on GPU), control on the authenticated gRPC stream
-(header naming the group, per-bucket specs and digest, commit). See `services/common/weight_dist.py`.
+"""The sending end of an `nccl` weight push, on the learner: bytes by broadcast in a process group per rollout
+server (the learner's rank 0 and that server's engine workers; gloo on CPU, NCCL on GPU), control on the
+authenticated gRPC stream (header naming the group, per-bucket specs and digest, commit). See the package
+docstring; the receiving end is `receive` (data) and `staging` (the server's record).
 
 Each bucket is packed once on the learner's device and broadcast to every live server's group in turn,
 while the next one is packed into the other of two buffers; memory beyond the learner's shards is two
@@ -15,24 +16,21 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import grpc
 import torch
 
-from services.common.weight_buckets import MiB, WeightSet
-from services.common.weight_dist import (
-    BucketPacker,
-    DeviceBucket,
-    Group,
-    Rendezvous,
-    SendWindow,
-    backend_for,
-    bucket_digest,
-    open_store,
-    set_checksum,
-)
-from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
+from services.common.protos import rollout_pb2
+from services.weightsync.base import PUSHERS, PushResult, WeightPusher
+from services.weightsync.buckets import MiB, WeightSet
+from services.weightsync.credential import token_from_env
+from services.weightsync.digest import bucket_digest, set_checksum
+from services.weightsync.nccl.group import Group, Rendezvous, backend_for, open_store
+from services.weightsync.nccl.pack import BucketPacker, DeviceBucket, SendWindow
+from services.weightsync.rpc import specs_to_proto, update_weights
+from services.weightsync.wire import TensorSpec
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -73,8 +71,6 @@ class NcclWeightPusher(WeightPusher):
         dist_timeout_s: float = 60.0,
         device: str | None = None,
     ):
-        from services.rollout.push_auth import token_from_env
-
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_mb * MiB
         self.token = token if token is not None else token_from_env()
         if backend == "auto":
@@ -109,10 +105,10 @@ class NcclWeightPusher(WeightPusher):
 
     async def _push_all(self, version, weights, addresses, rollback, run) -> list[PushResult]:
         sessions = [_Session(a, *self._rendezvous(a)) for a in addresses]
-        clients = []
+        channels = []
         for s in sessions:
-            client, call = self._start_call(s, version, weights.specs, rollback, run)
-            clients.append(client)
+            channel, call = self._start_call(s, version, weights.specs, rollback, run)
+            channels.append(channel)
             s.call = asyncio.ensure_future(call)
         try:
             await asyncio.gather(*(self._join(s) for s in sessions if s.group is None))
@@ -126,19 +122,18 @@ class NcclWeightPusher(WeightPusher):
         finally:
             for s in sessions:
                 s.fail("push abandoned")
-            for client in clients:
-                await client.close()
+            for channel in channels:
+                await channel.close()
 
     def _start_call(self, s: _Session, version, specs, rollback, run):
-        from services.rollout.client import GrpcRolloutClient
-
-        client = GrpcRolloutClient(s.address, push_timeout_s=self.timeout_s, weight_token=self.token)
+        channel = grpc.aio.insecure_channel(s.address)
 
         async def declarations():
             while (item := await s.queue.get()) is not _END:
                 yield item
 
-        call = client.push_dist(
+        call = push_control(
+            channel,
             version,
             specs,
             declarations(),
@@ -147,8 +142,10 @@ class NcclWeightPusher(WeightPusher):
             run=run,
             bucket_bytes=self.bucket_bytes,
             digests_follow=True,
+            timeout_s=self.timeout_s,
+            token=self.token,
         )
-        return client, call
+        return channel, call
 
     async def _join(self, s: _Session) -> None:
         try:
@@ -235,3 +232,54 @@ class NcclWeightPusher(WeightPusher):
 def _answered_ok(s: _Session) -> bool:
     """The server answered before any data: it already serves this set (version and checksum), a success."""
     return s.call.done() and not s.call.cancelled() and s.call.exception() is None
+
+
+async def push_control(
+    channel: grpc.aio.Channel,
+    version: int,
+    specs: Sequence[TensorSpec],
+    declarations: AsyncIterator,
+    *,
+    rendezvous: Rendezvous,
+    rollback: bool = False,
+    run: str = "",
+    bucket_bytes: int,
+    digests_follow: bool = False,
+    timeout_s: float,
+    token: str | None,
+) -> rollout_pb2.UpdateWeightsResponse:
+    """An `nccl` push's control stream: the header naming the process group (`Rendezvous`; the proto's field
+    is `dist`, a `WeightDistRendezvous`, kept for wire compatibility), then what `declarations` yields
+    (`("bucket", specs, nbytes, digest)` as each bucket is broadcast, with `digests_follow` its digest "" and
+    `("digest", digest)` after it, then `("commit", checksum)`); the bytes travel in the group."""
+    header = rollout_pb2.WeightUpdateHeader(
+        version=version,
+        rollback=rollback,
+        run=run,
+        total_bytes=sum(s.nbytes for s in specs),
+        bucket_bytes=bucket_bytes,
+        tensors=specs_to_proto(specs),
+        dist=rollout_pb2.WeightDistRendezvous(
+            host=rendezvous.host,
+            port=rendezvous.port,
+            group=rendezvous.group,
+            backend=rendezvous.backend,
+            timeout_s=rendezvous.timeout_s,
+            digests_follow=digests_follow,
+        ),
+    )
+
+    async def messages():
+        yield rollout_pb2.WeightChunk(header=header)
+        async for item in declarations:
+            if item[0] == "bucket":
+                _, bucket_specs, nbytes, digest = item
+                yield rollout_pb2.WeightChunk(
+                    bucket=rollout_pb2.WeightBucket(tensors=specs_to_proto(bucket_specs), nbytes=nbytes, digest=digest)
+                )
+            elif item[0] == "digest":
+                yield rollout_pb2.WeightChunk(bucket_digest=item[1])
+            else:
+                yield rollout_pb2.WeightChunk(commit=rollout_pb2.WeightCommit(checksum=item[1]))
+
+    return await update_weights(channel, messages(), timeout_s=timeout_s, token=token)

@@ -1,7 +1,7 @@
 """A weight set as a stream of buckets: what every transport sends, whatever carries the bytes.
 
 A bucket is whole tensors, in the set's order, whose bytes add up to at most the bucket size; a tensor
-larger than the bucket size travels alone. The set's checksum (`weights.checksum`, sha256 over names,
+larger than the bucket size travels alone. The set's checksum (`wire.checksum`, sha256 over names,
 dtypes, shapes and bytes in order) is computed bucket by bucket, so neither side ever holds the whole set
 as one object: the sender holds the bucket it is filling, the receiver the bucket it is checking.
 
@@ -9,7 +9,10 @@ Each bucket carries a check of its bytes, verified by the receiver before the ne
 built here carries `digest` `set-sha256:<hex>`, the set checksum over every tensor up to the bucket's last
 (the hash state after feeding it), so each byte is hashed once on each side and the last bucket's
 digest is the set checksum. A bucket from elsewhere (`PackedWeights`, a spooled re-push) carries
-`sha256` of its own bytes instead (two passes per byte on the receiver); receivers take either."""
+`sha256` of its own bytes instead (two passes per byte on the receiver); receivers take either.
+
+Here too: the sets a pusher reads (`TensorWeights` from tensors, `PackedWeights` from one byte string), and
+the rules every receiver holds a bucket's declaration to (`check_header_sizes`, `check_declaration`)."""
 
 from __future__ import annotations
 
@@ -20,9 +23,20 @@ from typing import Protocol
 
 import torch
 
-from services.common.weights import SetHasher, TensorSpec, check_source, spec_of, wire_dtype
+from services.weightsync.wire import (
+    CHUNK_BYTES,
+    SetHasher,
+    TensorSpec,
+    WeightSetRejected,
+    check_source,
+    raw_bytes,
+    spec_of,
+    wire_dtype,
+)
 
 MiB = 1 << 20
+MAX_BUCKET_BYTES = 4 << 30
+"""Largest bucket a header may declare: the bound on what one push holds in this process's memory."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,7 @@ def bucket_tensors(
     hasher: SetHasher | None = None,
 ) -> Iterator[Bucket]:
     """Buckets of `named_tensors`, which must yield exactly `specs` in order (a float tensor may be held in
-    another float dtype than its spec's: it is cast on the way, `weights.fits_spec`). Each bucket's bytes are
+    another float dtype than its spec's: it is cast on the way, `wire.fits_spec`). Each bucket's bytes are
     copied once, straight from the tensors into the bucket's own buffer. With `hasher` (the set
     checksum) each bucket is fed to it and carries its `set-sha256:` digest (one hash pass); without,
     it carries the sha256 of its bytes."""
@@ -122,7 +136,7 @@ class TensorWeights:
 
     `stable`: the set's tensors, in `specs` order, where every pass yields exactly these (no gather, no
     copy: plain tensors, a one-process FSDP mesh), so a sender may lay out its buckets once and reuse the
-    layout while the tensors keep their storage (`weight_dist.BucketPacker`)."""
+    layout while the tensors keep their storage (`nccl.pack.BucketPacker`)."""
 
     def __init__(
         self,
@@ -157,3 +171,86 @@ def hash_specs(hasher: SetHasher, specs: Sequence[TensorSpec], data) -> None:
     for spec in specs:
         hasher.add(spec, data[offset : offset + spec.nbytes])
         offset += spec.nbytes
+
+
+@dataclass
+class PackedWeights:
+    """A set held as one byte string (`pack`): hand-made sets, and tests that edit the bytes on the way."""
+
+    specs: list[TensorSpec]
+    checksum: str
+    payload: bytes
+
+    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+        view = memoryview(self.payload)
+        for start in range(0, len(view), size):
+            yield bytes(view[start : start + size])
+
+    def buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The payload cut at tensor boundaries (tests send hand-made sets through the bucketed wire)."""
+        view, offset = memoryview(self.payload), 0
+        for planned in plan_buckets(self.specs, bucket_bytes):
+            size = sum(s.nbytes for s in planned)
+            data = view[offset : offset + size]
+            offset += size
+            yield Bucket(planned, data, sha256_of(data))
+
+
+def pack(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> PackedWeights:
+    hasher, specs, parts = SetHasher(), [], []
+    for name, t in named_tensors:
+        spec, data = spec_of(name, t), raw_bytes(t)
+        hasher.add(spec, data)
+        specs.append(spec)
+        parts.append(data)
+    return PackedWeights(specs, hasher.hexdigest(), b"".join(parts))
+
+
+class ChecksumMismatch(ValueError):
+    pass
+
+
+def unpack(specs: Sequence[TensorSpec], payload: bytes, expected_checksum: str) -> list[tuple[str, torch.Tensor]]:
+    """Rebuilds tensors from the bytes; raises before returning anything if sizes or checksum differ."""
+    total = sum(s.nbytes for s in specs)
+    if total != len(payload):
+        raise ChecksumMismatch(f"expected {total} bytes of tensors, received {len(payload)}")
+    hasher, out, offset = SetHasher(), [], 0
+    buffer = bytearray(payload)
+    for spec in specs:
+        data = memoryview(buffer)[offset : offset + spec.nbytes]
+        hasher.add(spec, data)
+        flat = torch.frombuffer(data, dtype=torch.uint8) if spec.nbytes else torch.empty(0, dtype=torch.uint8)
+        out.append((spec.name, flat.view(getattr(torch, spec.dtype)).reshape(spec.shape)))
+        offset += spec.nbytes
+    if hasher.hexdigest() != expected_checksum:
+        raise ChecksumMismatch(f"checksum {hasher.hexdigest()[:12]} != expected {expected_checksum[:12]}")
+    return out
+
+
+def check_header_sizes(specs: Sequence[TensorSpec], bucket_bytes: int, total_bytes: int) -> None:
+    declared = sum(s.nbytes for s in specs)
+    if not 0 < bucket_bytes <= MAX_BUCKET_BYTES:
+        raise WeightSetRejected(f"bucket size {bucket_bytes} is not in 1..{MAX_BUCKET_BYTES} bytes")
+    if total_bytes != declared:
+        raise WeightSetRejected(f"header declares {total_bytes} bytes, its tensors take {declared}")
+
+
+def check_declaration(
+    header_specs: Sequence[TensorSpec], next_index: int, specs: Sequence[TensorSpec], nbytes: int, bucket_bytes: int
+) -> tuple[TensorSpec, ...]:
+    """A bucket declares exactly the header's next tensors (from `next_index`), their byte count, and at most
+    `bucket_bytes` unless it is one tensor; returns those header specs."""
+    if not specs:
+        raise WeightSetRejected("a bucket declares no tensors")
+    expected = tuple(header_specs[next_index : next_index + len(specs)])
+    for i, spec in enumerate(specs):
+        if i >= len(expected):
+            raise WeightSetRejected(f"bucket declares {spec.name!r} past the end of the header's tensors")
+        if tuple(spec.shape) != tuple(expected[i].shape) or spec != expected[i]:
+            raise WeightSetRejected(f"bucket declares {spec}, the header's next tensor is {expected[i]}")
+    if nbytes != sum(s.nbytes for s in specs):
+        raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
+    if nbytes > bucket_bytes and len(specs) > 1:
+        raise WeightSetRejected(f"bucket of {nbytes} bytes exceeds the header's bucket size {bucket_bytes}")
+    return expected

@@ -1,11 +1,12 @@
-"""The vLLM weight-transfer engine of the `nccl` weight push, registered in vLLM's factory as `omrl_dist`:
+"""The vLLM weight-transfer engine of the `nccl` weight push, registered in vLLM's factory as `omrl_nccl`:
 the worker joins a process group with the learner's rank 0 (`init_weight_transfer_engine`) and receives
 each bucket by broadcast (`update_weights` with `kind="receive"`), on gloo (CPU) or NCCL (GPU): the same
-code, only the backend differs (`services/common/weight_dist.py`).
+code, only the backend differs (`services/weightsync/nccl/`).
 
-A received bucket is checked (digest, finite values) by the shared `weight_dist.BucketReceiver` and
-staged in the rollout server's spool file at the offset the server chose (with `rollout.weight_staging:
-memory`, in this worker's host arena instead); nothing reaches the model while the push streams.
+A received bucket is checked (digest, finite values) by the shared `weightsync.nccl.receive.BucketReceiver`
+and staged in the rollout server's spool file at the offset the server chose (with `rollout.weight_staging:
+memory`, in this worker's host arena instead: `weightsync.nccl.staging`); nothing reaches the model while
+the push streams.
 Receives are pipelined: `receive` of bucket k starts its broadcast, then checks
 and stages bucket k-1 (so on a GPU bucket k's transfer overlaps k-1's checks and its copy to the host,
 and the file write runs in `BucketStager`'s threads); `flush` checks and stages the last one and waits
@@ -22,15 +23,16 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from services.common.weight_dist import BucketReceiver, Group, Rendezvous
-from services.common.weight_spool import BucketStager, HostArena
 from services.rollout.backends.vllm_spool_engine import SpoolUpdateInfo, SpoolWeightTransferEngine
+from services.weightsync.nccl.group import Group, Rendezvous
+from services.weightsync.nccl.receive import BucketReceiver
+from services.weightsync.nccl.staging import BucketStager, HostArena
 
-BACKEND = "omrl_dist"
+BACKEND = "omrl_nccl"
 
 
 @dataclass
-class DistInitInfo(WeightTransferInitInfo):
+class NcclInitInfo(WeightTransferInitInfo):
     host: str = ""
     port: int = 0
     group: str = ""
@@ -43,7 +45,7 @@ class DistInitInfo(WeightTransferInitInfo):
 
 
 @dataclass
-class DistUpdateInfo(SpoolUpdateInfo):
+class NcclUpdateInfo(SpoolUpdateInfo):
     """`kind="open"`: a push was accepted (counted in the group's store; the learner waits for that
     before its first broadcast). `kind="receive"`: start taking the next bucket from the group (to be
     checked against `digest` and written to `path` at `offset`, by the first worker only), then check and
@@ -65,9 +67,9 @@ class DistUpdateInfo(SpoolUpdateInfo):
             raise ValueError(f"staging must be file or memory, got {self.staging!r}")
 
 
-class DistWeightTransferEngine(SpoolWeightTransferEngine):
-    init_info_cls = DistInitInfo
-    update_info_cls = DistUpdateInfo
+class NcclWeightTransferEngine(SpoolWeightTransferEngine):
+    init_info_cls = NcclInitInfo
+    update_info_cls = NcclUpdateInfo
 
     group: Group | None = None
     receiver: BucketReceiver | None = None
@@ -76,7 +78,7 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
     arena: HostArena | None = None  # kept from push to push, and across groups (its allocation is slow)
     _posted: tuple[str, int] | None = None  # where the bucket in flight is staged: spool path, offset
 
-    def init_transfer_engine(self, init_info: DistInitInfo) -> None:
+    def init_transfer_engine(self, init_info: NcclInitInfo) -> None:
         self.shutdown()
         rdv = init_info.rendezvous
         if rdv.backend == "nccl":
@@ -116,7 +118,7 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
         if earlier is not None:
             self._stage(where, earlier)
 
-    def _open_staging(self, info: DistUpdateInfo) -> None:
+    def _open_staging(self, info: NcclUpdateInfo) -> None:
         """The push's staging: the spool file (`BucketStager`: from a GPU through pinned buffers and a writer
         thread), or with `memory` this process's `HostArena` (one worker only: the others could not read
         it at the commit)."""
@@ -164,4 +166,4 @@ class DistWeightTransferEngine(SpoolWeightTransferEngine):
 
 def register() -> None:
     if BACKEND not in WeightTransferEngineFactory._registry:  # one registration per process
-        WeightTransferEngineFactory.register_engine(BACKEND, DistWeightTransferEngine)
+        WeightTransferEngineFactory.register_engine(BACKEND, NcclWeightTransferEngine)

@@ -9,19 +9,14 @@ import torch
 from pydantic import ValidationError
 
 from services.common.config import load_config
-from services.common.weight_buckets import plan_buckets
-from services.common.weight_dist import (
-    ParamCopier,
-    Rendezvous,
-    _sum64_text,
-    bucket_digest,
-    check_against,
-    pack_buckets,
-    set_checksum,
-)
-from services.common.weights import WeightSetRejected, spec_of, tensor_views
-from services.learner.weight_push import PUSHERS
-from services.rollout.weight_receiver_dist import DistStaging
+from services.weightsync import PUSHERS
+from services.weightsync.buckets import plan_buckets
+from services.weightsync.digest import _sum64_text, bucket_digest, set_checksum
+from services.weightsync.nccl.group import Rendezvous
+from services.weightsync.nccl.pack import pack_buckets
+from services.weightsync.nccl.receive import ParamCopier, check_against
+from services.weightsync.nccl.staging import NcclStaging
+from services.weightsync.wire import WeightSetRejected, spec_of, tensor_views
 from tests.support.triton_interpreter import run_interpreted
 
 
@@ -111,7 +106,7 @@ def test_staging_checks_declarations_digests_and_the_commit(tmp_path):
     named = _named()
     specs = [spec_of(n, t) for n, t in named]
     buckets = list(pack_buckets(named, specs, 100, "cpu"))
-    staging = DistStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path))
+    staging = NcclStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path))
     with pytest.raises(WeightSetRejected, match="digest"):
         staging.declare(buckets[0].specs, buckets[0].nbytes, "md5:00")
     with pytest.raises(WeightSetRejected, match="header's next tensor"):
@@ -131,7 +126,7 @@ def test_staging_checks_declarations_digests_and_the_commit(tmp_path):
 
 
 def test_the_gpu_digest_sees_a_flipped_byte_swapped_words_and_a_shorter_buffer():
-    from services.common.weight_dist import sum64
+    from services.weightsync.digest import sum64
 
     data = torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     digest = sum64(data)
@@ -144,7 +139,7 @@ def test_the_gpu_digest_sees_a_flipped_byte_swapped_words_and_a_shorter_buffer()
 
 
 def test_the_gpu_digest_sees_words_moved_between_rows():
-    from services.common.weight_dist import sum64
+    from services.weightsync.digest import sum64
 
     data = torch.randint(0, 256, (8 * 3000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     moved = data.clone()
@@ -159,7 +154,7 @@ def test_staging_where_digests_follow_their_buckets_hands_each_to_the_next_recei
     specs = [spec_of(n, t) for n, t in named]
     buckets = list(pack_buckets(named, specs, 100, "cpu"))
     digests = [b.digest for b in buckets]
-    staging = DistStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path), digests_follow=True)
+    staging = NcclStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path), digests_follow=True)
     with pytest.raises(WeightSetRejected, match="no bucket declared"):
         staging.add_digest(digests[0])
     with pytest.raises(WeightSetRejected, match="a declaration carries none"):
@@ -183,7 +178,7 @@ def test_staging_where_digests_follow_their_buckets_hands_each_to_the_next_recei
     spool = staging.commit(set_checksum(specs, digests))  # the same set checksum as digests in declarations
     assert [b.specs for b in spool.buckets] == [b.specs for b in buckets]
     staging.abort()
-    plain = DistStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path))
+    plain = NcclStaging(specs, 100, sum(s.nbytes for s in specs), str(tmp_path))
     with pytest.raises(WeightSetRejected, match="whose declarations carry them"):
         plain.add_digest(digests[0])
     assert plain.last_digest() == ""
@@ -191,7 +186,7 @@ def test_staging_where_digests_follow_their_buckets_hands_each_to_the_next_recei
 
 
 def test_the_receiver_checks_a_bucket_against_the_digest_that_followed_it():
-    from services.common.weight_dist import BucketReceiver
+    from services.weightsync.nccl.receive import BucketReceiver
 
     named = _many(4)
     specs = [spec_of(n, t) for n, t in named]
@@ -234,7 +229,7 @@ def _sum64_by_definition(data: bytes) -> str:
 
 
 def test_the_gpu_digest_is_its_definition_and_its_finite_check_reads_the_sum():
-    from services.common.weight_dist import _sum64_checked, sum64
+    from services.weightsync.digest import _sum64_checked, sum64
 
     # a larger bucket first, then smaller ones and a larger one again: the cached weights are cut and regrown
     for nbytes in [8192 * 5 + 8 * 1023 + 7, 0, 5, 8, 8192 - 3, 8192, 8 * 1023, 8192 * 40 + 4]:
@@ -273,9 +268,9 @@ def _kernel_case(nbytes: int) -> list[tuple[str, torch.Tensor, torch.dtype | Non
 _KERNEL_RUN = """
 import json, sys
 import torch
-from services.common import sum64_kernel
+from services.weightsync import sum64_kernel
 sys.path.insert(0, "tests/unit")
-from test_weight_dist import _KERNEL_CASES, _kernel_case
+from test_weight_nccl import _KERNEL_CASES, _kernel_case
 print(json.dumps([[nbytes, name, sum64_kernel.sums(data, dtype).tolist()]
                   for nbytes in _KERNEL_CASES for name, data, dtype, _ in _kernel_case(nbytes)]))
 """
@@ -311,7 +306,7 @@ class _LoopbackGroup:
 
 
 def test_the_pipelined_receiver_checks_every_bucket_and_refuses_a_bad_digest():
-    from services.common.weight_dist import BucketReceiver
+    from services.weightsync.nccl.receive import BucketReceiver
 
     named = _named()
     specs = [spec_of(n, t) for n, t in named]
@@ -340,7 +335,7 @@ def test_a_param_copier_applies_every_tensor_and_pack_buckets_round_trips():
 
 
 def test_the_gpu_bucket_check_reads_the_digest_and_the_finite_sum_back_together():
-    from services.common.weight_dist import _sum64_checked, sum64
+    from services.weightsync.digest import _sum64_checked, sum64
 
     good = torch.randn(300, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
     buffer = good.view(torch.uint8)
@@ -382,7 +377,7 @@ class _Work:
 
 
 def test_the_send_window_waits_one_bucket_behind_and_charges_a_failure_to_its_key():
-    from services.common.weight_dist import SendWindow
+    from services.weightsync.nccl.pack import SendWindow
 
     log, window = [], SendWindow()
     window.add([("s1", _Work(log, "b0/s1")), ("s2", _Work(log, "b0/s2"))])
@@ -396,7 +391,7 @@ def test_the_send_window_waits_one_bucket_behind_and_charges_a_failure_to_its_ke
 
 
 def test_a_corrupted_bucket_in_the_middle_of_a_pipelined_receive_is_refused_after_the_earlier_ones_in_order():
-    from services.common.weight_dist import BucketReceiver
+    from services.weightsync.nccl.receive import BucketReceiver
 
     named = _many()
     specs = [spec_of(n, t) for n, t in named]
@@ -413,7 +408,7 @@ def test_a_corrupted_bucket_in_the_middle_of_a_pipelined_receive_is_refused_afte
 
 
 def test_post_hands_back_the_previous_bucket_and_flush_the_last_one_with_a_nan_refused():
-    from services.common.weight_dist import BucketReceiver
+    from services.weightsync.nccl.receive import BucketReceiver
 
     named = _many(4)
     named[3][1][2] = float("nan")
@@ -434,7 +429,9 @@ def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path
     import threading
 
     from services.common.grpc_server import free_port
-    from services.common.weight_dist import BucketReceiver, Group, SendWindow, open_store
+    from services.weightsync.nccl.group import Group, open_store
+    from services.weightsync.nccl.pack import SendWindow
+    from services.weightsync.nccl.receive import BucketReceiver
 
     named = [(f"t{i}", torch.randn(3000 + 97 * i, generator=torch.Generator().manual_seed(i))) for i in range(12)]
     specs = [spec_of(n, t) for n, t in named]
@@ -504,8 +501,8 @@ def _bytes(buckets):
 
 
 def test_fp32_sources_are_cast_into_a_bf16_bucket_as_a_cast_of_each_would_be():
-    from services.common.weight_buckets import TensorWeights
-    from services.common.weight_dist import BucketPacker
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.nccl.pack import BucketPacker
 
     stored, sent, specs = _fp32_as_bf16()
     expected = _bytes(pack_buckets(sent, specs, 128, "cpu"))
@@ -529,9 +526,9 @@ def test_fp32_sources_are_cast_into_a_bf16_bucket_as_a_cast_of_each_would_be():
     ],
 )
 def test_a_dtype_other_than_the_spec_s_is_refused_unless_both_are_floating_point(source, spec_dtype):
-    from services.common.weight_buckets import TensorWeights
-    from services.common.weight_dist import BucketPacker
-    from services.common.weights import TensorSpec, wire_dtype
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.nccl.pack import BucketPacker
+    from services.weightsync.wire import TensorSpec, wire_dtype
 
     spec = TensorSpec("x", spec_dtype, (6,), 6 * wire_dtype(spec_dtype).itemsize)
     with pytest.raises(ValueError, match="expected"):
@@ -555,7 +552,7 @@ class _Stable:
 
 
 def test_the_packer_lays_a_stable_set_out_once_and_again_when_its_specs_or_storage_change():
-    from services.common.weight_dist import BucketPacker
+    from services.weightsync.nccl.pack import BucketPacker
 
     stored, sent, specs = _fp32_as_bf16()
     packer = BucketPacker(128, "cpu")
@@ -580,7 +577,7 @@ def test_the_packer_lays_a_stable_set_out_once_and_again_when_its_specs_or_stora
 
 
 def test_a_set_the_packer_cannot_lay_out_streams_and_comes_out_the_same():
-    from services.common.weight_dist import BucketPacker
+    from services.weightsync.nccl.pack import BucketPacker
 
     g = torch.Generator().manual_seed(8)
     strided = [("s", torch.randn(4, 6, generator=g).T), ("t", torch.randn(3, generator=g))]
@@ -597,15 +594,15 @@ def test_a_set_the_packer_cannot_lay_out_streams_and_comes_out_the_same():
 
 
 def test_the_receiver_reuses_its_views_on_the_next_push_and_still_refuses_a_corrupted_bucket(monkeypatch):
-    from services.common import weight_dist
-    from services.common.weight_dist import BucketReceiver, ParamCopier
+    from services.weightsync.nccl import receive
+    from services.weightsync.nccl.receive import BucketReceiver, ParamCopier
 
     named = _many()
     specs = [spec_of(n, t) for n, t in named]
     buckets = list(pack_buckets(named, specs, 100, "cpu"))
     declared = [(b.specs, b.nbytes) for b in buckets]
     made = []
-    monkeypatch.setattr(weight_dist, "tensor_views", lambda *a: made.append(a[0]) or tensor_views(*a))
+    monkeypatch.setattr(receive, "tensor_views", lambda *a: made.append(a[0]) or tensor_views(*a))
     group = _LoopbackGroup([b.data for b in buckets] * 2)
     receiver = BucketReceiver(group)
     params = {n: torch.zeros_like(t) for n, t in named}
@@ -634,8 +631,8 @@ def test_the_receiver_reuses_its_views_on_the_next_push_and_still_refuses_a_corr
 
 
 def test_the_receiver_makes_new_views_for_other_specs_of_the_same_size():
-    from services.common.weight_dist import BucketReceiver
-    from services.common.weights import TensorSpec
+    from services.weightsync.nccl.receive import BucketReceiver
+    from services.weightsync.wire import TensorSpec
 
     data = torch.arange(12, dtype=torch.float32)
     specs_a = (TensorSpec("a", "float32", (12,), 48),)

@@ -13,7 +13,7 @@ pytestmark = [
 
 @pytest.mark.parametrize("nbytes", [0, 14, 8192 * 3 + 8 * 1023 + 6, 256 << 20])
 def test_sum64_on_cuda_equals_cpu_and_checks_finite_values(nbytes):
-    from services.common.weight_dist import _sum64_checked, sum64
+    from services.weightsync.digest import _sum64_checked, sum64
 
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
     assert sum64(data.cuda()) == sum64(data)
@@ -31,8 +31,9 @@ def test_cuda_buckets_are_digested_by_the_one_pass_kernel_and_its_finite_check_i
     formulation (`OMRL_SUM64_KERNEL=0`, or a kernel that fails to build) gives the same digest. fp32 values
     whose float32 sum overflows are finite to the kernel (the sum's check sent such a bucket to the
     tensor-by-tensor check)."""
-    from services.common import sum64_kernel, weight_dist
-    from services.common.weight_dist import _kernel_sums, _sum64_checked, sum64
+    from services.weightsync import digest as digest_module
+    from services.weightsync import sum64_kernel
+    from services.weightsync.digest import _kernel_sums, _sum64_checked, sum64
 
     big = torch.full((1 << 20,), 3e38, dtype=torch.float32, device="cuda")
     assert _kernel_sums(big.view(torch.uint8), torch.float32).tolist()[2] == 0
@@ -47,15 +48,15 @@ def test_cuda_buckets_are_digested_by_the_one_pass_kernel_and_its_finite_check_i
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(sum64_kernel, "sums", unbuildable)
-    monkeypatch.setattr(weight_dist, "_kernel_broken", [])
-    assert sum64(big.view(torch.uint8)) == digest and weight_dist._kernel_broken
+    monkeypatch.setattr(digest_module, "_kernel_broken", [])
+    assert sum64(big.view(torch.uint8)) == digest and digest_module._kernel_broken
 
 
 def test_cuda_buckets_are_staged_through_pinned_buffers_at_their_offsets(tmp_path):
     """The vLLM worker's staging of CUDA buckets: copied to pinned host memory on the current stream and written
     by threads; the device buffer overwritten right after (as the receive after next does, ordered after that
     stream) does not change what lands in the file. A write that fails raises at `drain`."""
-    from services.common.weight_spool import BucketStager
+    from services.weightsync.nccl.staging import BucketStager
 
     spool = tmp_path / "w.spool"
     spool.write_bytes(b"")
@@ -81,8 +82,8 @@ def test_cuda_buckets_are_staged_through_pinned_buffers_at_their_offsets(tmp_pat
 def test_cuda_buckets_staged_in_a_pinned_arena_come_back_as_they_were():
     """`rollout.weight_staging: memory` on a GPU: each bucket one copy into pinned host memory on the current
     stream; the device buffer overwritten right after (the receive after next) does not change the arena."""
-    from services.common.weight_spool import HostArena
-    from services.common.weights import TensorSpec
+    from services.weightsync.nccl.staging import HostArena
+    from services.weightsync.wire import TensorSpec
 
     arena, buffer = HostArena(), torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
     arena.begin(HostArena.span(3 * (32 << 20), 3), pinned=True)

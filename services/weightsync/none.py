@@ -1,9 +1,11 @@
+"""The `none` weight push: offline training on recorded batches, nothing sent."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.common.weight_buckets import WeightSet
-from services.learner.weight_push.base import PUSHERS, PushResult, WeightPusher
+from services.weightsync.base import PUSHERS, PushResult, WeightPusher
+from services.weightsync.buckets import WeightSet
 
 
 @PUSHERS.register("none")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
-from services.common.weight_buckets import Bucket
+from services.weightsync.buckets import Bucket
 
 _END = object()
 

@@ -1,5 +1,5 @@
 """`sum64` and a bucket's finite check in one pass: a Triton kernel that reads each 8-byte word of the bucket
-once, where the torch formulation (`weight_dist._sum64_words` and a float32 sum) reads it three times in ~10
+once, where the torch formulation (`digest._sum64_words` and a float32 sum) reads it three times in ~10
 kernel launches. Used on CUDA where Triton is importable; the torch formulation stays the reference (and the
 CPU path). The text is the same: the kernel sums the same wrapping products (word x its weight), only in
 another order, and sums of int64 products wrap alike in any order.

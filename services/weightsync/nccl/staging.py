@@ -1,178 +1,111 @@
-"""Received buckets parked in one temporary file until the whole set has checked out.
+"""Where an `nccl` push's buckets wait until its commit verified. The rollout server's record of the push
+(`NcclStaging`; the data comes by broadcast to the engine's workers, `receive`): the same declaration rules
+as a `grpc` push (`buckets.check_declaration`), a spool file whose bucket offsets this side chooses, and the
+set checksum over the declared digests (`digest.set_checksum`). In the worker, the bucket just checked is
+written into that spool file at its offset (`BucketStager`), or with `rollout.weight_staging: memory` into a
+host buffer (`HostArena`).
 
-The rollout server writes each bucket's bytes here as they arrive (its checks run alongside, and the
-bucket is verified before the next one is accepted), so its memory holds one bucket. Nothing is read
-back before the commit verified every bucket and the set: then the engine reads the buckets one at a
-time through a private memory map (pages come from the page cache, nothing is copied into the process
-until the engine copies into its parameters).
-Buckets start on page boundaries so each can be mapped on its own. The file is deleted when the push
-is applied, refused or interrupted."""
+The workers write each bucket into the spool only after its digest and finite values checked; the set
+is applied from the spool at a commit that verifies, as for a gRPC push. Any refusal, or a stream that
+ends without its commit, deletes the spool."""
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
+import re
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
-from services.common.weights import TensorSpec
+from services.weightsync.buckets import check_declaration, check_header_sizes
+from services.weightsync.digest import set_checksum
+from services.weightsync.spool import PAGE, SpooledBucket, WeightSpool
+from services.weightsync.wire import TensorSpec, WeightSetRejected
 
-PAGE = mmap.ALLOCATIONGRANULARITY
-
-
-@dataclass(frozen=True)
-class SpooledBucket:
-    offset: int
-    specs: tuple[TensorSpec, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.specs)
-
-    def to_info(self, path: str) -> dict:
-        """Plain values (msgpack-safe) for a vLLM weight-transfer `update_info`."""
-        return {
-            "path": path,
-            "offset": self.offset,
-            "names": [s.name for s in self.specs],
-            "dtype_names": [s.dtype for s in self.specs],
-            "shapes": [list(s.shape) for s in self.specs],
-            "sizes": [s.nbytes for s in self.specs],
-        }
+_DIGEST = re.compile(r"(sha256:[0-9a-f]{64}|sum64:[0-9a-f]{48})")
 
 
-@dataclass
-class WeightSpool:
-    path: str
-    buckets: list[SpooledBucket]
+class NcclStaging:
+    """The server's record of an `nccl` push: declarations checked against the header, the spool's bucket
+    offsets, the digests. With `digests_follow` a bucket is declared without its digest, which comes in a
+    `bucket_digest` message before the next declaration or the commit; the worker checks a bucket only when
+    the next one is declared (or at the flush), so each declaration hands it the previous bucket's digest."""
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buckets)
+    def __init__(
+        self,
+        specs: Sequence[TensorSpec],
+        bucket_bytes: int,
+        total_bytes: int,
+        spool_dir: str | None = None,
+        *,
+        digests_follow: bool = False,
+    ):
+        check_header_sizes(specs, bucket_bytes, total_bytes)
+        self.specs, self.bucket_bytes, self.digests_follow = list(specs), bucket_bytes, digests_follow
+        if spool_dir:
+            Path(spool_dir).mkdir(parents=True, exist_ok=True)
+        fd, self.path = tempfile.mkstemp(prefix="omrl-weights-", suffix=".spool", dir=spool_dir or None)
+        os.close(fd)
+        self.buckets: list[SpooledBucket] = []
+        self.digests: list[str] = []
+        self._next = 0
+        self._end = 0
 
-    def delete(self) -> None:
+    def declare(self, specs: Sequence[TensorSpec], nbytes: int, digest: str) -> dict:
+        """Checks a bucket's declaration; returns the engine's `update_info` that receives it (with
+        `previous_digest`, the digest of the bucket before it, where digests follow)."""
+        expected = check_declaration(self.specs, self._next, specs, nbytes, self.bucket_bytes)
+        if self.digests_follow:
+            if digest:
+                raise WeightSetRejected("digests follow their buckets in this push: a declaration carries none")
+            self._require_digests()
+        elif not _DIGEST.fullmatch(digest):
+            raise WeightSetRejected("bucket digest is not sha256:<64 hex> or sum64:<48 hex>")
+        offset = self._end + (-self._end % PAGE)
+        bucket = SpooledBucket(offset, expected)
+        self._next += len(expected)
+        self._end = offset + nbytes
+        previous = self.digests[-1] if self.digests_follow and self.digests else ""
+        self.buckets.append(bucket)
+        if not self.digests_follow:
+            self.digests.append(digest)
+        return {**bucket.to_info(self.path), "kind": "receive", "digest": digest, "previous_digest": previous}
+
+    def add_digest(self, digest: str) -> None:
+        """The digest of the bucket declared last (a `digests_follow` push)."""
+        if not self.digests_follow:
+            raise WeightSetRejected("a bucket digest after its declaration, in a push whose declarations carry them")
+        if len(self.digests) >= len(self.buckets):
+            raise WeightSetRejected("a bucket digest with no bucket declared and awaiting it")
+        if not _DIGEST.fullmatch(digest):
+            raise WeightSetRejected("bucket digest is not sha256:<64 hex> or sum64:<48 hex>")
+        self.digests.append(digest)
+
+    def last_digest(self) -> str:
+        """What the worker checks the last received bucket against at the flush ("" where declarations
+        carried the digests)."""
+        if not self.digests_follow or not self.buckets:
+            return ""
+        self._require_digests()
+        return self.digests[-1]
+
+    def _require_digests(self) -> None:
+        if len(self.digests) < len(self.buckets):
+            raise WeightSetRejected(f"the digest of bucket {len(self.digests)} did not follow it")
+
+    def commit(self, checksum: str) -> WeightSpool:
+        if self._next != len(self.specs):
+            raise WeightSetRejected(f"push ended after {self._next} of {len(self.specs)} tensors")
+        self._require_digests()
+        expected = set_checksum(self.specs, self.digests)
+        if expected != checksum:
+            raise WeightSetRejected(f"checksum {expected[:12]} != declared {checksum[:12]}")
+        return WeightSpool(self.path, list(self.buckets))
+
+    def abort(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-    def named_tensors(self, copy: bool = True):
-        """(name, tensor) of every bucket in order, one bucket mapped at a time. `copy=False` yields views
-        of the map that are only valid until the next bucket is read."""
-        for bucket in self.buckets:
-            with mapped_bucket(self.path, bucket.offset, bucket.specs) as tensors:
-                for name, t in tensors:
-                    yield name, (t.clone() if copy else t)
-
-
-@contextlib.contextmanager
-def mapped_bucket(path: str, offset: int, specs) -> Iterator[list]:
-    """The tensors of one bucket as views of a private (copy-on-write) map of the spool file."""
-    import torch
-
-    from services.common.weights import tensor_views
-
-    size = sum(s.nbytes for s in specs)
-    with open(path, "rb") as f:
-        if size == 0:
-            yield [(s.name, torch.empty(tuple(s.shape), dtype=getattr(torch, s.dtype))) for s in specs]
-            return
-        region = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY, offset=offset)
-    # Not closed here: a loader may keep views past this bucket (vLLM's layerwise reload holds a layer's
-    # tensors until the layer is complete), and closing unmaps under them. The map goes with its last view.
-    flat = torch.frombuffer(region, dtype=torch.uint8)
-    del region
-    yield tensor_views(specs, flat)
-
-
-class SpoolWriter:
-    """Appends buckets to a fresh file under `directory`; `finish()` hands over the spool, `discard()`
-    (or an exception inside `with`) deletes it."""
-
-    def __init__(self, directory: str | None = None):
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-        fd, self.path = tempfile.mkstemp(prefix="omrl-weights-", suffix=".spool", dir=directory or None)
-        self._file = os.fdopen(fd, "wb")
-        self._buckets: list[SpooledBucket] = []
-        self._offset = 0
-
-    def add(self, specs, data) -> None:
-        self.start(specs)
-        self.write(data)
-
-    def start(self, specs) -> None:
-        """A bucket begins (on a page boundary); its bytes follow through `write`, in pieces."""
-        pad = -self._offset % PAGE
-        if pad:
-            self._file.write(b"\0" * pad)
-            self._offset += pad
-        self._buckets.append(SpooledBucket(self._offset, tuple(specs)))
-
-    def write(self, data) -> None:
-        self._file.write(data)
-        self._offset += len(data)
-
-    def finish(self) -> WeightSpool:
-        self._file.close()
-        return WeightSpool(self.path, list(self._buckets))
-
-    def discard(self) -> None:
-        self._file.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-
-    def __enter__(self) -> SpoolWriter:
-        return self
-
-    def __exit__(self, exc_type, *_) -> None:
-        if exc_type is not None:
-            self.discard()
-
-
-class SpooledWeights:
-    """A weight set read back from a spool: what a learner whose model is sharded over several ranks
-    re-sends to a server that fell behind (re-reading the model would be a collective)."""
-
-    def __init__(self, specs, checksum: str, spool: WeightSpool):
-        self.specs, self.checksum, self.spool = list(specs), checksum, spool
-
-    def buckets(self, bucket_bytes: int):
-        """The spooled buckets as they were sent (their size was set by the first push), with their
-        `set-sha256:` digests."""
-        from services.common.weight_buckets import Bucket, hash_specs
-        from services.common.weights import SetHasher
-
-        hasher = SetHasher()
-        for bucket in self.spool.buckets:
-            with open(self.spool.path, "rb") as f:
-                f.seek(bucket.offset)
-                data = memoryview(f.read(bucket.nbytes))
-            hash_specs(hasher, bucket.specs, data)
-            yield Bucket(bucket.specs, data, "", hasher.running())
-
-
-class TeeToSpool:
-    """Passes a weight set's buckets through while writing them to a spool; `spooled()` after the pass."""
-
-    def __init__(self, weights, directory: str | None = None):
-        self.weights, self.directory, self.spool = weights, directory, None
-        self.specs = weights.specs
-
-    @property
-    def checksum(self) -> str:
-        return self.weights.checksum
-
-    def buckets(self, bucket_bytes: int):
-        with SpoolWriter(self.directory) as writer:
-            for bucket in self.weights.buckets(bucket_bytes):
-                writer.add(bucket.specs, bucket.data)
-                yield bucket
-        self.spool = writer.finish()
-
-    def spooled(self) -> SpooledWeights | None:
-        return SpooledWeights(self.specs, self.checksum, self.spool) if self.spool is not None else None
 
 
 def write_at(path: str, offset: int, data) -> None:
@@ -310,7 +243,7 @@ class HostArena:
     def tensors(self, path: str, offset: int, specs) -> list | None:
         """The bucket staged at (`path`, `offset`) as views of the arena, or None if this push did not stage it
         here."""
-        from services.common.weights import tensor_views
+        from services.weightsync.wire import tensor_views
 
         where = self._where.get((path, offset))
         if where is None:

@@ -1,6 +1,8 @@
 """The launcher interface: where a job's services run. The job API holds one launcher and drives it
 with start / poll / cancel; a launcher keeps what it needs to find a job again in a JSON `handle`
-that the API persists, so a restarted API can pick its jobs up again (`recover`)."""
+that the API persists, so a restarted API can pick its jobs up again (`recover`). The launchers
+themselves (`services.launcher.local`, `services.launcher.kubernetes`) are plugins of the job API:
+they implement this interface, and `LAUNCHERS` finds them by name."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.config import JobSpec, TrainConfig
+from services.common.config import TrainConfig
 from services.common.registry import Registry
+from services.jobs.spec import JobSpec
 
 # Job states as the launchers report them (the API adds `queued` before a launcher sees a job).
 STARTING, RUNNING, CANCELLING = "starting", "running", "cancelling"

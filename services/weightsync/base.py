@@ -1,3 +1,7 @@
+"""What every weight push transport is: a `WeightPusher` registered by name in `PUSHERS` (the config's
+`learner.weight_push`), delivering a set to rollout servers and reporting a `PushResult` per server. The
+transports register lazily (their modules load torch, grpc, torch.distributed only when chosen)."""
+
 from __future__ import annotations
 
 import abc
@@ -8,7 +12,7 @@ from typing import TYPE_CHECKING
 from services.common.registry import Registry
 
 if TYPE_CHECKING:  # the table is read when a config is parsed, which must not import torch
-    from services.common.weight_buckets import WeightSet
+    from services.weightsync.buckets import WeightSet
 
 
 @dataclass
@@ -41,4 +45,7 @@ class WeightPusher(abc.ABC):
         first push of a learner resumed from a checkpoint older than what the servers hold."""
 
 
-PUSHERS: Registry[WeightPusher] = Registry("weight push transport")
+PUSHERS: Registry[WeightPusher] = Registry("weight push transport", choice="weight_push")
+PUSHERS.register_lazy("grpc", "services.weightsync.grpc.send")
+PUSHERS.register_lazy("nccl", "services.weightsync.nccl.send")
+PUSHERS.register_lazy("none", "services.weightsync.none")

@@ -1,12 +1,13 @@
-"""The receiving end of a bucketed weight push: every bucket is checked as it arrives and parked in a
-spool file, so memory holds one bucket and nothing reaches the engine before the whole set verified.
+"""The receiving end of a `grpc` weight push, in the rollout server (the sending end is `grpc.send`): every
+bucket is checked as it arrives and parked in a spool file, so memory holds one bucket and nothing reaches
+the engine before the whole set verified.
 
 Order of a push: header (checked against the served model by `RolloutCore.admit` before this exists),
 then per bucket its declaration (specs, size, and its check: the `set-sha256:` digest, or the sha256 of
 its bytes from older senders) and data, then a commit carrying the set checksum.
 A bucket must declare exactly the next tensors of the header, in order, and at most the header's bucket
-size (a larger tensor travels alone); data past the declared size is refused at the chunk that
-overflows. Any refusal, or a stream that ends without its commit, deletes the spool."""
+size (a larger tensor travels alone: `buckets.check_declaration`); data past the declared size is refused
+at the chunk that overflows. Any refusal, or a stream that ends without its commit, deletes the spool."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
-from services.common.weight_spool import SpoolWriter, WeightSpool
-from services.common.weights import (
+from services.weightsync.buckets import check_declaration, check_header_sizes
+from services.weightsync.spool import SpoolWriter, WeightSpool
+from services.weightsync.wire import (
     SET_SHA256,
     SetHasher,
     TensorSpec,
@@ -29,38 +31,8 @@ from services.common.weights import (
     tensor_views,
 )
 
-MAX_BUCKET_BYTES = 4 << 30
-"""Largest bucket a header may declare: the bound on what one push holds in this process's memory."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SET_SHA256 = re.compile(re.escape(SET_SHA256) + r"[0-9a-f]{64}")
-
-
-def check_header_sizes(specs: Sequence[TensorSpec], bucket_bytes: int, total_bytes: int) -> None:
-    declared = sum(s.nbytes for s in specs)
-    if not 0 < bucket_bytes <= MAX_BUCKET_BYTES:
-        raise WeightSetRejected(f"bucket size {bucket_bytes} is not in 1..{MAX_BUCKET_BYTES} bytes")
-    if total_bytes != declared:
-        raise WeightSetRejected(f"header declares {total_bytes} bytes, its tensors take {declared}")
-
-
-def check_declaration(
-    header_specs: Sequence[TensorSpec], next_index: int, specs: Sequence[TensorSpec], nbytes: int, bucket_bytes: int
-) -> tuple[TensorSpec, ...]:
-    """A bucket declares exactly the header's next tensors (from `next_index`), their byte count, and at most
-    `bucket_bytes` unless it is one tensor; returns those header specs."""
-    if not specs:
-        raise WeightSetRejected("a bucket declares no tensors")
-    expected = tuple(header_specs[next_index : next_index + len(specs)])
-    for i, spec in enumerate(specs):
-        if i >= len(expected):
-            raise WeightSetRejected(f"bucket declares {spec.name!r} past the end of the header's tensors")
-        if tuple(spec.shape) != tuple(expected[i].shape) or spec != expected[i]:
-            raise WeightSetRejected(f"bucket declares {spec}, the header's next tensor is {expected[i]}")
-    if nbytes != sum(s.nbytes for s in specs):
-        raise WeightSetRejected(f"bucket declares {nbytes} bytes, its tensors take {sum(s.nbytes for s in specs)}")
-    if nbytes > bucket_bytes and len(specs) > 1:
-        raise WeightSetRejected(f"bucket of {nbytes} bytes exceeds the header's bucket size {bucket_bytes}")
-    return expected
 
 
 class _Worker:

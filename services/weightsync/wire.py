@@ -1,14 +1,17 @@
-"""A named-tensor set as a byte stream: the wire form of a weight push, with its checksum.
+"""The wire format of a weight set: each tensor's spec (name, dtype, shape, bytes), the set checksum, the
+served model's signature a pushed set must match, and the checks a receiver runs on the tensors it rebuilds
+from bytes (views, finite values).
 
 The checksum covers names, dtypes, shapes and bytes in order, so the learner and a rollout server
-that computed the same value hold the same weights."""
+that computed the same value hold the same weights. A set as buckets, or as one byte string (`pack`), is
+in `buckets`."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +19,8 @@ import torch
 CHUNK_BYTES = 1 << 20  # stays under gRPC's default 4 MiB message cap
 
 
-def _raw(t: torch.Tensor) -> bytes:
+def raw_bytes(t: torch.Tensor) -> bytes:
+    """`t`'s bytes as they travel: contiguous, on the host, in its own dtype."""
     return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
@@ -59,7 +63,7 @@ class SetHasher:
 
 
 SET_SHA256 = "set-sha256:"
-"""Prefix of a bucket digest chained into the set checksum (see `weight_buckets`)."""
+"""Prefix of a bucket digest chained into the set checksum (see `buckets`)."""
 
 
 def spec_of(name: str, t: torch.Tensor) -> TensorSpec:
@@ -96,63 +100,8 @@ def check_source(name: str | None, t: torch.Tensor | None, spec: TensorSpec) -> 
 def checksum(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     hasher = SetHasher()
     for name, t in named_tensors:
-        hasher.add(spec_of(name, t), _raw(t))
+        hasher.add(spec_of(name, t), raw_bytes(t))
     return hasher.hexdigest()
-
-
-@dataclass
-class PackedWeights:
-    specs: list[TensorSpec]
-    checksum: str
-    payload: bytes
-
-    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[bytes]:
-        view = memoryview(self.payload)
-        for start in range(0, len(view), size):
-            yield bytes(view[start : start + size])
-
-    def buckets(self, bucket_bytes: int):
-        """The payload cut at tensor boundaries (tests send hand-made sets through the bucketed wire)."""
-        from services.common.weight_buckets import Bucket, plan_buckets, sha256_of
-
-        view, offset = memoryview(self.payload), 0
-        for planned in plan_buckets(self.specs, bucket_bytes):
-            size = sum(s.nbytes for s in planned)
-            data = view[offset : offset + size]
-            offset += size
-            yield Bucket(planned, data, sha256_of(data))
-
-
-def pack(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> PackedWeights:
-    hasher, specs, parts = SetHasher(), [], []
-    for name, t in named_tensors:
-        spec, data = spec_of(name, t), _raw(t)
-        hasher.add(spec, data)
-        specs.append(spec)
-        parts.append(data)
-    return PackedWeights(specs, hasher.hexdigest(), b"".join(parts))
-
-
-class ChecksumMismatch(ValueError):
-    pass
-
-
-def unpack(specs: Sequence[TensorSpec], payload: bytes, expected_checksum: str) -> list[tuple[str, torch.Tensor]]:
-    """Rebuilds tensors from the bytes; raises before returning anything if sizes or checksum differ."""
-    total = sum(s.nbytes for s in specs)
-    if total != len(payload):
-        raise ChecksumMismatch(f"expected {total} bytes of tensors, received {len(payload)}")
-    hasher, out, offset = SetHasher(), [], 0
-    buffer = bytearray(payload)
-    for spec in specs:
-        data = memoryview(buffer)[offset : offset + spec.nbytes]
-        hasher.add(spec, data)
-        flat = torch.frombuffer(data, dtype=torch.uint8) if spec.nbytes else torch.empty(0, dtype=torch.uint8)
-        out.append((spec.name, flat.view(getattr(torch, spec.dtype)).reshape(spec.shape)))
-        offset += spec.nbytes
-    if hasher.hexdigest() != expected_checksum:
-        raise ChecksumMismatch(f"checksum {hasher.hexdigest()[:12]} != expected {expected_checksum[:12]}")
-    return out
 
 
 class WeightSetRejected(ValueError):
