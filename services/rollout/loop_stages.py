@@ -1,5 +1,6 @@
 """Where a rollout server's time goes between two engine requests of an episode, and around each group:
-one histogram, `omrl_rollout_loop_stage_seconds{stage}`, observed by the agent loop and the producer.
+one histogram, `omrl_rollout_loop_stage_seconds{stage}`, observed by the agent loop and the producer, and
+`omrl_rollout_loop_stage_in_flight{stage}`, the calls in each stage now.
 
 Stages (each observation is one call, so `_sum` is busy time summed over concurrent episodes, not wall time):
 - generate: an episode waiting on the engine for one model turn (queueing inside vLLM included, and
@@ -48,8 +49,18 @@ LOOP_STAGE_SECONDS = metrics.preset(
     ),
     *((stage,) for stage in STAGES),
 )
+LOOP_STAGE_IN_FLIGHT = metrics.preset(
+    metrics.gauge(
+        "rollout",
+        "loop_stage_in_flight",
+        "Calls in each stage of the agent loop now (env calls that stay here name a hung env server)",
+        ["stage"],
+    ),
+    *((stage,) for stage in STAGES),
+)
 _STAGE = {stage: LOOP_STAGE_SECONDS.labels(stage) for stage in STAGES}
 """The histogram's children, looked up once (a `labels` call per observation costs more than the observation)."""
+_IN_FLIGHT = {stage: LOOP_STAGE_IN_FLIGHT.labels(stage) for stage in STAGES}
 
 
 class StageClock:
@@ -66,8 +77,11 @@ class StageClock:
 
     @contextmanager
     def time(self, stage: str) -> Iterator[None]:
+        in_flight = _IN_FLIGHT.get(stage) or LOOP_STAGE_IN_FLIGHT.labels(stage)
+        in_flight.inc()
         start = time.perf_counter()
         try:
             yield
         finally:
+            in_flight.dec()
             self.record(stage, time.perf_counter() - start)

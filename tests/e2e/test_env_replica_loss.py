@@ -3,18 +3,21 @@ processes); one replica is SIGKILLed mid-run. Training goes on to its last step,
 held are retried on the other one, every trajectory the learner gets is from a complete, real episode,
 and the run-wide counters say what was lost.
 
-The replica is frozen (SIGSTOP) before it is killed, and killed only once a call of the running step waits
-in its socket: so the kill always lands while the rollout has work on that replica (a kill while no
-episode used it would lose nothing, and the counters would rightly stay at zero)."""
+The replica is frozen (SIGSTOP) before it is killed, and killed only once the rollout has an episode's
+create or step call in flight that has not moved for a few seconds (the other replica answers in
+milliseconds, so such a call waits on the frozen one): the kill always lands while the rollout has an
+episode on that replica. A kill while the rollout waits on the learner, or holds only the frozen
+replica's Close calls, would lose nothing, and the counters would rightly stay at zero."""
 
 import os
 import signal
 import threading
 import time
 import uuid
-from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.config import load_config
 from services.common.run_state import RunState
@@ -23,6 +26,8 @@ from services.launcher.local import LocalRun
 
 pytestmark = [pytest.mark.e2e]
 STEPS, GROUPS, GROUP_SIZE = 8, 4, 4
+STUCK_S = 3.0
+"""How long an env call must stand still before it counts as waiting on the frozen replica."""
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +61,14 @@ def outcome(tmp_path_factory, redis_url, warm_tiny_model):
             time.sleep(0.2)
         victim = next(p for p in run.processes if p.name == "envs-1")
         os.kill(victim.pid, signal.SIGSTOP)
-        port = int(victim.health_address.rsplit(":", 1)[1])
-        while not _calls_waiting(port):
+        metrics_url = f"http://127.0.0.1:{run.metrics_ports['rollout']}/metrics"
+        stuck_since, last = None, None
+        while stuck_since is None or time.monotonic() - stuck_since < STUCK_S:
             assert thread.is_alive() and time.monotonic() < deadline, "\n".join(lines[-30:])
-            time.sleep(0.05)
-        # calls alternate between the replicas (round robin): within a few more, one is an episode's
-        # Create or Step rather than only a Close, and that episode is lost at the kill
-        time.sleep(2.0)
+            in_flight, done = _episode_env_calls(metrics_url)
+            if in_flight == 0 or done != last:
+                stuck_since, last = (time.monotonic() if in_flight else None), done
+            time.sleep(0.25)
         os.killpg(victim.pid, signal.SIGKILL)  # its own session: the replica and nothing else
         thread.join(600)
         assert not thread.is_alive() and "run" in result, "\n".join(lines[-30:])
@@ -78,15 +84,19 @@ def outcome(tmp_path_factory, redis_url, warm_tiny_model):
         RunState.connect(config).reset()
 
 
-def _calls_waiting(port: int) -> bool:
-    """True once bytes sent to a server socket on `port` wait unread (its process is stopped)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            cols = row.split()
-            local_port, state, rx_queue = int(cols[1].rsplit(":", 1)[1], 16), cols[3], int(cols[4].split(":")[1], 16)
-            if local_port == port and state == "01" and rx_queue > 0:  # 01: ESTABLISHED
-                return True
-    return False
+def _episode_env_calls(metrics_url: str) -> tuple[float, float]:
+    """The rollout's env create and step calls in flight, and how many have finished."""
+    text = httpx.get(metrics_url, timeout=5).text
+    in_flight = done = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("stage") not in ("env_create", "env_step"):
+                continue
+            if sample.name == "omrl_rollout_loop_stage_in_flight":
+                in_flight += sample.value
+            elif sample.name == "omrl_rollout_loop_stage_seconds_count":
+                done += sample.value
+    return in_flight, done
 
 
 def test_training_goes_on_to_the_last_step(outcome):

@@ -53,7 +53,10 @@ def tiny_model(tmp_path_factory):
     return str(prepare_tiny_model(config, tmp_path_factory.mktemp("tiny"), say=lambda line: None))
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+# each run on a worker of its own under pytest-xdist: together they are the longest module
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.xdist_group(f"learning-{name}")) for name in RUNS]
+)
 def test_success_rises_from_at_most_20_to_at_least_80_percent(name, tiny_model, tmp_path):
     config = load_config(
         RECIPE,

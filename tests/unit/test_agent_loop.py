@@ -88,6 +88,38 @@ def test_every_stage_between_two_engine_requests_is_timed(tokenizer):
     assert {stage: observed(stage) - before[stage] for stage in before} == {"generate": 9, "env_step": 9, "tokenize": 6}
 
 
+class HungStepEnvClient(InProcessEnvClient):
+    def __init__(self, service):
+        super().__init__(service)
+        self.hung, self.release = asyncio.Event(), asyncio.Event()
+
+    async def step(self, episode_id, action):
+        self.hung.set()
+        await self.release.wait()
+        return await super().step(episode_id, action)
+
+
+def test_a_hung_env_step_shows_in_flight_until_it_returns(tokenizer):
+    from prometheus_client import REGISTRY
+
+    def in_flight(stage):
+        return REGISTRY.get_sample_value("omrl_rollout_loop_stage_in_flight", {"stage": stage})
+
+    async def scenario():
+        client = HungStepEnvClient(EnvService())
+        loop, _ = make_loop(tokenizer, toward_exit, env_client=client)
+        group = asyncio.create_task(loop.run_group(task_index=5, group_id="g"))
+        await asyncio.wait_for(client.hung.wait(), 30)
+        await asyncio.sleep(0.05)  # every episode of the group reaches its first step
+        seen = in_flight("env_step")
+        client.release.set()
+        await asyncio.wait_for(group, 30)
+        return seen
+
+    assert asyncio.run(scenario()) == 3  # the group's three episodes, each waiting on its step
+    assert in_flight("env_step") == in_flight("env_create") == in_flight("generate") == 0
+
+
 def test_formatter_initial_prompts_are_cached_and_equal_to_a_fresh_render(tokenizer, monkeypatch):
     import services.rollout.prompting as prompting
 

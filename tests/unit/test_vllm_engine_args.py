@@ -130,6 +130,39 @@ def test_engine_args_override_the_backends_defaults_and_never_its_own_settings()
         kwargs(on_cpu=False, seed=1)
 
 
+def test_the_cpu_kv_cache_holds_max_num_seqs_full_sequences_at_most(tmp_path):
+    import json
+
+    from services.rollout.backends.vllm_args import kv_bytes_per_token
+
+    shape = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps({**shape, "torch_dtype": "bfloat16"}))
+    assert kv_bytes_per_token(str(tmp_path), "float32") == 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers
+    assert kv_bytes_per_token(str(tmp_path), "auto") == 2 * 2 * 2 * 16 * 2
+    assert kv_bytes_per_token("org/hub-model", "float32") is None  # not a local directory: RAM share only
+
+    def cpu_kv(model, ram_bytes):
+        return engine_kwargs(
+            model=model,
+            dtype="float32",
+            max_model_len=512,
+            gpu_memory_utilization=0.25,
+            max_num_seqs=8,
+            enforce_eager=True,
+            seed=3,
+            gpus=1,
+            on_cpu=True,
+            ram_bytes=ram_bytes,
+            worker_extension="x.Y",
+            logprobs_mode="processed_logprobs",
+            engine_args={},
+        )["kv_cache_memory_bytes"]
+
+    assert cpu_kv(str(tmp_path), 64 * 2**30) == 8 * 512 * 512  # 8 sequences of 512 tokens, not 16 GiB
+    assert cpu_kv(str(tmp_path), 4000) == 1000  # the RAM share, where it is smaller
+    assert cpu_kv("org/hub-model", 64 * 2**30) == 16 * 2**30
+
+
 def test_cpu_limits_are_explained():
     with pytest.raises(
         ValueError,
