@@ -12,15 +12,6 @@ FIRST = ("e2e", "faults", "integration")
 starts them early and its workers finish together."""
 
 
-def pytest_configure(config):
-    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    cpus = sorted(os.sched_getaffinity(0))
-    if worker and 1 < workers <= len(cpus):
-        # each worker on its own cores: a local run plans its threads and binds vLLM's worker to the cores it
-        # sees (services.common.cpu_budget), so two runs seeing every core would bind to the same ones
-        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) :: workers])
-
-
 def pytest_collection_modifyitems(config, items):
     """Every module's tests share one xdist worker (module-scoped fixtures start a run once) unless a test
     names its own `xdist_group`; the first folders' tests come first."""

@@ -4,6 +4,7 @@ all map onto these models. Every field's docstring doubles as its help text."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,6 +22,8 @@ from pydantic import (
 
 from services.common import choices
 from services.common.config_layers import file_layer, merge_layers, set_layer
+
+log = logging.getLogger(__name__)
 
 
 class Section(BaseModel):
@@ -67,6 +70,81 @@ FreeForm = Annotated[dict[str, Any], AfterValidator(_check_free_form)]
 def _plugin(kind: str) -> Any:
     """A plugin name that must be registered (the registry that declares `kind`, see `services.common.choices`)."""
     return Annotated[str, AfterValidator(choices.choice_validator(kind)), choices.PluginChoice(kind)]
+
+
+RENAMED_FIELDS: dict[str, dict[str, str]] = {
+    "learner": {
+        "weight_dist_host": "weight_nccl_host",
+        "weight_dist_port": "weight_nccl_port",
+        "weight_dist_backend": "weight_nccl_backend",
+        "weight_dist_timeout_s": "weight_nccl_timeout_s",
+    },
+}
+"""Old field names still accepted, by section: old name -> new name. A config, job spec or helm value with an
+old name loads into the new field (a warning, once per process, says it is deprecated); the old and the new
+name together are an error naming both; a dumped config has only the new name."""
+
+_warned_renames: set[str] = set()
+
+
+def _warn_renamed(path: str, new_path: str) -> None:
+    if path not in _warned_renames:
+        _warned_renames.add(path)
+        log.warning("config: %s is deprecated, renamed to %s; it still loads, but rename it", path, new_path)
+
+
+def _rename_fields(section: str, data: Any) -> Any:
+    """`data` (one section's raw values) with its old field names replaced by the new ones; both names of a field
+    together raise ValueError naming both."""
+    renamed = RENAMED_FIELDS.get(section, {})
+    if not isinstance(data, dict) or not any(old in data for old in renamed):
+        return data
+    both = [(old, new) for old, new in renamed.items() if old in data and new in data]
+    if both:
+        raise ValueError(
+            "; ".join(
+                f"{section}.{new} and {section}.{old} are both set: {section}.{old} is the deprecated name of "
+                f"{section}.{new}, set only {section}.{new}"
+                for old, new in both
+            )
+        )
+    out = dict(data)
+    for old, new in renamed.items():
+        if old in out:
+            out[new] = out.pop(old)
+            _warn_renamed(f"{section}.{old}", f"{section}.{new}")
+    return out
+
+
+def rename_old_fields(layer: dict[str, Any]) -> dict[str, Any]:
+    """One config layer (a file, `--set` overrides, environment variables, flags) with the old names of renamed
+    fields replaced by the new ones before the layers merge, so that a later layer's new name overrides an earlier
+    layer's old one. Both names in one layer are left for validation to refuse."""
+    out = layer
+    for section in RENAMED_FIELDS:
+        try:
+            data = _rename_fields(section, layer.get(section))
+        except ValueError:
+            continue
+        if data is not layer.get(section):
+            out = {**out, section: data}
+    return out
+
+
+def _old_names_in_schema(section: str, schema: dict[str, Any]) -> None:
+    """The old names of `section`'s renamed fields in its JSON schema, marked deprecated, so that helm values
+    and job specs that still use them validate; both names of a field together are refused."""
+    properties = schema.get("properties", {})
+    pairs = [(old, new) for old, new in RENAMED_FIELDS.get(section, {}).items() if new in properties]
+    for old, new in pairs:
+        properties[old] = {
+            **{key: value for key, value in properties[new].items() if key != "default"},
+            "title": old.replace("_", " ").title(),
+            "description": f"Deprecated name of `{new}` (set that instead; not both).",
+            "deprecated": True,
+        }
+    if pairs:
+        schema["not"] = {"anyOf": [{"required": [new, old]} for old, new in pairs]}
 
 
 class ModelConfig(Section):
@@ -334,15 +412,15 @@ class LearnerConfig(Section):
     weight_bucket_mb: int = Field(256, ge=1, le=4096)
     """A weight push travels in buckets of at most this many MiB (a larger tensor alone): the learner holds the
     bucket it sends and the one it gathers, a rollout server the one it checks."""
-    weight_dist_host: str = ""
+    weight_nccl_host: str = ""
     """`weight_push: nccl`: the address at which the rollout servers' engine workers reach the learner's
     rendezvous store (the learner's Service name or host); required with that transport."""
-    weight_dist_port: int = Field(29600, ge=1024, le=65535)
+    weight_nccl_port: int = Field(29600, ge=1024, le=65535)
     """`weight_push: nccl`: TCP port of the rendezvous store the learner's rank 0 hosts."""
-    weight_dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    weight_nccl_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """`weight_push: nccl`: process-group backend the buckets travel on; `auto`: nccl when the learner runs on
     CUDA, else gloo (CPU). The rollout servers must run on the same kind of device."""
-    weight_dist_timeout_s: float = Field(60.0, gt=0, le=3600)
+    weight_nccl_timeout_s: float = Field(60.0, gt=0, le=3600)
     """`weight_push: nccl`: longest wait to form a process group and for one bucket's broadcast."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
@@ -396,6 +474,18 @@ class LearnerConfig(Section):
     flex_attention, varlen kernels with flash_attention_2 and `varlen` (torch's varlen flash kernel on GPU, one
     causal SDPA call per sequence on CPU: no work across sequences; needs `pack_sequences`)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rename_old_fields(cls, data: Any) -> Any:
+        return _rename_fields("learner", data)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        # in either mode: one schema of a job spec for requests and responses (the old names are optional)
+        schema = handler(core_schema)
+        _old_names_in_schema("learner", handler.resolve_ref_schema(schema))
+        return schema
+
     @model_validator(mode="after")
     def _check_attention(self) -> LearnerConfig:
         if self.attention == "varlen" and not self.pack_sequences:
@@ -408,15 +498,15 @@ class LearnerConfig(Section):
             # a recomputed layer would append its keys to the shared cache a second time
             raise ValueError("learner.share_prefix keeps a key/value cache: unset learner.activation_checkpointing")
         if self.weight_push == "nccl":
-            if not self.weight_dist_host:
+            if not self.weight_nccl_host:
                 raise ValueError(
-                    "learner.weight_push 'nccl' needs learner.weight_dist_host: the address the rollout servers "
+                    "learner.weight_push 'nccl' needs learner.weight_nccl_host: the address the rollout servers "
                     "reach the learner's rendezvous store at"
                 )
-            if self.weight_dist_backend == "nccl" and self.device == "cpu":
-                raise ValueError("learner.weight_dist_backend 'nccl' moves CUDA tensors: the learner runs on CPU")
-            if self.weight_dist_backend == "gloo" and self.device == "cuda":
-                raise ValueError("learner.weight_dist_backend 'gloo' on a CUDA learner: use nccl (or auto)")
+            if self.weight_nccl_backend == "nccl" and self.device == "cpu":
+                raise ValueError("learner.weight_nccl_backend 'nccl' moves CUDA tensors: the learner runs on CPU")
+            if self.weight_nccl_backend == "gloo" and self.device == "cuda":
+                raise ValueError("learner.weight_nccl_backend 'gloo' on a CUDA learner: use nccl (or auto)")
         return self
 
 
@@ -470,7 +560,8 @@ def load_config(
 ) -> TrainConfig:
     """Reads a YAML/JSON file (optional) and applies `a.b.c=value` overrides (values parsed as YAML); the
     command lines' own layers (services.common.config_layers), without environment variables."""
-    return schema.model_validate(merge_layers(file_layer(path), set_layer(overrides or [])))
+    layers = (rename_old_fields(file_layer(path)), rename_old_fields(set_layer(overrides or [])))
+    return schema.model_validate(merge_layers(*layers))
 
 
 def dump_config(config: TrainConfig) -> str:

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 from pydantic_settings.exceptions import SettingsError
 
 from services.common import choices
-from services.common.config import TrainConfig
+from services.common.config import RENAMED_FIELDS, TrainConfig, rename_old_fields
 from services.common.config_errors import error_lines
 from services.common.config_layers import ConfigError, env_layer, file_layer, merge_layers, set_layer
 
@@ -50,6 +50,9 @@ def _suggest(message: str, parser: argparse.ArgumentParser) -> str:
         arg.split("=", 1)[0] for arg in message.removeprefix("unrecognized arguments: ").split() if arg.startswith("--")
     ]
     for flag in flags:
+        section, _, name = flag.removeprefix("--").partition(".")
+        if name in RENAMED_FIELDS.get(section, {}):
+            return f"unknown flag {flag}: renamed to --{section}.{RENAMED_FIELDS[section][name]}"
         close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
         if close:
             return f"unknown flag {flag}; did you mean {close[0]}?"
@@ -336,10 +339,10 @@ def resolve(
     environ: dict[str, str] | None = None,
 ) -> Resolved:
     """Defaults < file < env < `--set` < flags, validated once; a problem raises ConfigError naming the field."""
-    layers = [
-        ("file", file_layer(config_path)),
-        ("env", env_layer(dict(os.environ if environ is None else environ))),
-        ("flag", merge_layers(set_layer(overrides), flags or {})),
+    layers = [  # each with the old names of renamed fields replaced: a later layer's new name overrides them
+        ("file", rename_old_fields(file_layer(config_path))),
+        ("env", rename_old_fields(env_layer(dict(os.environ if environ is None else environ)))),
+        ("flag", merge_layers(rename_old_fields(set_layer(overrides)), rename_old_fields(flags or {}))),
     ]
     data: dict[str, Any] = {}
     for _, layer in layers:

@@ -281,7 +281,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 _PICK_FROM = 16384
-_RESERVED_PORTS = frozenset({29600})  # the `nccl` weight push's rendezvous port (learner.weight_dist_port)
+_RESERVED_PORTS = frozenset({29600})  # the `nccl` weight push's rendezvous port (learner.weight_nccl_port)
 
 
 def _ephemeral_low() -> int:

@@ -13,7 +13,7 @@ paths only from what the operator allows. Every check refuses with SpecNotAllowe
   `extra_engine_args`): numbers, switches and choices, never files, classes, plugins or endpoints.
 - Service addresses (`env.address`, `reward.address`, `rollout.addresses`) are the launcher's; a spec that
   sets them is refused. The launchers also set `run`, `output_dir`, `learner.checkpoint_dir` and
-  `learner.weight_dist_host` themselves.
+  `learner.weight_nccl_host` themselves.
 - `resources.image` and `resources.volume_claim` only from the operator's lists.
 - The Redis a job writes to is the server's: a caller's `stream.redis_url` is refused unless allowed.
 

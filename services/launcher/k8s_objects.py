@@ -116,7 +116,7 @@ def run_config(job_id: str, spec: JobSpec, options: K8sOptions) -> TrainConfig:
     if not config.env.data_dir.startswith("/"):  # the pods' root is read-only; /data is their writable volume
         config.env.data_dir = f"/data/{config.env.data_dir}"
     if config.learner.weight_push == "nccl":  # the learner's rank 0 hosts the rendezvous store
-        config.learner.weight_dist_host = learner_pod0(job_id, options.workload)
+        config.learner.weight_nccl_host = learner_pod0(job_id, options.workload)
     if options.redis_url:
         config.stream.redis_url = options.redis_url
     return config

@@ -436,7 +436,7 @@ class LocalLauncher(Launcher):
         config = spec.train_config()
         config.run, config.output_dir = job_id, str(self.output_dir)
         if config.learner.weight_push == "nccl":  # the learner's rendezvous store is on this host
-            config.learner.weight_dist_host = "127.0.0.1"
+            config.learner.weight_nccl_host = "127.0.0.1"
         return config
 
     def start(self, job_id: str, spec: JobSpec) -> dict[str, Any]:

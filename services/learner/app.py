@@ -40,10 +40,10 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
     learner = config.learner
     nccl = (  # the `nccl` transport's settings
         {
-            "host": learner.weight_dist_host,
-            "port": learner.weight_dist_port,
-            "backend": learner.weight_dist_backend,
-            "dist_timeout_s": learner.weight_dist_timeout_s,
+            "host": learner.weight_nccl_host,
+            "port": learner.weight_nccl_port,
+            "backend": learner.weight_nccl_backend,
+            "nccl_timeout_s": learner.weight_nccl_timeout_s,
         }
         if learner.weight_push == "nccl"
         else {}

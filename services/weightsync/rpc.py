@@ -20,6 +20,22 @@ def specs_to_proto(specs: Sequence[TensorSpec]) -> list:
     return [rollout_pb2.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, nbytes=s.nbytes) for s in specs]
 
 
+def update_header(
+    version: int, specs: Sequence[TensorSpec], *, rollback: bool, run: str, bucket_bytes: int, **fields
+) -> rollout_pb2.WeightUpdateHeader:
+    """The first message of every push; `fields`: the transport's own (a `grpc` push's checksum, an `nccl`
+    push's rendezvous)."""
+    return rollout_pb2.WeightUpdateHeader(
+        version=version,
+        rollback=rollback,
+        run=run,
+        total_bytes=sum(s.nbytes for s in specs),
+        bucket_bytes=bucket_bytes,
+        tensors=specs_to_proto(specs),
+        **fields,
+    )
+
+
 def _serialize(message) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 

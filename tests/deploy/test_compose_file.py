@@ -231,7 +231,7 @@ def test_the_nccl_weight_push_is_one_variable_away(tmp_path):
     and both sides bind NCCL/gloo to the compose network's interface."""
     compose = check_compose().interpolate(yaml.safe_load(COMPOSE.read_text()), {**ENV, "OMRL_WEIGHT_PUSH": "nccl"})
     learner = command_config(compose["services"]["learner"], tmp_path).learner
-    assert (learner.weight_push, learner.weight_dist_host, learner.weight_dist_port) == ("nccl", "learner", 29600)
+    assert (learner.weight_push, learner.weight_nccl_host, learner.weight_nccl_port) == ("nccl", "learner", 29600)
     for name in ("rollout", "learner"):
         env = compose["services"][name]["environment"]
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"

@@ -692,7 +692,7 @@ def test_nccl_weight_push_opens_the_learner_and_rollout_pods_to_each_other(tmp_p
     socket interface reaches both pods. Without it the policies stay as narrow as before."""
     docs = render("--set", "config.learner.weight_push=nccl", "--set", "weightPush.socketIfname=eth0")
     config = run_config_of(docs, "learner", tmp_path)
-    service = objects(docs, "Service")[config.learner.weight_dist_host]
+    service = objects(docs, "Service")[config.learner.weight_nccl_host]
     assert service["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
     assert service["spec"]["ports"] == [{"name": "weight-sync", "port": 29600, "targetPort": "weight-sync"}]
     learner = main_container(workloads(docs)["learner"])
@@ -704,3 +704,21 @@ def test_nccl_weight_push_opens_the_learner_and_rollout_pods_to_each_other(tmp_p
         assert allowed(docs, "rollout", "learner", port) and allowed(docs, "learner", "rollout", port)
     plain = render()
     assert not allowed(plain, "rollout", "learner", 29600) and not allowed(plain, "learner", "rollout", 41234)
+
+
+def test_nccl_weight_push_values_under_their_old_names_still_work(tmp_path):
+    """`weight_dist_port`/`weight_dist_host`, the old names of `weight_nccl_port`/`weight_nccl_host`: the chart
+    reads them (the Service's port; a host given is kept), the services load them; both names are refused."""
+    nccl = ("--set", "config.learner.weight_push=nccl")
+    docs = render(*nccl, "--set", "config.learner.weight_dist_port=29700")
+    config = run_config_of(docs, "learner", tmp_path)
+    assert config.learner.weight_nccl_port == 29700
+    service = objects(docs, "Service")[config.learner.weight_nccl_host]
+    assert service["spec"]["ports"] == [{"name": "weight-sync", "port": 29700, "targetPort": "weight-sync"}]
+    config = run_config_of(
+        render(*nccl, "--set", "config.learner.weight_dist_host=learner.example"), "learner", tmp_path
+    )
+    assert config.learner.weight_nccl_host == "learner.example"
+    both = ("--set", "config.learner.weight_dist_port=29700", "--set", "config.learner.weight_nccl_port=29700")
+    proc = run_helm("template", "omrl", str(CHART), *nccl, *both)
+    assert proc.returncode != 0 and re.search(r"config[./]learner", proc.stderr), proc.stderr

@@ -48,7 +48,7 @@ def hf(server):
 @pytest.fixture(scope="module")
 def pusher(server):
     p = NcclWeightPusher(
-        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), dist_timeout_s=20
+        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), nccl_timeout_s=20
     )
     yield p
     p.close()
@@ -148,7 +148,7 @@ def test_a_bad_bucket_is_refused_with_nothing_applied_and_the_next_push_lands(se
     model, prompt = hf
     before = _status(server)
     tampering = _Tampering(
-        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), dist_timeout_s=20
+        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), nccl_timeout_s=20
     )
     tampering.how = how
     try:
@@ -185,7 +185,7 @@ DYING_LEARNER = textwrap.dedent(
             yield pair
 
     weights = TensorWeights([w for w in TensorWeights.of(named).specs], source)
-    pusher = NcclWeightPusher(token=token, bucket_mb=1, host="127.0.0.1", port=int(port), dist_timeout_s=20)
+    pusher = NcclWeightPusher(token=token, bucket_mb=1, host="127.0.0.1", port=int(port), nccl_timeout_s=20)
     pusher.push(int(version), weights, [address], run=run)
     """
 )

@@ -24,7 +24,7 @@ LISTENERS = {
     ("services/learner/app.py", "start_http_server("): "the learner's metrics endpoint, on bind_host()",
     ("services/jobs/__main__.py", "uvicorn.run("): "the job API, on bind_host()",
     ("services/weightsync/nccl/group.py", "TCPStore("): "the nccl weight push's rendezvous (learner rank 0): torch's "
-    "store listens on every address, as it must for the rollout pods that reach it at learner.weight_dist_host",
+    "store listens on every address, as it must for the rollout pods that reach it at learner.weight_nccl_host",
 }
 """(file, call) -> where it listens and why that is right."""
 LISTENING_CALL = re.compile(

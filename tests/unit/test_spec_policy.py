@@ -136,7 +136,7 @@ JOB_SPEC_TEXT = {
     "learner.checkpoint_dir": "path in the allowed roots (and the launcher's own)",
     "learner.export_dir": "path in the allowed roots",
     "learner.weight_push": "registered plugin",
-    "learner.weight_dist_host": "the launcher: the learner's pod 0 / 127.0.0.1",
+    "learner.weight_nccl_host": "the launcher: the learner's pod 0 / 127.0.0.1",
     "stream.redis_url": "refused unless allow_spec_redis_url: the server's",
     "stream.prefix": "data: a Redis key prefix under the server's Redis",
     **{
@@ -387,16 +387,16 @@ def test_addresses_at_their_defaults_pass(roots):
 
 
 def test_the_launchers_set_addresses_and_the_rendezvous_host_themselves(tmp_path):
-    data = {"learner": {"weight_push": "nccl", "weight_dist_host": "evil.example"}}
+    data = {"learner": {"weight_push": "nccl", "weight_nccl_host": "evil.example"}}
     local = LocalLauncher(output_dir=tmp_path).run_config("job-1", JobSpec.model_validate(data))
-    assert (local.run, local.learner.weight_dist_host) == ("job-1", "127.0.0.1")
+    assert (local.run, local.learner.weight_nccl_host) == ("job-1", "127.0.0.1")
     run = LocalRun(TrainConfig.model_validate(with_addresses()), say=lambda _: None)
     run._assign_addresses()
     for address in (run.config.env.address, run.config.reward.address, *run.config.rollout.addresses):
         assert address.startswith("127.0.0.1:")
     for workload, host in [("Job", "job-1-learner-0.job-1-learner"), ("JobSet", "job-1-learner-0-0.job-1-jobset")]:
         config = k8s_run_config("job-1", JobSpec.model_validate(data), K8sOptions(workload=workload))
-        assert config.learner.weight_dist_host == host
+        assert config.learner.weight_nccl_host == host
         assert (config.env.address, config.reward.address) == ("job-1-envs:50052", "job-1-reward:50053")
 
 

@@ -3,12 +3,18 @@ digests (CPU), the set checksum over digests, and the server's staging rules (de
 commit) without any process group."""
 
 import json
+import logging
 
+import jsonschema
 import pytest
 import torch
+import yaml
 from pydantic import ValidationError
 
-from services.common.config import load_config
+from services.common import config as config_module
+from services.common.config import LearnerConfig, dump_config, load_config
+from services.common.config_cli import resolve
+from services.jobs.spec import JobSpec
 from services.weightsync import PUSHERS
 from services.weightsync.buckets import plan_buckets
 from services.weightsync.digest import _sum64_text, bucket_digest, set_checksum
@@ -25,20 +31,20 @@ def _learner(*overrides):
 
 
 def test_nccl_is_a_registered_transport_with_its_defaults():
-    cfg = _learner("weight_push=nccl", "weight_dist_host=omrl-learner")
+    cfg = _learner("weight_push=nccl", "weight_nccl_host=omrl-learner")
     assert PUSHERS.get("nccl").__name__ == "NcclWeightPusher"
-    assert (cfg.weight_dist_port, cfg.weight_dist_backend, cfg.weight_dist_timeout_s) == (29600, "auto", 60.0)
+    assert (cfg.weight_nccl_port, cfg.weight_nccl_backend, cfg.weight_nccl_timeout_s) == (29600, "auto", 60.0)
 
 
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["weight_push=nccl"], "needs learner.weight_dist_host"),
-        (["weight_push=nccl", "weight_dist_host=h", "weight_dist_backend=nccl", "device=cpu"], "learner runs on CPU"),
-        (["weight_push=nccl", "weight_dist_host=h", "weight_dist_backend=gloo", "device=cuda"], "use nccl"),
-        (["weight_dist_port=80"], "greater than or equal to 1024"),
-        (["weight_dist_backend=mpi"], "'auto', 'gloo' or 'nccl'"),
-        (["weight_dist_timeout_s=0"], "greater than 0"),
+        (["weight_push=nccl"], "needs learner.weight_nccl_host"),
+        (["weight_push=nccl", "weight_nccl_host=h", "weight_nccl_backend=nccl", "device=cpu"], "learner runs on CPU"),
+        (["weight_push=nccl", "weight_nccl_host=h", "weight_nccl_backend=gloo", "device=cuda"], "use nccl"),
+        (["weight_nccl_port=80"], "greater than or equal to 1024"),
+        (["weight_nccl_backend=mpi"], "'auto', 'gloo' or 'nccl'"),
+        (["weight_nccl_timeout_s=0"], "greater than 0"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(overrides, words):
@@ -47,7 +53,61 @@ def test_bad_settings_are_refused_naming_the_field(overrides, words):
 
 
 def test_the_grpc_transport_needs_no_rendezvous():
-    assert _learner("weight_push=grpc").weight_dist_host == ""
+    assert _learner("weight_push=grpc").weight_nccl_host == ""
+
+
+RENAMED = [  # old name, new name, a value other than the default
+    ("weight_dist_host", "weight_nccl_host", "omrl-learner-weights"),
+    ("weight_dist_port", "weight_nccl_port", 29700),
+    ("weight_dist_backend", "weight_nccl_backend", "gloo"),
+    ("weight_dist_timeout_s", "weight_nccl_timeout_s", 30.0),
+]
+
+
+def test_the_renamed_config_keys_load_under_their_new_names():
+    cfg = _learner(*(f"{new}={value}" for _, new, value in RENAMED))
+    assert [getattr(cfg, new) for _, new, _ in RENAMED] == [value for _, _, value in RENAMED]
+    assert all(old not in LearnerConfig.model_fields for old, _, _ in RENAMED)
+
+
+@pytest.mark.parametrize("old, new, value", RENAMED)
+def test_an_old_config_key_still_loads_and_dumps_under_its_new_name(old, new, value, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(config_module, "_warned_renames", set())
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"learner": {old: value}}))
+    with caplog.at_level(logging.WARNING, logger="services.common.config"):
+        from_file = load_config(str(path))
+        load_config(str(path))  # warned once per process
+    assert getattr(from_file.learner, new) == value == getattr(_learner(f"{new}={value}"), new)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"config: learner.{old} is deprecated, renamed to learner.{new}; it still loads, but rename it"
+    ]
+    dumped = yaml.safe_load(dump_config(from_file))["learner"]
+    assert dumped[new] == value and old not in dumped
+    assert getattr(JobSpec.model_validate({"learner": {old: value}}).learner, new) == value  # a stored job spec
+    # a later layer's new name overrides an earlier layer's old one, as one name would
+    assert getattr(resolve(JobSpec, str(path), [f"learner.{new}={value}"], environ={}).config.learner, new) == value
+
+
+@pytest.mark.parametrize("old, new, value", RENAMED)
+def test_an_old_and_a_new_config_key_together_are_refused_naming_both(old, new, value):
+    for load in (
+        lambda: _learner(f"{old}={value}", f"{new}={value}"),
+        lambda: JobSpec.model_validate({"learner": {old: value, new: value}}),
+    ):
+        with pytest.raises(ValidationError, match=f"learner.{new} and learner.{old} are both set"):
+            load()
+
+
+def test_the_config_schema_takes_an_old_key_as_deprecated_but_not_both_names():
+    """Helm values and the job API's OpenAPI document are checked against this schema."""
+    schema = LearnerConfig.model_json_schema()
+    for old, new, value in RENAMED:
+        assert schema["properties"][old]["deprecated"] is True
+        jsonschema.validate({old: value}, schema)
+        jsonschema.validate({new: value}, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({old: value, new: value}, schema)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from services.weightsync.base import PUSHERS, PushResult, WeightPusher
 from services.weightsync.buckets import Bucket, MiB, WeightSet
 from services.weightsync.credential import token_from_env
 from services.weightsync.grpc.fanout import BucketFanout
-from services.weightsync.rpc import specs_to_proto, update_weights
+from services.weightsync.rpc import specs_to_proto, update_header, update_weights
 from services.weightsync.wire import TensorSpec
 
 PUSH_CHUNK_BYTES = 4 * MiB
@@ -92,14 +92,8 @@ async def push_buckets(
 ) -> rollout_pb2.UpdateWeightsResponse:
     """One push whose buckets come from `buckets` (shared with other servers' pushes by a fan-out);
     `checksum()` is read once they are exhausted."""
-    header = rollout_pb2.WeightUpdateHeader(
-        version=version,
-        checksum=header_checksum,
-        rollback=rollback,
-        run=run,
-        total_bytes=sum(s.nbytes for s in specs),
-        bucket_bytes=bucket_bytes,
-        tensors=specs_to_proto(specs),
+    header = update_header(
+        version, specs, rollback=rollback, run=run, bucket_bytes=bucket_bytes, checksum=header_checksum
     )
 
     async def messages():

@@ -29,7 +29,7 @@ from services.weightsync.credential import token_from_env
 from services.weightsync.digest import bucket_digest, set_checksum
 from services.weightsync.nccl.group import Group, Rendezvous, backend_for, open_store
 from services.weightsync.nccl.pack import BucketPacker, DeviceBucket, SendWindow
-from services.weightsync.rpc import specs_to_proto, update_weights
+from services.weightsync.rpc import specs_to_proto, update_header, update_weights
 from services.weightsync.wire import TensorSpec
 
 log = logging.getLogger(__name__)
@@ -68,14 +68,14 @@ class NcclWeightPusher(WeightPusher):
         host: str = "127.0.0.1",
         port: int = 29600,
         backend: str = "auto",
-        dist_timeout_s: float = 60.0,
+        nccl_timeout_s: float = 60.0,
         device: str | None = None,
     ):
         self.timeout_s, self.bucket_bytes = timeout_s, bucket_mb * MiB
         self.token = token if token is not None else token_from_env()
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        self.host, self.port, self.backend, self.dist_timeout_s = host, port, backend, dist_timeout_s
+        self.host, self.port, self.backend, self.nccl_timeout_s = host, port, backend, nccl_timeout_s
         self.device = torch.device(device or ("cuda" if backend == "nccl" else "cpu"))
         if backend_for(self.device) != backend:
             raise ValueError(f"process-group backend {backend} cannot move tensors on {self.device}")
@@ -87,7 +87,7 @@ class NcclWeightPusher(WeightPusher):
         self, version, weights: WeightSet, addresses: Sequence[str], *, rollback: bool = False, run: str = ""
     ) -> list[PushResult]:
         if self._store is None:  # the learner's rank 0 hosts the rendezvous store for the run's lifetime
-            self._store = open_store("0.0.0.0", self.port, master=True, timeout_s=self.dist_timeout_s)
+            self._store = open_store("0.0.0.0", self.port, master=True, timeout_s=self.nccl_timeout_s)
         return asyncio.run(self._push_all(version, weights, list(addresses), rollback, run))
 
     def close(self) -> None:
@@ -101,7 +101,7 @@ class NcclWeightPusher(WeightPusher):
         if group is not None:
             return group.rdv, group
         name = f"{address.replace('/', '_')}-{uuid.uuid4().hex[:12]}"
-        return Rendezvous(self.host, self.port, name, self.backend, self.dist_timeout_s), None
+        return Rendezvous(self.host, self.port, name, self.backend, self.nccl_timeout_s), None
 
     async def _push_all(self, version, weights, addresses, rollback, run) -> list[PushResult]:
         sessions = [_Session(a, *self._rendezvous(a)) for a in addresses]
@@ -252,13 +252,12 @@ async def push_control(
     is `dist`, a `WeightDistRendezvous`, kept for wire compatibility), then what `declarations` yields
     (`("bucket", specs, nbytes, digest)` as each bucket is broadcast, with `digests_follow` its digest "" and
     `("digest", digest)` after it, then `("commit", checksum)`); the bytes travel in the group."""
-    header = rollout_pb2.WeightUpdateHeader(
-        version=version,
+    header = update_header(
+        version,
+        specs,
         rollback=rollback,
         run=run,
-        total_bytes=sum(s.nbytes for s in specs),
         bucket_bytes=bucket_bytes,
-        tensors=specs_to_proto(specs),
         dist=rollout_pb2.WeightDistRendezvous(
             host=rendezvous.host,
             port=rendezvous.port,

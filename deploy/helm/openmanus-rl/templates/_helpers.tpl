@@ -85,7 +85,9 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 
 {{/* Rendezvous store port the learner's rank 0 hosts for the nccl weight push */}}
 {{- define "omrl.weightDist.port" -}}
-{{- (.Values.config.learner | default dict).weight_dist_port | default 29600 -}}
+{{- $learner := .Values.config.learner | default dict -}}
+{{- /* weight_dist_port: its old name, still accepted */ -}}
+{{- $learner.weight_nccl_port | default $learner.weight_dist_port | default 29600 -}}
 {{- end -}}
 
 {{/* Service in front of the learner's pod 0 (rank 0 hosts the rendezvous store) */}}
@@ -182,7 +184,11 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
 {{- $_ = set $cfg "env" (merge $cfg.env (dict "data_dir" "/datasets/generated")) -}}
 {{- if eq (include "omrl.weightDist.enabled" .) "true" -}}
-{{- $_ = set $cfg "learner" (merge $cfg.learner (dict "weight_dist_host" (include "omrl.weightDist.service" .))) -}}
+{{- /* unless given, under its name or its old one (weight_dist_host, still accepted) */ -}}
+{{- if not (or $cfg.learner.weight_nccl_host $cfg.learner.weight_dist_host) -}}
+{{- $_ = unset $cfg.learner "weight_dist_host" -}}
+{{- $_ = set $cfg.learner "weight_nccl_host" (include "omrl.weightDist.service" .) -}}
+{{- end -}}
 {{- end -}}
 {{- /* one number for the GPUs of a rollout pod and its engine's tensor-parallel size */ -}}
 {{- $podGpus := int .Values.rollout.gpus -}}
