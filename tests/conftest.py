@@ -4,20 +4,17 @@ import uuid
 import pytest
 
 import services.plugins  # noqa: F401  (configs parsed here are checked against every plugin registry, as the front ends do)
+from tests.support.shared_build import build_once
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FIRST = ("e2e", "faults", "integration")
-"""Folders whose tests run first: the longest tests, so that a parallel run (pytest-xdist, scripts/test.sh)
-starts them early and its workers finish together."""
+"""Folders whose tests run first: the longest tests, so that a parallel run (pytest-xdist, scripts/test.sh:
+one module, or one class, per worker at a time) starts them early and its workers finish together."""
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every module's tests share one xdist worker (module-scoped fixtures start a run once) unless a test
-    names its own `xdist_group`; the first folders' tests come first."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    """The first folders' tests come first."""
 
     def rank(item) -> int:
         parts = item.path.relative_to(config.rootpath).parts
@@ -57,4 +54,5 @@ def warm_tiny_model(tmp_path_factory) -> str:
     from services.launcher.tiny import prepare_tiny_model
 
     config = load_config(None, [f"model.warmstart_steps={WARM_TINY_MODEL_STEPS}"])
-    return str(prepare_tiny_model(config, tmp_path_factory.mktemp("warm-tiny"), say=lambda line: None))
+    build = lambda out: prepare_tiny_model(config, out, say=lambda line: None)  # noqa: E731
+    return str(build_once(tmp_path_factory, "warm-tiny", build))
