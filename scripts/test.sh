@@ -13,6 +13,6 @@ mkdir -p "$report_dir"
 workers="${TEST_WORKERS:-$(.venv/bin/python -c 'from services.common.cpu_budget import available_cores as c; print(min(4, c().count))')}"
 started=$(date +%s)
 status=0
-.venv/bin/python -m pytest tests -m "not gpu" -q -n "$workers" --dist loadscope -p no:randomly --durations=50 --junitxml="$report_dir/junit.xml" "$@" || status=$?
+.venv/bin/python -m pytest tests -m "not gpu" -q -n "$workers" --dist loadscope --no-loadscope-reorder -p no:randomly --durations=50 --junitxml="$report_dir/junit.xml" "$@" || status=$?
 echo "tests took $(($(date +%s) - started)) s (setup and lint before them); JUnit report: $report_dir/junit.xml"
 exit $status
