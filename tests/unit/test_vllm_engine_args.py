@@ -92,9 +92,9 @@ def test_keys_with_their_own_field_or_set_by_the_backend_are_refused():
     assert set(OWN_FIELD) <= set(fields) and set(BACKEND_SET) <= set(fields)
 
 
-def kwargs(on_cpu: bool, gpus: int = 1, **engine_args):
+def kwargs(on_cpu: bool, gpus: int = 1, model: str = "m", ram_bytes: int = 4000, **engine_args):
     return engine_kwargs(
-        model="m",
+        model=model,
         dtype="float32",
         max_model_len=512,
         gpu_memory_utilization=0.25,
@@ -103,7 +103,7 @@ def kwargs(on_cpu: bool, gpus: int = 1, **engine_args):
         seed=3,
         gpus=gpus,
         on_cpu=on_cpu,
-        ram_bytes=4000,
+        ram_bytes=ram_bytes,
         worker_extension="x.Y",
         logprobs_mode="processed_logprobs",
         engine_args=engine_args,
@@ -142,21 +142,7 @@ def test_the_cpu_kv_cache_holds_max_num_seqs_full_sequences_at_most(tmp_path):
     assert kv_bytes_per_token("org/hub-model", "float32") is None  # not a local directory: RAM share only
 
     def cpu_kv(model, ram_bytes):
-        return engine_kwargs(
-            model=model,
-            dtype="float32",
-            max_model_len=512,
-            gpu_memory_utilization=0.25,
-            max_num_seqs=8,
-            enforce_eager=True,
-            seed=3,
-            gpus=1,
-            on_cpu=True,
-            ram_bytes=ram_bytes,
-            worker_extension="x.Y",
-            logprobs_mode="processed_logprobs",
-            engine_args={},
-        )["kv_cache_memory_bytes"]
+        return kwargs(on_cpu=True, model=model, ram_bytes=ram_bytes)["kv_cache_memory_bytes"]
 
     assert cpu_kv(str(tmp_path), 64 * 2**30) == 8 * 512 * 512  # 8 sequences of 512 tokens, not 16 GiB
     assert cpu_kv(str(tmp_path), 4000) == 1000  # the RAM share, where it is smaller
