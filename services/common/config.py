@@ -298,19 +298,42 @@ class RewardConfig(Section):
     """Deadline of one Score call (a trajectory's reward functions together)."""
 
 
+KLEstimator = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3", "kl+", "abs+", "low_var_kl+", "k1+", "k3+"]
+"""verl's `kl_penalty` names (services/learner/kl.py): `+` takes the value of the estimator and k2's gradient."""
+
+
 class AlgorithmConfig(Section):
     advantage: _plugin("advantage") = "grpo"
-    """Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline)."""
+    """Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline), gigpo."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False gives Dr.GRPO)."""
+    gigpo_step_weight: float = Field(1.0, ge=0, le=1000)
+    """GiGPO: weight of the step-level (anchor-state group) advantage added to the episode-level one."""
+    gigpo_norm: Literal["mean_norm", "mean_std_norm"] = "mean_norm"
+    """GiGPO, both levels: score minus its group's mean (`mean_norm`), or that over the group std + 1e-6."""
+    gigpo_episode_stats: Literal["steps", "episodes"] = "steps"
+    """GiGPO: episode-level mean and std over the group's turns (a K-turn episode counts K times) or episodes."""
+    gigpo_gamma: float = Field(0.95, ge=0, le=1)
+    """GiGPO: discount per turn of the step returns that anchor-state groups compare."""
+    gigpo_anchor_similarity: float = Field(1.0, gt=0, le=1)
+    """GiGPO: turns whose anchor observations match this closely (difflib ratio) share a group; 1: identical only."""
+    gigpo_invalid_action_penalty: float = Field(0.0, ge=0, le=1000)
+    """GiGPO: subtracted from the reward of each turn whose action did not parse or the env refused."""
     policy_loss: _plugin("policy_loss") = "ppo_clip"
-    """Registered policy loss: ppo_clip (PPO's clipped surrogate: clip_ratio_low/high, dual-clip, tis_cap weights)."""
+    """Registered policy loss: ppo_clip (PPO's clipped surrogate, dual-clip), gspo (sequence-level ratio), cispo
+    (clipped detached ratio times log p); all clip with clip_ratio_low/high."""
     clip_ratio_low: float = Field(0.2, ge=0, le=1)
     """PPO clip below: the ratio is kept >= 1 - this for negative advantages."""
     clip_ratio_high: float = Field(0.2, ge=0, le=10)
     """PPO clip above: the ratio is kept <= 1 + this for positive advantages (> low: DAPO's clip-higher)."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    """How token losses become the batch loss: mean over all tokens, or per sequence (sum or mean) then mean."""
+    loss_agg_mode: Literal[
+        "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How token losses become the batch loss (verl's agg_loss): mean or sum over all tokens, or per sequence (sum,
+    mean, or sum / loss_scale_factor) then mean."""
+    loss_scale_factor: float = Field(0.0, ge=0, le=1e9)
+    """seq-mean-token-sum-norm: the constant each sequence's token sum is divided by (Dr.GRPO's generation budget);
+    0: the mini-batch's most model tokens in one sequence."""
     lr: float = Field(1e-3, gt=0, le=1)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0, le=100)
@@ -336,8 +359,23 @@ class AlgorithmConfig(Section):
     """Discount per model token for GAE and REINFORCE++ returns."""
     lam: float = Field(1.0, ge=0, le=1)
     """GAE lambda (0: one-step TD errors, 1: Monte-Carlo returns minus values)."""
+    singleton_group_advantage: Literal["zero", "score"] = "zero"
+    """GRPO/RLOO, a group of one: advantage 0 (TRL), or its raw score as verl gives (GRPO: over 1 + 1e-6 with std)."""
     tis_cap: float = Field(2.0, ge=0, le=1e6)
-    """Truncated importance sampling: token losses are weighted by min(pi_learner / pi_rollout, tis_cap); 0 disables."""
+    """Rollout correction's upper threshold (verl's rollout_is_threshold): token losses are weighted by
+    min(pi_learner / pi_rollout, tis_cap) at `rollout_is_level`; 0 disables the rollout correction."""
+    rollout_is_level: Literal["token", "sequence", "geometric", "turn"] = "token"
+    """Importance ratio of the rollout correction: per token, per sequence (product), the sequence's geometric
+    mean, or each model turn's geometric mean (every token of a sequence or turn gets its ratio)."""
+    rollout_is_mode: Literal["truncate", "mask"] = "truncate"
+    """`truncate`: weights cut to tis_cap (TIS); `mask`: tokens (sequences, turns at those levels) whose ratio is
+    outside [rollout_is_threshold_lower, tis_cap] leave the loss and its divisors, the rest keep their weight (MIS)."""
+    rollout_is_threshold_lower: float | None = Field(None, ge=0, le=1e6)
+    """Lower bound of the mask mode's band; None: 1 / tis_cap; 0: no lower bound."""
+    rollout_is_veto_threshold: float | None = Field(None, gt=0, le=1)
+    """Reject a whole sequence (from the loss and its divisors) when any token's ratio is below this; None: off."""
+    rollout_is: bool = True
+    """Multiply the token losses by the rollout-correction weights; false: only its rejections and metrics."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """Learning-rate shape after warm-up, for policy and critic (cosine decays over learner.steps)."""
     lr_warmup_steps: int = Field(0, ge=0, le=100_000_000)
@@ -350,8 +388,8 @@ class AlgorithmConfig(Section):
     """Clipped value loss: new values are clipped to within this of the step's initial values."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(policy || reference) from each token's reward before the advantages."""
-    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
-    """KL estimator in the reward: k1 `kl`, `abs`, k2 `mse`, k3 `low_var_kl`."""
+    kl_penalty: KLEstimator = "kl"
+    """KL estimator in the reward: k1 `kl`, `abs`, k2 `mse`, k3 `low_var_kl` (aliases k1, k2, k3)."""
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     """In-reward KL coefficient: fixed, or adapted towards kl_target (Ziegler et al.)."""
     kl_coef: float = Field(0.001, ge=0, le=1e6)
@@ -364,8 +402,15 @@ class AlgorithmConfig(Section):
     """Add kl_loss_coef * KL(policy || reference) to the policy loss."""
     kl_loss_coef: float = Field(0.001, ge=0, le=1e6)
     """Weight of the KL loss term."""
-    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
-    """KL estimator of the loss term."""
+    kl_loss_type: KLEstimator = "low_var_kl"
+    """KL estimator of the loss term; a `+` suffix (k3+) keeps its value and takes k2's unbiased gradient."""
+
+    @model_validator(mode="after")
+    def _check_rollout_band(self) -> AlgorithmConfig:
+        lower = self.rollout_is_threshold_lower
+        if self.tis_cap > 0 and lower is not None and lower > self.tis_cap:
+            raise ValueError(f"algorithm.rollout_is_threshold_lower {lower} is above algorithm.tis_cap {self.tis_cap}")
+        return self
 
 
 class StreamConfig(Section):
@@ -456,7 +501,8 @@ class LearnerConfig(Section):
     `decoder`, the whole decoder stack one graph (kernels fuse across layers; longer compile); `decoder` needs
     `fsdp_wrap` root (or auto on one process)."""
     fuse_scoring: bool = True
-    """With one optimizer step per batch (one epoch, one mini-batch) and no KL in the reward, take the pre-update
+    """With one optimizer step per batch (one epoch, one mini-batch), no KL in the reward and no rollout-correction
+    rejection (`rollout_is_mode: mask`, `rollout_is_veto_threshold`), take the pre-update
     logprobs from the update's own forward pass instead of a separate scoring pass (the same values)."""
     share_prefix: bool = False
     """Run the prompt that a group's sequences share once per group (its key/value cache repeated over the group's

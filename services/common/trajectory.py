@@ -64,7 +64,9 @@ class TrajectoryBuilder:
         action: str,
         action_valid: bool,
         finish_reason: str,
+        anchor: str = "",
     ) -> Turn:
+        """`anchor`: the env's anchor observation of the state the turn acts from."""
         if len(ids) != len(logprobs):
             raise RecordError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
         turn = self.record.turns.add(
@@ -75,6 +77,7 @@ class TrajectoryBuilder:
             action=action,
             action_valid=action_valid,
             finish_reason=finish_reason,
+            anchor=anchor,
         )
         self._extend(ids, mask=1, logprobs=logprobs)
         return turn

@@ -101,6 +101,12 @@ class TextEnv(abc.ABC):
         """What defines the current task's answer (dataset `reward_model.ground_truth`), e.g. {"answer": "7"}."""
         return {}
 
+    def anchor_observation(self) -> str | None:
+        """The current state as an observation without history (GiGPO's anchor state), asked after every
+        reset and step: equal for equal states of one task, and free of what only the last action caused
+        (an invalid-action note, a turn count). None: the last observation text is the anchor."""
+        return None
+
     def episode_info(self) -> dict[str, Any]:
         """What the service returns as `info` from Create and Reset (where the episode runs, say)."""
         return {}

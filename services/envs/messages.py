@@ -32,6 +32,8 @@ class EpisodeState:
     done: bool = False
     success: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    anchor: str = ""
+    """The observation without history that names the state (`TextEnv.anchor_observation`)."""
 
     def to_proto(self) -> envs_pb2.EpisodeState:
         return envs_pb2.EpisodeState(
@@ -41,11 +43,14 @@ class EpisodeState:
             done=self.done,
             success=self.success,
             info=to_struct(self.info),
+            anchor=self.anchor,
         )
 
     @classmethod
     def from_proto(cls, msg: envs_pb2.EpisodeState) -> EpisodeState:
-        return cls(msg.episode_id, msg.observation, msg.reward, msg.done, msg.success, from_struct(msg.info))
+        """A server that predates anchors sends none: its observation is the anchor then."""
+        anchor = msg.anchor or msg.observation
+        return cls(msg.episode_id, msg.observation, msg.reward, msg.done, msg.success, from_struct(msg.info), anchor)
 
 
 def to_struct(data: dict[str, Any] | None) -> struct_pb2.Struct:

@@ -188,22 +188,22 @@ class EnvService:
     async def _create(self, env: str, cls: type[TextEnv], task_index: int, options: dict[str, Any]) -> EpisodeState:
         options = dict(options)  # each episode its own (an env may keep or edit what it was given)
 
-        def build() -> tuple[TextEnv, str, dict[str, Any]]:
+        def build() -> tuple[TextEnv, str, dict[str, Any], str | None]:
             instance = cls()
             try:
                 observation = instance.reset(task_index, options)
-                return instance, observation, instance.episode_info()
+                return instance, observation, instance.episode_info(), instance.anchor_observation()
             except BaseException:
                 _close_quietly(instance)
                 raise
 
         start = time.perf_counter()
-        instance, observation, info = await self._run(env, build, inline=cls.runs_inline)
+        instance, observation, info, anchor = await self._run(env, build, inline=cls.runs_inline)
         self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
         episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
         self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
         self._m_active.set(len(self._episodes))
-        return self._state(episode_id, StepResult(observation, info=dict(info)))
+        return self._state(episode_id, StepResult(observation, info=dict(info)), anchor)
 
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
         ep = self._get(episode_id)
@@ -212,15 +212,15 @@ class EnvService:
             async with ep.lock:
                 self._usable(ep)
                 start = time.perf_counter()
-                observation, info = await self._run(
+                observation, info, anchor = await self._run(
                     ep.env_name,
-                    lambda: (ep.env.reset(task_index, ep.options), ep.env.episode_info()),
+                    lambda: (ep.env.reset(task_index, ep.options), ep.env.episode_info(), ep.env.anchor_observation()),
                     ep,
                     inline=ep.env.runs_inline,
                 )
                 self._m_latency.labels(ep.env_name, "reset").observe(time.perf_counter() - start)
                 ep.done, ep.last_used, ep.steps = False, time.monotonic(), 0
-                return self._state(episode_id, StepResult(observation, info=dict(info)))
+                return self._state(episode_id, StepResult(observation, info=dict(info)), anchor)
 
     async def step(self, episode_id: str, action: str) -> EpisodeState:
         ep = self._get(episode_id)
@@ -232,7 +232,12 @@ class EnvService:
                 if ep.done:
                     raise FailedPrecondition(f"episode {episode_id} is done; reset or close it")
                 start = time.perf_counter()
-                result = await self._run(ep.env_name, lambda: ep.env.step(action), ep, inline=ep.env.runs_inline)
+                result, anchor = await self._run(
+                    ep.env_name,
+                    lambda: (ep.env.step(action), ep.env.anchor_observation()),
+                    ep,
+                    inline=ep.env.runs_inline,
+                )
                 self._m_latency.labels(ep.env_name, "step").observe(time.perf_counter() - start)
                 if not isinstance(result, StepResult) or not isinstance(result.info, dict):
                     raise Internal(f"{ep.env_name}.step returned {type(result).__name__}, not a StepResult")
@@ -242,7 +247,7 @@ class EnvService:
                 ep.done, ep.last_used = bool(result.done), time.monotonic()
                 if ep.done:
                     self._m_finished.labels(ep.env_name, str(bool(result.success)).lower()).inc()
-                return self._state(episode_id, result)
+                return self._state(episode_id, result, anchor)
 
     async def close(self, episode_id: str) -> bool:
         """False when there was no such episode (closing is idempotent)."""
@@ -381,7 +386,9 @@ class EnvService:
             except Exception:  # noqa: BLE001 - the reaper must outlive one bad close
                 log.exception("idle-episode reaper failed; it runs again in %.0fs", period_s)
 
-    def _state(self, episode_id: str, result: StepResult) -> EpisodeState:
+    def _state(self, episode_id: str, result: StepResult, anchor: str | None = None) -> EpisodeState:
+        """`anchor`: the env's `anchor_observation()` after the call (None: the observation as sent); both
+        are capped at `max_observation_chars`."""
         try:
             observation, reward, info = str(result.observation), float(result.reward), _jsonable(result.info)
         except (TypeError, ValueError) as exc:
@@ -389,7 +396,8 @@ class EnvService:
         if len(observation) > self.max_observation_chars:
             observation = observation[: self.max_observation_chars - len(TRUNCATION_MARK)] + TRUNCATION_MARK
             info["observation_truncated"] = True
-        return EpisodeState(episode_id, observation, reward, bool(result.done), bool(result.success), info)
+        anchor = observation if anchor is None else str(anchor)[: self.max_observation_chars]
+        return EpisodeState(episode_id, observation, reward, bool(result.done), bool(result.success), info, anchor)
 
     @contextlib.contextmanager
     def _errors(self, env_name: str) -> Iterator[None]:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from services.common.trajectory import RecordError, Trajectory, check_invariants, model_segments
+from services.learner.advantages.base import Turns
 from services.learner.allocation import trajectory_token_rewards
 
 
@@ -94,6 +95,27 @@ def collate(
         group_index=torch.tensor([groups[t.group_id] for t in trajectories], dtype=torch.long),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         success=torch.tensor([float(t.success) for t in trajectories], dtype=torch.float32),
+    )
+
+
+def turns_of(trajectories: Sequence[Trajectory]) -> Turns:
+    """The turns of `collate(trajectories)`'s rows, for the estimators that read them (`needs_turns`)."""
+    rows, starts, ends, rewards, invalid, anchors = [], [], [], [], [], []
+    for i, traj in enumerate(trajectories):
+        for turn in traj.turns:
+            rows.append(i)
+            starts.append(turn.start)
+            ends.append(turn.start + turn.model_tokens)
+            rewards.append(turn.env_reward)
+            invalid.append(not turn.action_valid or turn.action_rejected)
+            anchors.append(turn.anchor)
+    return Turns(
+        row=torch.tensor(rows, dtype=torch.long),
+        start=torch.tensor(starts, dtype=torch.long),
+        end=torch.tensor(ends, dtype=torch.long),
+        reward=torch.tensor(rewards, dtype=torch.float32),
+        invalid=torch.tensor(invalid, dtype=torch.bool),
+        anchor=tuple(anchors),
     )
 
 

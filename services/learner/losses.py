@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -21,6 +21,11 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+def ppo_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl's `ppo_kl`: the masked mean of log p_old - log p (k1 of KL(old || new); signed, detached)."""
+    return masked_mean((old_logprobs - logprobs).detach(), mask)
+
+
 def mismatch_kl(learner_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean k3 KL(rollout || learner) over the sampled (masked) tokens."""
     return masked_mean(k3_kl(learner_logprobs, rollout_logprobs), mask)
@@ -33,22 +38,28 @@ def aggregate(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
-    """Reduces [B, T] to a scalar. The divisors default to this batch's own; pass the global batch's
-    (`num_tokens` = masked tokens, `num_seqs` = sequences with any masked token) to make the sum over
-    micro-batches and ranks equal the full-batch loss."""
+    """Reduces [B, T] to a scalar (verl's `agg_loss`). The divisors default to this batch's own; pass the global
+    batch's (`num_tokens` = masked tokens, `num_seqs` = sequences with any masked token, `loss_scale_factor` =
+    seq-mean-token-sum-norm's constant, default the width T) to make the sum over micro-batches and ranks equal
+    the full-batch loss. `token-sum` has no divisor: micro-batches add up as they are."""
     mask = mask.to(token_loss.dtype)
     if agg_mode == "token-mean":
         denom = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
         return (token_loss * mask).sum() / denom
+    if agg_mode == "token-sum":
+        return (token_loss * mask).sum()
     seq_sum = (token_loss * mask).sum(-1)
-    if agg_mode == "seq-mean-token-sum":
+    if agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
         per_seq = seq_sum
     elif agg_mode == "seq-mean-token-mean":
         per_seq = seq_sum / mask.sum(-1).clamp(min=1)
     else:
         raise ValueError(f"unknown loss_agg_mode {agg_mode!r}; known: {', '.join(AGG_MODES)}")
     denom = (mask.sum(-1) > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
+    if agg_mode == "seq-mean-token-sum-norm":
+        denom = denom * (mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
     return per_seq.sum() / denom
 
 
@@ -65,6 +76,7 @@ def policy_loss(
     is_weights: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with the ratio clipped to [1 - clip_low, 1 + clip_high].
 
@@ -72,7 +84,7 @@ def policy_loss(
     -A * clip_ratio_c, so a huge ratio on a bad token cannot blow up the update. `is_weights` (detached,
     e.g. truncated importance weights against the rollout policy) multiply the token losses.
     Stats (detached, means over this batch's masked tokens): clip_frac, clip_frac_lower (dual-clip
-    active), approx_kl (k3 of old vs new), ratio_mean."""
+    active), approx_kl (k3 of old vs new), ppo_kl (verl's: mean log p_old - log p), ratio_mean."""
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -85,12 +97,14 @@ def policy_loss(
         token_loss = torch.where(advantages < 0, torch.minimum(token_loss, cap), token_loss)
     if is_weights is not None:
         token_loss = token_loss * is_weights
-    loss = aggregate(token_loss, mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    divisors = {"num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale_factor": loss_scale_factor}
+    loss = aggregate(token_loss, mask, agg_mode, **divisors)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((clipped > unclipped).to(ratio.dtype), mask),
             "clip_frac_lower": masked_mean(lower.to(ratio.dtype), mask),
             "approx_kl": masked_mean(k3_kl(logprobs, old_logprobs), mask),
+            "ppo_kl": ppo_kl(logprobs, old_logprobs, mask),
             "ratio_mean": masked_mean(ratio, mask),
         }
     return loss, stats
@@ -112,12 +126,14 @@ def value_loss(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped value loss: 0.5 * agg(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)).
     Stats: vf_clip_frac (the clipped branch is larger), vf_mean."""
     clipped_values = old_values + (values - old_values).clamp(-clip, clip)
     plain, clipped = (values - returns) ** 2, (clipped_values - returns) ** 2
-    loss = 0.5 * aggregate(torch.maximum(plain, clipped), mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    divisors = {"num_tokens": num_tokens, "num_seqs": num_seqs, "loss_scale_factor": loss_scale_factor}
+    loss = 0.5 * aggregate(torch.maximum(plain, clipped), mask, agg_mode, **divisors)
     with torch.no_grad():
         stats = {
             "vf_clip_frac": masked_mean((clipped > plain).to(values.dtype), mask),

@@ -7,11 +7,12 @@ rank and after every restart):
    one it cannot decode (services.common.stream).
 2. Trajectory. Every decoded trajectory is checked against the learner's model and state
    (`check_trajectory`): equal lengths of token_ids / loss_mask / logprobs, length within the context,
-   token ids in [0, vocab), well-formed turns, finite reward and logprobs, logprobs <= LOGPROB_EPSILON,
-   policy versions not newer than the learner's. One bad trajectory poisons its group and nothing else:
-   the group's trajectories in that entry go to the dead-letter stream with the reason, the group is
-   never trained on (members that come later, in other entries, are dropped too), the entry's other
-   groups are kept. An entry left with nothing to train on is acknowledged at once.
+   token ids in [0, vocab), well-formed turns, finite reward, turn rewards and logprobs, logprobs <=
+   LOGPROB_EPSILON, turn anchors of at most MAX_ANCHOR_CHARS, policy versions not newer than the learner's.
+   One bad trajectory poisons its group and nothing else: the group's trajectories in that entry go to the
+   dead-letter stream with the reason, the group is never trained on (members that come later, in other
+   entries, are dropped too), the entry's other groups are kept. An entry left with nothing to train on is
+   acknowledged at once.
 3. Step. If `train_step` raises, or its first update meets a non-finite gradient norm (the trainer then
    applies nothing: NonFiniteUpdate), each group of the batch is probed alone with a dry-run step
    (forward and backward, no update). Groups whose probe fails are dead-lettered with its error and the
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 LOGPROB_EPSILON = 1e-4
 """A sampled token's logprob may exceed 0 by this much (float rounding in the rollout engine)."""
+MAX_ANCHOR_CHARS = 64 * 1024
+"""Longest anchor observation of a turn (the env service caps its own at `max_observation_chars`, 4096 by default):
+GiGPO's similarity grouping compares anchors pairwise, in time quadratic in their length."""
 MAX_DEAD_LETTER_PAYLOAD = 1024 * 1024
 """A dead letter keeps the rejected group's bytes up to this size (the dead-letter stream holds 1000)."""
 
@@ -98,10 +102,15 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
         raise Poison(
             "non_finite", f"{name}: non-finite reward {traj.reward} (components {dict(traj.reward_components)})"
         )
+    if not all(math.isfinite(turn.env_reward) for turn in traj.turns):
+        raise Poison("non_finite", f"{name}: non-finite turn reward")
     if not all(map(math.isfinite, traj.logprobs)):
         raise Poison("non_finite", f"{name}: non-finite logprob")
     if n and max(traj.logprobs) > LOGPROB_EPSILON:
         raise Poison("logprob", f"{name}: logprob {max(traj.logprobs)} > 0")
+    longest = max((len(t.anchor) for t in traj.turns), default=0)
+    if longest > MAX_ANCHOR_CHARS:
+        raise Poison("anchor", f"{name}: a turn's anchor observation of {longest} chars exceeds {MAX_ANCHOR_CHARS}")
     newest = max((t.policy_version for t in traj.turns), default=0)
     if newest > policy_version:
         raise Poison("version", f"{name}: sampled by policy v{newest}, newer than the learner's v{policy_version}")

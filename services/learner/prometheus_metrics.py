@@ -55,6 +55,7 @@ DEAD_LETTER_REASONS = (
     "turns",
     "non_finite",
     "logprob",
+    "anchor",
     "version",
     "train_error",
     "non_finite_update",
@@ -91,6 +92,21 @@ SCALARS = {
             "importance_weight_capped_fraction",
             "Share of tokens whose importance weight was cut to tis_cap",
         ),
+        (
+            "rollout_is_masked_fraction",
+            "rollout_rejected_token_fraction",
+            "Share of tokens the rollout correction rejected (mask mode, veto) from the last batch's loss",
+        ),
+        (
+            "rollout_is_seq_masked_fraction",
+            "rollout_rejected_sequence_fraction",
+            "Share of sequences with a token the rollout correction rejected",
+        ),
+        (
+            "rollout_is_veto_fraction",
+            "rollout_vetoed_sequence_fraction",
+            "Share of sequences the rollout correction's veto rejected whole",
+        ),
         ("reward_mean", "reward_mean", "Mean trajectory reward of the last batch"),
         ("success_rate", "success_rate", "Share of successful episodes in the last batch"),
         ("staleness", "staleness", "Mean policy-version lag of the trained tokens"),
@@ -98,7 +114,13 @@ SCALARS = {
     )
 }
 LOSS_TERMS = {"loss": "total", "pg_loss": "policy", "vf_loss": "value"}
-KL_KEYS = {"approx_kl": "old_policy", "mismatch_kl": "rollout", "ref_kl": "reference", "kl_ref": "reference"}
+KL_KEYS = {
+    "approx_kl": "old_policy",
+    "ppo_kl": "old_policy_k1",
+    "mismatch_kl": "rollout",
+    "ref_kl": "reference",
+    "kl_ref": "reference",
+}
 
 
 def loss_term(key: str) -> str | None:

@@ -24,10 +24,10 @@ from services.common.trajectory import Trajectory
 from services.learner import checkpoint, collectives, full_weights
 from services.learner.advantages import build_estimator
 from services.learner.advantages.base import AdvantageInputs
-from services.learner.batch import TrainBatch, collate
+from services.learner.batch import TrainBatch, collate, turns_of
 from services.learner.critic import Critic
 from services.learner.kl import build_kl_controller, kl_estimate
-from services.learner.losses import aggregate, k3_kl, masked_mean, truncated_is_weights
+from services.learner.losses import aggregate, k3_kl, masked_mean
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
 from services.learner.packing import token_budget_chunks
 from services.learner.parallelize import parallelize, set_last_micro_batch
@@ -35,19 +35,17 @@ from services.learner.policy_losses import build_policy_loss
 from services.learner.policy_losses.base import POLICY_STATS, PolicyLossInputs
 from services.learner.prefix import Prefix, decoder_tokens, group_ordered, shared_prefixes
 from services.learner.reference import ReferencePolicy
+from services.learner.rollout_correction import SUMS as CORRECTION_SUMS
+from services.learner.rollout_correction import RolloutCorrection
 from services.learner.schedule import build_optimizer, build_scheduler, restore_scheduler
 
 # per-token sums (divided by the token count in the metrics) and loss sums (already normalised)
 _TOKEN_SUMS = (
     "mismatch_kl",
     "entropy",
-    "clip_frac",
-    "clip_frac_lower",
-    "approx_kl",
-    "ratio_mean",
+    *POLICY_STATS,
+    *CORRECTION_SUMS,
     "update_tokens",
-    "tis_weight",
-    "tis_clipped",
     "kl_ref",
     "vf_clip_frac",
 )
@@ -67,6 +65,7 @@ class _Micro:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None  # response mask less the rollout correction's rejections (None: none)
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     prefixes: list[Prefix] | None = None  # shared prompts of its rows (`learner.share_prefix`)
@@ -75,7 +74,8 @@ class _Micro:
 @dataclass
 class _Mini:
     micro: list[_Micro]  # this rank's micro-batches of the mini-batch
-    norm: dict[str, float]  # its global num_tokens and num_seqs, the loss divisors
+    norm: dict[str, float]  # its global num_tokens, num_seqs and loss_scale_factor, the loss divisors
+    policy_norm: dict[str, float] | None = None  # the policy's, when the rollout correction rejected tokens
 
 
 class PolicyTrainer:
@@ -119,6 +119,7 @@ class PolicyTrainer:
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
         self.estimator = build_estimator(algo)
         self.policy_loss = build_policy_loss(algo)
+        self.correction = RolloutCorrection.from_config(algo)
         self.critic = None
         if self.estimator.needs_values:
             self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
@@ -144,12 +145,25 @@ class PolicyTrainer:
     def _mini_batches(self, batch: TrainBatch) -> list[_Mini]:
         """Consecutive mini-batches of `ppo_mini_batch_size` sequences (0 or more than the batch: one)."""
         size = self.config.algorithm.ppo_mini_batch_size or batch.size
+        scale = self.config.algorithm.loss_scale_factor
         out = []
         for rows in torch.arange(batch.size).split(max(size, 1)):
             mask = batch.response_mask[rows]
             norm = {"num_tokens": max(mask.sum().item(), 1.0), "num_seqs": max((mask.sum(-1) > 0).sum().item(), 1.0)}
+            norm["loss_scale_factor"] = scale or max(mask.sum(-1).max().item(), 1.0)
             out.append(_Mini(self._local_micro_batches(batch, rows), norm))
         return out
+
+    def _reject_from_divisors(self, minis: list[_Mini]) -> None:
+        """With the rollout correction rejecting tokens, the policy's divisors count the kept tokens and
+        sequences only (verl's modified response mask); the critic keeps `norm`. Collective."""
+        counts = torch.zeros(len(minis), 2, dtype=torch.float64, device=self.device)
+        for i, mini in enumerate(minis):
+            for m in mini.micro:
+                counts[i, 0] += m.loss_mask.sum()
+                counts[i, 1] += (m.loss_mask.sum(-1) > 0).sum()
+        for mini, (tokens, seqs) in zip(minis, collectives.all_reduce_sum(counts).tolist()):
+            mini.policy_norm = {**mini.norm, "num_tokens": max(tokens, 1.0), "num_seqs": max(seqs, 1.0)}
 
     def _local_micro_batches(self, batch: TrainBatch, rows: torch.Tensor) -> list[_Micro]:
         """This rank's share of `rows` in micro-batches, topped up with empty (mask 0) micro-batches
@@ -222,25 +236,26 @@ class PolicyTrainer:
 
     def _set_old_logprobs(self, m: _Micro, old: torch.Tensor, ent: torch.Tensor, sums: dict[str, torch.Tensor]) -> None:
         """The pre-update logprobs of a micro-batch and what derives from them: rollout mismatch, entropy,
-        KL to the reference, truncated importance weights."""
-        b, mask, cap = m.batch, m.batch.response_mask, self.config.algorithm.tis_cap
+        KL to the reference, the rollout correction's importance weights and rejections."""
+        b, mask = m.batch, m.batch.response_mask
         m.old_logprobs = old
         sums["mismatch_kl"] += (k3_kl(old, b.rollout_logprobs) * mask).sum()
         sums["entropy"] += (ent * mask).sum()
         if m.ref_logprobs is not None:
             sums["kl_ref"] += (kl_estimate(old, m.ref_logprobs, "low_var_kl") * mask).sum()
-        if cap > 0:
-            m.is_weights = truncated_is_weights(old, b.rollout_logprobs, cap)
-            raw = torch.exp((old - b.rollout_logprobs).clamp(-20.0, 20.0))
-            sums["tis_weight"] += (m.is_weights * mask).sum()
-            sums["tis_clipped"] += ((raw > cap).to(mask.dtype) * mask).sum()
+        if self.correction.enabled:
+            fix = self.correction(old, b.rollout_logprobs, mask)
+            m.is_weights, m.loss_mask = fix.weights, fix.keep
+            for key, value in fix.sums.items():
+                sums[key] += value
 
     def _fused_scoring(self, n_mini: int) -> bool:
         """Whether the update's own forward pass can give the pre-update logprobs: a single optimizer step (one
         epoch, one mini-batch) sees the weights that scoring would, and nothing needs the logprobs before it
-        (KL in the reward does). Saves one forward pass over the batch."""
+        (KL in the reward does, and the divisors of a rollout correction that rejects). Saves one forward pass."""
         algo = self.config.algorithm
-        return self.config.learner.fuse_scoring and algo.ppo_epochs == 1 and n_mini == 1 and not algo.use_kl_in_reward
+        single = algo.ppo_epochs == 1 and n_mini == 1 and not self.correction.rejects
+        return self.config.learner.fuse_scoring and single and not algo.use_kl_in_reward
 
     def _kl_penalised_rewards(
         self, batch: TrainBatch, micro: list[_Micro], extra: dict[str, float], update_controller: bool = True
@@ -292,12 +307,17 @@ class PolicyTrainer:
         start, cpu_start = time.perf_counter(), time.process_time()
         fused = self._fused_scoring(len(minis)) and not dry_run
         self._score(micro, sums, fused)
+        if self.correction.rejects:
+            self._reject_from_divisors(minis)
         token_rewards = batch.token_rewards
         if algo.use_kl_in_reward:
             token_rewards = self._kl_penalised_rewards(batch, micro, extra, update_controller=not dry_run)
         values = self._gather(micro, "values", mask.shape) if self.critic is not None else None
+        turns = turns_of(trajectories) if self.estimator.needs_turns else None
         advantages, returns = self.estimator.advantages_and_returns(
-            AdvantageInputs(token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam)
+            AdvantageInputs(
+                token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam, turns=turns
+            )
         )
         for m in micro:
             width = m.batch.input_ids.shape[1]
@@ -307,6 +327,7 @@ class PolicyTrainer:
         extra.update(
             advantage_mean=masked_mean(advantages, mask).item(),
             advantage_abs_mean=masked_mean(advantages.abs(), mask).item(),
+            **self.estimator.step_metrics(),
         )
         scored = time.perf_counter()
         extra["time/score_s"] = scored - start  # these phases end in a host sync (gather, grad norm)
@@ -352,7 +373,8 @@ class PolicyTrainer:
 
     def _accumulate_policy_gradient(self, mini: _Mini, sums: dict[str, torch.Tensor]) -> float:
         """Forward and backward over the mini-batch's micro-batches; returns the clipped gradient's norm."""
-        algo, chunk, norm = self.config.algorithm, self.config.learner.logprob_chunk_tokens, mini.norm
+        algo, chunk = self.config.algorithm, self.config.learner.logprob_chunk_tokens
+        norm = mini.policy_norm or mini.norm
         self.optimizer.zero_grad(set_to_none=True)
         for i, m in enumerate(mini.micro):
             b, mask = m.batch, m.batch.response_mask
@@ -367,6 +389,7 @@ class PolicyTrainer:
                 self._set_old_logprobs(m, lp.detach(), ent.detach(), sums)
                 if algo.entropy_coeff <= 0:
                     ent = None
+            mask = mask if m.loss_mask is None else m.loss_mask
             pg, stats = self.policy_loss(
                 PolicyLossInputs(lp, m.old_logprobs, m.advantages, mask, is_weights=m.is_weights, **norm)
             )
@@ -415,10 +438,7 @@ class PolicyTrainer:
         out = {
             "loss": s["loss"] / epochs,
             "pg_loss": s["pg_loss"] / epochs,
-            "clip_frac": s["clip_frac"] / update_tokens,
-            "clip_frac_lower": s["clip_frac_lower"] / update_tokens,
-            "approx_kl": s["approx_kl"] / update_tokens,
-            "ratio_mean": s["ratio_mean"] / update_tokens,
+            **{key: s[key] / update_tokens for key in POLICY_STATS},
             "grad_norm": grad_norms[-1],
             "skipped_updates": float(skipped),
             "mismatch_kl": s["mismatch_kl"] / tokens,
@@ -432,8 +452,8 @@ class PolicyTrainer:
             "policy_version_max": float(versions.max()) if versions.numel() else 0.0,
         }
         algo = self.config.algorithm
-        if algo.tis_cap > 0:
-            out.update(tis_weight_mean=s["tis_weight"] / tokens, tis_clip_frac=s["tis_clipped"] / tokens)
+        seqs = (batch.response_mask.sum(-1) > 0).sum().item()
+        out.update(self.correction.metrics(s, tokens, seqs))
         if algo.entropy_coeff > 0:
             out["entropy_loss"] = s["entropy_loss"] / epochs
         if self.reference is not None:

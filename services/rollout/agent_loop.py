@@ -190,7 +190,7 @@ class AgentLoop:
             prompt_ids=self.formatter.initial(state.observation),
             rollout_server=self.server_name,
         )
-        env_return, lim = 0.0, self.limits
+        env_return, lim, anchor = 0.0, self.limits, state.anchor
         for turn in range(lim.max_turns):
             budget = min(lim.max_new_tokens, lim.max_model_len - builder.length)
             if budget <= 0:
@@ -215,11 +215,14 @@ class AgentLoop:
                 action=parsed.action,
                 action_valid=parsed.valid,
                 finish_reason=gen.finish_reason,
+                anchor=anchor,
             )
             if parsed.valid:
                 with clock.time("env_step"):
                     state = await self.envs.step(state.episode_id, parsed.action)
                 env_return += state.reward
+                builder.record.turns[-1].action_rejected = state.info.get("action_valid") is False
+                anchor = state.anchor  # an unparsed action leaves the env, so the anchor, as it was
                 if state.done:
                     builder.record.turns[-1].env_reward = state.reward
                     return builder.finish(env_return=env_return, success=state.success, stop_reason="done")

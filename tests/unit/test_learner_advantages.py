@@ -61,7 +61,7 @@ def test_registry_and_config():
     est = build_estimator(AlgorithmConfig(norm_adv_by_std=False))
     assert isinstance(est, GRPO) and isinstance(est, AdvantageEstimator) and not est.norm_adv_by_std
     assert not est.needs_values
-    with pytest.raises(ValueError, match="'nope' is not one of: gae, grpo"):
+    with pytest.raises(ValueError, match="'nope' is not one of: gae, gigpo, grpo"):
         AlgorithmConfig(advantage="nope")
     with pytest.raises(KeyError):
         build_estimator(AlgorithmConfig.model_construct(advantage="nope"))

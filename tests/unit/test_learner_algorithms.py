@@ -60,7 +60,9 @@ def full_params(module):
     return {k: v.full_tensor().clone() for k, v in module.state_dict().items()}
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize(
+    "name", ["grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gigpo"]
+)
 def test_every_estimator_learns_the_good_token(model_dir, name):
     trainer = PolicyTrainer(make_config(advantage=name, critic_lr=1e-2), model_dir)
     good0, bad0 = logprob_of(trainer, GOOD), logprob_of(trainer, BAD)

@@ -16,11 +16,25 @@ from services.learner.losses import (
 )
 
 
+def reference_agg(per_seq, mode, width, scale=None):
+    """verl's agg_loss over per-sequence lists of token losses (empty sequences count in no mode)."""
+    tokens = [x for s_ in per_seq for x in s_]
+    nonempty = [s_ for s_ in per_seq if s_]
+    n_seq = max(len(nonempty), 1)
+    return {
+        "token-mean": sum(tokens) / max(len(tokens), 1),
+        "token-sum": sum(tokens),
+        "seq-mean-token-sum": sum(sum(s_) for s_ in nonempty) / n_seq,
+        "seq-mean-token-mean": sum(sum(s_) / len(s_) for s_ in nonempty) / n_seq,
+        "seq-mean-token-sum-norm": sum(sum(s_) for s_ in nonempty) / n_seq / (width if scale is None else scale),
+    }[mode]
+
+
 def reference(lp, old, adv, mask, lo, hi, mode, dual_c=None, weights=None):
     """Token by token, in plain Python."""
     lp, old, adv, mask = (x.tolist() for x in (lp, old, adv, mask))
     weights = weights.tolist() if weights is not None else [[1.0] * len(row) for row in lp]
-    per_seq, tokens, clipped, lower, kl, ratios = [], [], 0, 0, 0.0, 0.0
+    per_seq, tokens, clipped, lower, kl, ratios, k1 = [], [], 0, 0, 0.0, 0.0, 0.0
     for b in range(len(lp)):
         seq = []
         for t in range(len(lp[b])):
@@ -35,18 +49,19 @@ def reference(lp, old, adv, mask, lo, hi, mode, dual_c=None, weights=None):
             seq.append(loss * weights[b][t])
             clipped += c > u
             kl += r - 1 - math.log(r)
+            k1 += old[b][t] - lp[b][t]
             ratios += r
         per_seq.append(seq)
         tokens += seq
-    n = len(tokens)
-    nonempty = [s for s in per_seq if s]
-    loss = {
-        "token-mean": sum(tokens) / max(n, 1),
-        "seq-mean-token-sum": sum(sum(s) for s in nonempty) / max(len(nonempty), 1),
-        "seq-mean-token-mean": sum(sum(s) / len(s) for s in nonempty) / max(len(nonempty), 1),
-    }[mode]
-    n = max(n, 1)
-    return loss, {"clip_frac": clipped / n, "clip_frac_lower": lower / n, "approx_kl": kl / n, "ratio_mean": ratios / n}
+    loss = reference_agg(per_seq, mode, len(lp[0]))
+    n = max(len(tokens), 1)
+    return loss, {
+        "clip_frac": clipped / n,
+        "clip_frac_lower": lower / n,
+        "approx_kl": kl / n,
+        "ppo_kl": k1 / n,
+        "ratio_mean": ratios / n,
+    }
 
 
 def rand_inputs(seed, batch, length, p_mask=0.6, spread=0.3):
@@ -118,14 +133,7 @@ def reference_value_loss(v, old, ret, mask, clip, mode):
             clipped_count += clipped > plain
             n += 1
         per_seq.append(seq)
-    nonempty = [s_ for s_ in per_seq if s_]
-    tokens = [x for s_ in per_seq for x in s_]
-    agg = {
-        "token-mean": sum(tokens) / max(len(tokens), 1),
-        "seq-mean-token-sum": sum(sum(s_) for s_ in nonempty) / max(len(nonempty), 1),
-        "seq-mean-token-mean": sum(sum(s_) / len(s_) for s_ in nonempty) / max(len(nonempty), 1),
-    }[mode]
-    return 0.5 * agg, clipped_count / max(n, 1)
+    return 0.5 * reference_agg(per_seq, mode, len(v[0])), clipped_count / max(n, 1)
 
 
 @settings(max_examples=80, deadline=None)

@@ -11,7 +11,14 @@ from services.common.config import TrainConfig
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.common.trajectory import TrajectoryBatch, TrajectoryBuilder
-from services.learner.poison_guard import LOGPROB_EPSILON, Limits, Poison, PoisonGuard, check_trajectory
+from services.learner.poison_guard import (
+    LOGPROB_EPSILON,
+    MAX_ANCHOR_CHARS,
+    Limits,
+    Poison,
+    PoisonGuard,
+    check_trajectory,
+)
 from services.learner.prometheus_metrics import DEAD_LETTERS
 from services.learner.service import CollectedStep
 from services.learner.trainer import NonFiniteUpdate
@@ -93,6 +100,17 @@ def test_non_finite_rewards_and_logprobs_are_rejected(value):
     t.reward_components["format"] = value
     assert reason_of(t) == "non_finite"
     assert reason_of(traj(logprobs=(-0.5, value))) == "non_finite"
+    t = traj()
+    t.turns[0].env_reward = value
+    assert reason_of(t) == "non_finite"
+
+
+def test_an_anchor_observation_beyond_the_limit_is_rejected():
+    t = traj()
+    t.turns[0].anchor = "x" * MAX_ANCHOR_CHARS
+    check_trajectory(t, LIMITS, 0)
+    t.turns[0].anchor += "x"
+    assert reason_of(t) == "anchor"
 
 
 def test_a_positive_logprob_is_rejected():

@@ -6,7 +6,7 @@ import torch
 from pydantic import ValidationError
 
 from services.common.config import AlgorithmConfig, TrainConfig, load_config
-from services.learner.losses import policy_loss
+from services.learner.losses import AGG_MODES, policy_loss
 from services.learner.policy_losses import POLICY_LOSSES, build_policy_loss
 from services.learner.policy_losses.base import POLICY_STATS, PolicyLoss, PolicyLossInputs
 from services.learner.policy_losses.ppo_clip import PPOClip
@@ -22,7 +22,7 @@ def test_ppo_clip_is_registered_and_the_default():
     assert (loss.clip_low, loss.clip_high, loss.clip_ratio_c, loss.agg_mode) == (0.1, 0.3, 5.0, "token-mean")
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+@pytest.mark.parametrize("mode", AGG_MODES)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_ppo_clip_gives_policy_loss_exactly(mode, weighted):
     gen = torch.Generator().manual_seed(3)
@@ -32,10 +32,11 @@ def test_ppo_clip_gives_policy_loss_exactly(mode, weighted):
     mask = (torch.rand(4, 7, generator=gen) < 0.6).double()
     weights = torch.rand(4, 7, generator=gen, dtype=torch.float64) * 2 if weighted else None
     config = AlgorithmConfig(clip_ratio_low=0.15, clip_ratio_high=0.28, clip_ratio_c=2.5, loss_agg_mode=mode)
-    inputs = PolicyLossInputs(lp, old, adv, mask, is_weights=weights, num_tokens=40.0, num_seqs=6.0)
+    divisors = {"num_tokens": 40.0, "num_seqs": 6.0, "loss_scale_factor": 9.0}
+    inputs = PolicyLossInputs(lp, old, adv, mask, is_weights=weights, **divisors)
     got, got_stats = build_policy_loss(config)(inputs)
     want, want_stats = policy_loss(
-        lp, old, adv, mask, 0.15, 0.28, mode, clip_ratio_c=2.5, is_weights=weights, num_tokens=40.0, num_seqs=6.0
+        lp, old, adv, mask, 0.15, 0.28, mode, clip_ratio_c=2.5, is_weights=weights, **divisors
     )
     assert torch.equal(got, want)
     assert set(got_stats) == set(POLICY_STATS)
@@ -44,13 +45,15 @@ def test_ppo_clip_gives_policy_loss_exactly(mode, weighted):
 
 
 def test_an_unknown_loss_is_refused_when_the_config_is_parsed():
-    with pytest.raises(ValidationError, match="'gspoo' is not one of: ppo_clip"):
+    with pytest.raises(ValidationError, match="'gspoo' is not one of: cispo, gspo, ppo_clip"):
         AlgorithmConfig(policy_loss="gspoo")
     with pytest.raises(ValidationError) as info:
         load_config(None, ["algorithm.policy_loss=gspoo"])
     error = info.value.errors()[0]
-    assert error["loc"] == ("algorithm", "policy_loss") and "'gspoo' is not one of: ppo_clip" in error["msg"]
-    with pytest.raises(KeyError, match="unknown policy loss 'gspoo'; known: ppo_clip"):
+    assert (
+        error["loc"] == ("algorithm", "policy_loss") and "'gspoo' is not one of: cispo, gspo, ppo_clip" in error["msg"]
+    )
+    with pytest.raises(KeyError, match="unknown policy loss 'gspoo'; known: cispo, gspo, ppo_clip"):
         build_policy_loss(AlgorithmConfig.model_construct(policy_loss="gspoo"))
 
 

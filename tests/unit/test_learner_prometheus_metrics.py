@@ -82,3 +82,20 @@ def test_importance_sampling_and_clip_statistics_become_gauges():
     assert sample("omrl_learner_importance_weight_capped_fraction") == 0.02
     assert sample("omrl_learner_ratio_mean") == 1.01
     assert sample("omrl_learner_dual_clip_fraction") == 0.003
+
+
+def test_ppo_kl_and_rollout_rejections_become_gauges():
+    export_summary(
+        summary(
+            11,
+            ppo_kl=-0.002,
+            rollout_is_masked_fraction=0.1,
+            rollout_is_seq_masked_fraction=0.25,
+            rollout_is_veto_fraction=0.05,
+        )
+    )
+    assert sample("omrl_learner_kl", against="old_policy_k1") == -0.002
+    assert sample("omrl_learner_kl", against="old_policy") == 0.01  # approx_kl keeps its label
+    assert sample("omrl_learner_rollout_rejected_token_fraction") == 0.1
+    assert sample("omrl_learner_rollout_rejected_sequence_fraction") == 0.25
+    assert sample("omrl_learner_rollout_vetoed_sequence_fraction") == 0.05

@@ -211,6 +211,11 @@ class AgentGymEnv(TextEnv):
                 f"AgentGym {p.family} server {server.url}: reset of task {task_index} never answered ({exc})", "hung"
             ) from exc
 
+    def anchor_observation(self) -> str:
+        """The server's last observation, without the action help of the first one; an action refused
+        here leaves it as it was."""
+        return self.last_observation
+
     def episode_info(self) -> dict:
         if self.server is None:
             return {}

@@ -150,11 +150,15 @@ class BabyAI(TextEnv):
         self.distance = target_distance(unwrapped)
         self.mission = obs["mission"]
         self.max_turns = min(opts.max_turns or 64, self.env.unwrapped.max_steps)
-        self.turn = 0
+        self.turn, self.view = 0, self._render(obs)
         return (
             f"You are an agent in a grid world. Mission: {self.mission}. Each turn, answer one of: "
-            f"{', '.join(ACTIONS)}. {action_format('go forward')}\n{self._render(obs)}"
+            f"{', '.join(ACTIONS)}. {action_format('go forward')}\n{self.view}"
         )
+
+    def anchor_observation(self) -> str:
+        """The agent's view: an invalid action leaves it as it was."""
+        return self.view
 
     def _render(self, obs: dict) -> str:
         env = self.env.unwrapped
@@ -204,10 +208,11 @@ class BabyAI(TextEnv):
             success = bool(terminated and reward > 0)
             shaped = self._shaping()
             info.update(mission_reward=float(reward), shaping=shaped)
+            self.view = self._render(obs)
             if terminated or truncated or self.turn >= self.max_turns:
                 verdict = "Mission complete!" if success else "The episode is over; the mission was not completed."
-                return StepResult(f"{verdict} {self._render(obs)}", float(reward) + shaped, True, success, info)
-            return StepResult(self._render(obs), shaped, False, False, info)
+                return StepResult(f"{verdict} {self.view}", float(reward) + shaped, True, success, info)
+            return StepResult(self.view, shaped, False, False, info)
         text = f"Invalid action {action.strip()[:40]!r}: answer one of {', '.join(ACTIONS)}."
         if self.turn >= self.max_turns:
             return StepResult(f"{text} Out of turns.", 0.0, True, False, info)

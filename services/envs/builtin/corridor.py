@@ -61,6 +61,9 @@ class Corridor(TextEnv):
     def task_info(self) -> dict:
         return {"exit": self.exit}
 
+    def anchor_observation(self) -> str:
+        return self._where()
+
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(["left", "right"])
 

@@ -193,6 +193,10 @@ class Crafting(TextEnv):
     def task_info(self) -> dict:
         return {"goal": self.goal, "shortest_plan": self.optimal}
 
+    def anchor_observation(self) -> str:
+        """The inventory: what a state of this task is (the recipes are the task's)."""
+        return self._inventory_text()
+
     def random_action(self, rng: random.Random) -> str:
         item = rng.choice(list(self.recipes))
         raw = [name for name, _ in self.recipes[item].ingredients if name not in self.recipes]
@@ -213,8 +217,7 @@ class Crafting(TextEnv):
 
     def _act(self, action: str) -> tuple[str, bool]:
         if action == "inventory":
-            held = ", ".join(f"{n} {item}" for item, n in sorted(self.inventory.items()) if n) or "nothing"
-            return f"Inventory: {held}.", True
+            return self._inventory_text(), True
         if m := GET.fullmatch(action):
             count, item = int(m.group(1)), m.group(2)
             if count < 1 or item in self.recipes or item not in RAW:
@@ -226,6 +229,10 @@ class Crafting(TextEnv):
         return (
             f"Invalid action {action[:60]!r}: use get N <item>, craft N <item> using <ingredients>, or inventory."
         ), False
+
+    def _inventory_text(self) -> str:
+        held = ", ".join(f"{n} {item}" for item, n in sorted(self.inventory.items()) if n) or "nothing"
+        return f"Inventory: {held}."
 
     def _craft(self, count: int, item: str, using: str) -> str:
         recipe = self.recipes.get(item)

@@ -35,7 +35,7 @@ class GuessNumber(TextEnv):
         self.n = opts.max_number
         self.max_turns = opts.max_turns or turn_limit(self.n)
         self.secret = random.Random(task_index).randint(1, self.n)
-        self.turn = 0
+        self.turn, self.low, self.high = 0, 1, self.n
         return (
             f"I am thinking of a whole number from 1 to {self.n}. Find it within {self.max_turns} guesses; "
             f"after each guess I say higher, lower or correct. {action_format(str((self.n + 1) // 2))}"
@@ -43,6 +43,10 @@ class GuessNumber(TextEnv):
 
     def task_info(self) -> dict:
         return {"secret": self.secret}
+
+    def anchor_observation(self) -> str:
+        """What the feedback so far has narrowed the secret to, whatever guesses got there."""
+        return f"The number is from {self.low} to {self.high}."
 
     def random_action(self, rng: random.Random) -> str:
         return str(rng.randint(1, self.n))
@@ -58,6 +62,10 @@ class GuessNumber(TextEnv):
         info = {"turn": self.turn, "action_valid": valid}
         if valid and guess == self.secret:
             return StepResult(f"{guess}: correct!", 1.0, True, True, info)
+        if valid and self.secret > guess:
+            self.low = max(self.low, guess + 1)
+        elif valid:
+            self.high = min(self.high, guess - 1)
         if not valid:
             text = f"Invalid guess {action.strip()[:40]!r}: answer a whole number from 1 to {self.n}."
         else:

@@ -127,6 +127,9 @@ class Maze(TextEnv):
     def task_info(self) -> dict:
         return {"goal": list(self.goal), "shortest_path": self.optimal}
 
+    def anchor_observation(self) -> str:
+        return self._where()
+
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(list(MOVES))
 

@@ -65,7 +65,7 @@ class Wordle(TextEnv):
         self.opts = opts = self.parse_options(options)
         self.candidates = word_list()[: opts.vocabulary]
         self.secret = random.Random(f"wordle:{task_index}").choice(self.candidates)
-        self.max_turns, self.turn = opts.max_turns, 0
+        self.max_turns, self.turn, self.known = opts.max_turns, 0, set()
         return (
             f"Guess the secret five-letter English word within {self.max_turns} guesses. After each guess "
             f"every letter is marked G (right place), Y (in the word, elsewhere) or _ (not in the word). "
@@ -74,6 +74,10 @@ class Wordle(TextEnv):
 
     def task_info(self) -> dict:
         return {"secret": self.secret}
+
+    def anchor_observation(self) -> str:
+        """The feedback gathered so far, in any order: what a state of this task is."""
+        return " ".join(sorted(self.known)) or "No guesses yet."
 
     def random_action(self, rng: random.Random) -> str:
         return rng.choice(self.candidates)
@@ -89,6 +93,8 @@ class Wordle(TextEnv):
         info = {"turn": self.turn, "action_valid": valid}
         if valid and guess == self.secret:
             return StepResult(f"{guess}: GGGGG, you found the word!", 1.0, True, True, info)
+        if valid:
+            self.known.add(f"{guess}->{feedback(guess, self.secret)}")
         text = f"{guess} -> {feedback(guess, self.secret)}." if valid else f"Invalid guess: {problem}."
         left = self.max_turns - self.turn
         if left <= 0:

@@ -16,6 +16,7 @@ ADVANTAGES.register_lazy("rloo", "services.learner.advantages.rloo")
 ADVANTAGES.register_lazy("gae", "services.learner.advantages.gae")
 ADVANTAGES.register_lazy("reinforce_plus_plus", "services.learner.advantages.reinforce_pp")
 ADVANTAGES.register_lazy("reinforce_plus_plus_baseline", "services.learner.advantages.reinforce_pp")
+ADVANTAGES.register_lazy("gigpo", "services.learner.advantages.gigpo")
 
 
 def build_estimator(config: AlgorithmConfig) -> AdvantageEstimator:

@@ -12,11 +12,28 @@ from services.common.config import AlgorithmConfig
 
 
 @dataclass(frozen=True, eq=False)
+class Turns:
+    """Every turn of the batch (N): a row's turns are consecutive, in the order they were played.
+
+    Tensors [N]: row (its batch row), start and end (its model tokens [start, end) in that row; equal for a turn
+    without tokens), reward (the env's reward for the turn), invalid (bool: its action did not parse, or the env
+    refused it). anchor: N strings, the anchor observation of the state the turn acted from ("": unknown)."""
+
+    row: torch.Tensor
+    start: torch.Tensor
+    end: torch.Tensor
+    reward: torch.Tensor
+    invalid: torch.Tensor
+    anchor: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
 class AdvantageInputs:
     """What every estimator reads, for the whole global batch (group statistics need every member of a group).
 
     Tensors: token_rewards, response_mask, values [B, T] (position t = token t); group_index [B] ints.
-    `values` are the critic's (None without one); `gamma`/`lam` are for the return-based estimators."""
+    `values` are the critic's (None without one); `gamma`/`lam` are for the return-based estimators; `turns` is
+    given to estimators that set `needs_turns` (None otherwise)."""
 
     token_rewards: torch.Tensor
     response_mask: torch.Tensor
@@ -25,6 +42,7 @@ class AdvantageInputs:
     values: torch.Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
+    turns: Turns | None = None
 
 
 class AdvantageEstimator(abc.ABC):
@@ -36,6 +54,7 @@ class AdvantageEstimator(abc.ABC):
 
     name: str = "base"
     needs_values: bool = False
+    needs_turns: bool = False
 
     @classmethod
     def from_config(cls, config: AlgorithmConfig) -> AdvantageEstimator:
@@ -49,6 +68,10 @@ class AdvantageEstimator(abc.ABC):
         """(advantages, value targets); the targets matter only to estimators with a critic."""
         adv = self.compute(inputs)
         return adv, adv
+
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics of the last `compute`, for the step's metrics."""
+        return {}
 
 
 def sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", choice="policy_loss")
 POLICY_LOSSES.register_lazy("ppo_clip", "services.learner.policy_losses.ppo_clip")
+POLICY_LOSSES.register_lazy("gspo", "services.learner.policy_losses.gspo")
+POLICY_LOSSES.register_lazy("cispo", "services.learner.policy_losses.cispo")
 
 
 def build_policy_loss(config: AlgorithmConfig) -> PolicyLoss:

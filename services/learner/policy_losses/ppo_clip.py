@@ -49,6 +49,5 @@ class PPOClip(PolicyLoss):
             self.agg_mode,
             clip_ratio_c=self.clip_ratio_c,
             is_weights=inputs.is_weights,
-            num_tokens=inputs.num_tokens,
-            num_seqs=inputs.num_seqs,
+            **inputs.divisors,
         )
