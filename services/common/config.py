@@ -429,6 +429,11 @@ class StreamConfig(Section):
 class LearnerConfig(Section):
     steps: int = Field(40, ge=0, le=100_000_000)
     """Policy updates to run."""
+    stop_at_success: float | None = Field(None, gt=0, le=1)
+    """End the run early, with a checkpoint and an export as at its last step, once the success rate averaged over
+    the last `stop_window` steps reaches this (None: run every step)."""
+    stop_window: int = Field(5, ge=1, le=10_000)
+    """Steps that `stop_at_success` averages over."""
     checkpoint_dir: str = "runs/default/checkpoints"
     """Where checkpoints go (a volume every learner process shares); a run resumes from its newest one."""
     checkpoint_every: int = Field(1, ge=1, le=100_000_000)

@@ -266,7 +266,7 @@ class LocalRun:
                     self._record(metrics, history)
                 if learner.popen.returncode != 0:
                     raise self._exit_error(learner)
-                self._await_final_validation(state, last_id)
+                self._await_final_validation(state, last_id, history[-1]["step"] if history else 0)
                 self._say_infra_counters(state)
                 return history
             self._check_services()
@@ -347,9 +347,10 @@ class LocalRun:
         # whoever outlives this process (the job API) can still stop the services by PID
         (self.run_dir / "pids.json").write_text(json.dumps({p.name: p.pid for p in self.processes}))
 
-    def _await_final_validation(self, state: RunState, last_id: str, timeout_s: float = 120.0) -> None:
-        """The rollout validates the final policy after the learner has finished: wait for it."""
-        every, steps = self.config.env.validation_every, self.config.learner.steps
+    def _await_final_validation(self, state: RunState, last_id: str, steps: int, timeout_s: float = 120.0) -> None:
+        """The rollout validates the final policy (`steps`: the last step, early with `learner.stop_at_success`)
+        after the learner has finished: wait for it."""
+        every = self.config.env.validation_every
         if not every or steps % every or any(v["policy_version"] == steps for v in self.validations):
             return
         deadline = time.monotonic() + timeout_s

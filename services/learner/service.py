@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,10 @@ class LearnerService:
         self._pending: Any = None
         """(checkpoint being written in the background, the entry ids it covers)"""
         self.guard = PoisonGuard(config, trainer, state, stream)  # see its module for the poison-input policy
+        self._successes: deque[float] = deque(maxlen=config.learner.stop_window)
+        self.finished = False
+        """The last step ran: `learner.steps` of them, or the success target was reached (every rank agrees: the
+        success rate comes from the broadcast batch)."""
 
     # -- start-up ----------------------------------------------------------------------------
     def resume(self) -> None:
@@ -341,7 +346,9 @@ class LearnerService:
         self.dropped_stale_total += batch.dropped_stale
         push_s, checksum, pushes = self._push()
         self._unacked += batch.entry_ids
-        ckpt_s = self._checkpoint(force=self.step == self.config.learner.steps)
+        self._successes.append(stats.get("success_rate", 0.0))
+        self.finished = self.step >= self.config.learner.steps or self._target_reached()
+        ckpt_s = self._checkpoint(force=self.finished)
         versions = [t.policy_version for traj in batch.trajectories for t in traj.turns]
         summary = {
             **stats,
@@ -369,6 +376,10 @@ class LearnerService:
         self._export(summary)
         return summary
 
+    def _target_reached(self) -> bool:
+        target, window = self.config.learner.stop_at_success, self._successes
+        return target is not None and len(window) == window.maxlen and sum(window) / len(window) >= target
+
     def _export(self, summary: dict[str, Any]) -> None:
         if not collectives.is_rank0():
             return
@@ -381,7 +392,8 @@ class LearnerService:
         if collectives.is_rank0() and self.pusher.needs_servers:
             self.wait_for_rollouts()
         self._push(rollback=True)  # the servers may hold other weights than the checkpoint (restart, resume)
-        while self.step < self.config.learner.steps:
+        self.finished = self.step >= self.config.learner.steps
+        while not self.finished:
             summary = self.run_step()
             if collectives.is_rank0():
                 log.info(
@@ -394,8 +406,15 @@ class LearnerService:
                     summary["policy_version"],
                 )
         self._commit_pending()
-        if self.step >= self.config.learner.steps:
-            self.export_policy()
+        if self.step < self.config.learner.steps:
+            log.info(
+                "success %.2f over the last %d steps reached learner.stop_at_success: the run ends at step %d of %d",
+                sum(self._successes) / len(self._successes),
+                len(self._successes),
+                self.step,
+                self.config.learner.steps,
+            )
+        self.export_policy()
         if collectives.is_rank0():
             self.state.mark_done()
         return self.history

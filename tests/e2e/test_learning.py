@@ -44,6 +44,9 @@ RUNS = {
 }
 FIRST, LAST = 3, 5
 """Steps averaged for the starting and the final success rate."""
+STOP_AT = 0.9
+"""A run ends once its success rate over the last LAST steps reaches this (`learner.stop_at_success`): above the
+80% bar, so the last steps hold it with a margin; a run that never gets there runs every step and fails."""
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +91,8 @@ def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
             # path): checkpoints change nothing the learner trains on (the same success curve, seen step by
             # step), and the resume tests cover them
             "learner.checkpoint_every=1000",
+            f"learner.stop_at_success={STOP_AT}",
+            f"learner.stop_window={LAST}",
         ],
     )
     lines: list[str] = []
@@ -96,10 +101,11 @@ def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
     finally:
         RunState.connect(config).reset()
     history = result.history
-    assert [m["step"] for m in history] == list(range(1, config.learner.steps + 1)), "\n".join(lines[-20:])
+    assert [m["step"] for m in history] == list(range(1, len(history) + 1)), "\n".join(lines[-20:])
+    assert len(history) == config.learner.steps or mean(m["success_rate"] for m in history[-LAST:]) >= STOP_AT
     success = [m["success_rate"] for m in history]
     first, last = mean(success[:FIRST]), mean(success[-LAST:])
-    print(f"{name}: success {first:.0%} -> {last:.0%}: {[round(s, 2) for s in success]}")
+    print(f"{name}: success {first:.0%} -> {last:.0%} in {len(success)} steps: {[round(s, 2) for s in success]}")
     assert first <= 0.20, success
     assert last >= 0.80, success
     lengths = [m["response_len_mean"] for m in history]
