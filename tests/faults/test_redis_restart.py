@@ -1,9 +1,9 @@
-"""Drill: the run's Redis is SIGKILLed in the middle of a run and comes back 5 s later, either empty (no
-persistence, like a pod rescheduled without a volume) or from its append-only file (the chart's and
-compose's default). Every service reconnects. Empty: the learner rebuilds the run's state from its own step
-and version (consumer group, policy version, group claims), and the groups lost with Redis are counted and
-replaced. With AOF nothing is lost. Either way the run completes every step with full batches, none applied
-twice."""
+"""Drill: the run's Redis is SIGKILLed twice in the middle of one run and comes back 5 s later each time: first
+from its append-only file (the chart's and compose's default), then empty (its files deleted, like a pod
+rescheduled without a volume). Every service reconnects. With AOF nothing is lost and nothing is rebuilt.
+Empty: the learner rebuilds the run's state from its own step and version (consumer group, policy version,
+group claims), and the groups lost with Redis are counted and replaced. The run completes every step with full
+batches, none applied twice."""
 
 import shutil
 import subprocess
@@ -16,7 +16,9 @@ from services.common.grpc_server import free_port
 from tests.support.drill import run_drill
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e]
-STEPS, GROUPS, GROUP_SIZE = 6, 4, 4
+STEPS, GROUPS, GROUP_SIZE = 7, 4, 4
+AOF_AT, EMPTY_AT = 2, 4
+"""After the launcher has printed step n, Redis dies: back from its AOF, then back empty."""
 
 
 class PrivateRedis:
@@ -60,49 +62,58 @@ class PrivateRedis:
         self.proc.kill()
         self.proc.wait(10)
 
+    def forget(self) -> None:
+        """Deletes what it persisted: the next start is empty."""
+        for path in self.directory.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
-@pytest.fixture(scope="module", params=["empty", "aof"])
-def drill(request, tmp_path_factory, warm_tiny_model):
-    tmp = tmp_path_factory.mktemp(f"redis-restart-{request.param}")
-    server = PrivateRedis(tmp, free_port(), aof=request.param == "aof").start()
 
-    def restart_empty(run):
-        server.kill()
-        time.sleep(5.0)
-        server.start()
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory, warm_tiny_model):
+    tmp = tmp_path_factory.mktemp("redis-restart")
+    (tmp / "redis").mkdir()
+    server = PrivateRedis(tmp / "redis", free_port(), aof=True).start()
+
+    def restart(empty: bool):
+        def fault(run):
+            server.kill()
+            if empty:
+                server.forget()
+            time.sleep(5.0)
+            server.start()
+
+        return fault
 
     try:
-        yield (
-            request.param,
-            run_drill(
-                f"redis restart ({request.param})",
-                tmp,
-                server.url,
-                {2: restart_empty},
-                STEPS,
-                GROUPS,
-                GROUP_SIZE,
-                overrides=("rollout.lease_ttl_s=15", f"model.path={warm_tiny_model}"),
-            ),
+        yield run_drill(
+            "redis restart (aof, then empty)",
+            tmp,
+            server.url,
+            {AOF_AT: restart(empty=False), EMPTY_AT: restart(empty=True)},
+            STEPS,
+            GROUPS,
+            GROUP_SIZE,
+            overrides=("rollout.lease_ttl_s=15", f"model.path={warm_tiny_model}"),
         )
     finally:
         server.kill()
 
 
 def test_the_run_completes_every_step_with_full_batches(drill):
-    _, drill = drill
     assert [m["step"] for m in drill.history] == list(range(1, STEPS + 1))
     assert all(m["trajectories"] == GROUPS * GROUP_SIZE for m in drill.history)
 
 
-def test_what_redis_lost_is_counted_and_nothing_is_applied_twice(drill):
-    persistence, drill = drill
+def test_back_from_its_aof_redis_lost_nothing(drill):
+    # step EMPTY_AT's metrics were published before the second kill: the AOF restart rebuilt nothing
+    assert [m["groups_lost_to_redis"] for m in drill.history[:EMPTY_AT]] == [0] * EMPTY_AT
+    assert drill.log("learner").count("Redis lost the run's state") == 1, "rebuilt after the AOF restart too"
+
+
+def test_back_empty_what_redis_lost_is_counted_and_nothing_is_applied_twice(drill):
     lost = drill.history[-1]["groups_lost_to_redis"]
-    print(f"{persistence}: groups lost with Redis: {lost}, rollout counters: {drill.counters}")
-    if persistence == "aof":  # the consumer group, leases and claims came back: nothing to rebuild
-        assert "Redis lost the run's state" not in drill.log("learner") and lost == 0
-    else:
-        assert "Redis lost the run's state" in drill.log("learner") and 0 <= lost <= GROUPS
+    print(f"groups lost with Redis: {lost}, rollout counters: {drill.counters}")
+    assert "Redis lost the run's state" in drill.log("learner") and 0 <= lost <= GROUPS
     assert max(drill.trajectory_ids.values()) == 1
-    entries = [entry for m in drill.history[2:] for entry in m["entry_ids"]]
+    entries = [entry for m in drill.history[AOF_AT:] for entry in m["entry_ids"]]
     assert len(entries) == len(set(entries))
