@@ -32,8 +32,13 @@ def step_stats(m: dict[str, Any], eta: float | None) -> str:
     return (
         f"reward {_num(m.get('reward_mean'), '+.3f')}  success {_num(m.get('success_rate'), '.0f', 100)}%  "
         f"kl {_num(m.get('approx_kl'), '.4f')}  {_num(m.get('step_seconds'), '.1f')}s/step  "
-        f"eta {duration(eta) if eta is not None else '-'}"
+        f"eta {duration(eta) if eta is not None else '-'}{filtered_note(m)}"
     )
+
+
+def filtered_note(m: dict[str, Any]) -> str:
+    """The step's groups that dynamic sampling dropped, shown only when there were some."""
+    return f"  filtered {m['groups_filtered']}" if m.get("groups_filtered") else ""
 
 
 class LiveView:

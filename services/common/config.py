@@ -304,7 +304,7 @@ KLEstimator = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3", "kl+",
 
 class AlgorithmConfig(Section):
     advantage: _plugin("advantage") = "grpo"
-    """Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline), gigpo."""
+    """Registered advantage estimator: grpo, rloo, gae (critic), reinforce_plus_plus(_baseline), gigpo, opo, remax."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False gives Dr.GRPO)."""
     gigpo_step_weight: float = Field(1.0, ge=0, le=1000)
@@ -351,6 +351,12 @@ class AlgorithmConfig(Section):
     """Sequences per optimizer step (consecutive, in batch order); 0: the whole batch, one step per epoch."""
     max_staleness: int = Field(0, ge=0, le=1000)
     """Rollout may run this many policy versions ahead of the learner; 0 is synchronous on-policy."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (verl's filter_groups.enable): drop groups whose episodes all got the same reward and
+    train on fresh ones in their place."""
+    dynamic_sampling_max_gen_batches: int = Field(10, ge=0, le=1_000_000)
+    """Dynamic sampling (verl's filter_groups.max_num_gen_batches): a step fails once it needs more than this many
+    times groups_per_step groups; 0: no limit."""
     clip_ratio_c: float = Field(3.0, gt=1, le=1e6)
     """Dual-clip: for negative advantages the per-token loss is capped at -A * clip_ratio_c."""
     entropy_coeff: float = Field(0.0, ge=0, le=1000)
@@ -360,7 +366,7 @@ class AlgorithmConfig(Section):
     lam: float = Field(1.0, ge=0, le=1)
     """GAE lambda (0: one-step TD errors, 1: Monte-Carlo returns minus values)."""
     singleton_group_advantage: Literal["zero", "score"] = "zero"
-    """GRPO/RLOO, a group of one: advantage 0 (TRL), or its raw score as verl gives (GRPO: over 1 + 1e-6 with std)."""
+    """GRPO/RLOO/OPO, a group of one: advantage 0 (TRL), or its raw score as verl gives (GRPO with std: / 1+1e-6)."""
     tis_cap: float = Field(2.0, ge=0, le=1e6)
     """Rollout correction's upper threshold (verl's rollout_is_threshold): token losses are weighted by
     min(pi_learner / pi_rollout, tis_cap) at `rollout_is_level`; 0 disables the rollout correction."""
@@ -593,8 +599,10 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.algorithm.advantage in {"grpo", "rloo"} and self.rollout.group_size < 2:
+        if self.algorithm.advantage in {"grpo", "rloo", "opo"} and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be at least 2 for group-based advantages")
+        if self.algorithm.dynamic_sampling and self.rollout.group_size < 2:
+            raise ValueError("algorithm.dynamic_sampling needs rollout.group_size >= 2: it drops every group of one")
         return self
 
     @property

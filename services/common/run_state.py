@@ -120,9 +120,9 @@ class RunState:
         return self._leases
 
     def lost_groups(self) -> int:
-        """Claimed groups that will never reach the learner: dropped by the learner (`stale_groups`, stale or
-        poison; see GroupLeases.count_lost) or out of attempts (`dead_groups`); each one shifts later claims
-        one slot earlier."""
+        """Claimed groups that will never reach the learner: dropped by the learner (`stale_groups`: stale,
+        poison or filtered by dynamic sampling; see GroupLeases.count_lost) or out of attempts (`dead_groups`);
+        each one shifts later claims one slot earlier."""
         stale, dead = self.client.mget(self.k("stale_groups"), self.k("dead_groups"))
         return int(stale or 0) + int(dead or 0)
 
@@ -456,7 +456,7 @@ class GroupLeases(_LeaseScripts):
     def count_lost(self, entry_ids: Iterable[str]) -> int:
         """Counts in `stale_groups` the groups of those entries that a claim of this run published and that
         were neither settled nor counted yet (see the class); returns how many. The learner calls it for
-        every entry whose group it drops, stale or poison; the others count nothing."""
+        every entry whose group it drops, stale, poison or filtered by dynamic sampling; the others count nothing."""
         ids = sorted(set(entry_ids))
         return int(self._count_lost(keys=[self.k("claimed_entries"), self.k("stale_groups")], args=ids)) if ids else 0
 

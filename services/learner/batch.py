@@ -98,6 +98,27 @@ def collate(
     )
 
 
+def split_baselines(trajectories: Sequence[Trajectory]) -> tuple[list[Trajectory], dict[str, Trajectory]]:
+    """(the trajectories to train on, each group's baseline episode by group id): a baseline episode (advantage
+    `remax`) is never a row of the batch. The poison guard admits at most one per group."""
+    baselines = {t.group_id: t for t in trajectories if t.baseline}
+    return [t for t in trajectories if not t.baseline], baselines
+
+
+def baseline_scores(
+    trajectories: Sequence[Trajectory], baselines: dict[str, Trajectory], allocation: str, gamma: float
+) -> torch.Tensor:
+    """[B] float64: the score of each row's group baseline episode, the sum of its allocated token rewards (as a
+    row's score is). Raises RecordError for a row whose group has none."""
+    scores: dict[str, float] = {}
+    for group_id, traj in baselines.items():
+        scores[group_id] = float(np.sum(trajectory_token_rewards(traj, allocation, gamma), dtype=np.float64))
+    missing = sorted({t.group_id for t in trajectories} - scores.keys())
+    if missing:
+        raise RecordError(f"group(s) {', '.join(missing)} have no baseline episode")
+    return torch.tensor([scores[t.group_id] for t in trajectories], dtype=torch.float64)
+
+
 def turns_of(trajectories: Sequence[Trajectory]) -> Turns:
     """The turns of `collate(trajectories)`'s rows, for the estimators that read them (`needs_turns`)."""
     rows, starts, ends, rewards, invalid, anchors = [], [], [], [], [], []

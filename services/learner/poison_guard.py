@@ -8,7 +8,9 @@ rank and after every restart):
 2. Trajectory. Every decoded trajectory is checked against the learner's model and state
    (`check_trajectory`): equal lengths of token_ids / loss_mask / logprobs, length within the context,
    token ids in [0, vocab), well-formed turns, finite reward, turn rewards and logprobs, logprobs <=
-   LOGPROB_EPSILON, turn anchors of at most MAX_ANCHOR_CHARS, policy versions not newer than the learner's.
+   LOGPROB_EPSILON, turn anchors of at most MAX_ANCHOR_CHARS, policy versions not newer than the learner's;
+   per group of the entry (the producers publish a group whole, in one entry), exactly one baseline episode
+   under advantage `remax` and none otherwise (`check_baselines`).
    One bad trajectory poisons its group and nothing else: the group's trajectories in that entry go to the
    dead-letter stream with the reason, the group is never trained on (members that come later, in other
    entries, are dropped too), the entry's other groups are kept. An entry left with nothing to train on is
@@ -38,6 +40,7 @@ from typing import Any
 
 from services.common.config import TrainConfig
 from services.common.trajectory import RecordError, Trajectory, check_invariants, encode_batch
+from services.learner.advantages import ADVANTAGES
 from services.learner.prometheus_metrics import DEAD_LETTERS
 from services.learner.trainer import NonFiniteUpdate
 
@@ -116,12 +119,20 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
         raise Poison("version", f"{name}: sampled by policy v{newest}, newer than the learner's v{policy_version}")
 
 
+def check_baselines(group_id: str, members: list[Trajectory], expected: int) -> None:
+    """Raises Poison unless `expected` (1 under `remax`, else 0) of a group's members are baseline episodes."""
+    found = sum(t.baseline for t in members)
+    if found != expected:
+        raise Poison("baseline", f"group {group_id}: {found} baseline episode(s), the estimator needs {expected}")
+
+
 class PoisonGuard:
     """Applies the module's policy for one LearnerService. `state` and `stream` are rank 0's (None on the
     other ranks, which drop the same groups but write nothing)."""
 
     def __init__(self, config: TrainConfig, trainer: Any, state: Any = None, stream: Any = None):
         self.limits = Limits.for_learner(config, trainer)
+        self.baselines = int(ADVANTAGES.get(config.algorithm.advantage).needs_baseline)
         self.state, self.stream = state, stream
         self.poisoned: set[str] = set()
         self._entries_of: dict[str, list[str]] = {}  # group -> entries it came in, for step-time dead letters
@@ -141,6 +152,15 @@ class PoisonGuard:
                 check_trajectory(traj, self.limits, policy_version)
             except Poison as exc:
                 bad[traj.group_id] = exc
+        groups: dict[str, list[Trajectory]] = {}
+        for traj in entry.batch.trajectories:
+            groups.setdefault(traj.group_id, []).append(traj)
+        for group_id, members in groups.items():
+            if group_id not in bad and group_id not in self.poisoned:
+                try:
+                    check_baselines(group_id, members, self.baselines)
+                except Poison as exc:
+                    bad[group_id] = exc
         kept = [t for t in entry.batch.trajectories if t.group_id not in bad and t.group_id not in self.poisoned]
         for group_id, exc in bad.items():
             members = [t for t in entry.batch.trajectories if t.group_id == group_id]

@@ -44,7 +44,12 @@ SKIPPED_UPDATES = metrics.counter(
 )
 PUSH_FAILURES = metrics.counter("learner", "weight_push_failures_total", "Weight pushes a rollout server did not apply")
 DROPPED = metrics.preset(
-    metrics.counter("learner", "dropped_trajectories_total", "Trajectories not trained on", ["reason"]), ("stale",)
+    metrics.counter("learner", "dropped_trajectories_total", "Trajectories not trained on", ["reason"]),
+    ("stale",),
+    ("filtered",),
+)
+FILTERED_GROUPS = metrics.counter(
+    "learner", "filtered_groups_total", "Groups dynamic sampling dropped: every episode got the same reward"
 )
 DEAD_LETTER_REASONS = (
     "undecodable",
@@ -57,6 +62,7 @@ DEAD_LETTER_REASONS = (
     "logprob",
     "anchor",
     "version",
+    "baseline",
     "train_error",
     "non_finite_update",
 )
@@ -151,6 +157,7 @@ def export_summary(summary: dict[str, Any]) -> None:
     TRAINED_TRAJECTORIES.inc(summary.get("trajectories", 0))
     TRAINED_TOKENS.inc(summary.get("num_tokens", 0))
     SKIPPED_UPDATES.inc(summary.get("skipped_updates", 0))
+    FILTERED_GROUPS.inc(summary.get("groups_filtered", 0))
     PUSH_FAILURES.inc(sum(1 for push in summary.get("pushes", []) if not push.get("ok")))
 
 

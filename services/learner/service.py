@@ -44,12 +44,18 @@ class StepTimeout(RuntimeError):
     pass
 
 
+class DynamicSamplingExhausted(RuntimeError):
+    """A step dropped more uninformative groups than `algorithm.dynamic_sampling_max_gen_batches` allows."""
+
+
 @dataclass
 class CollectedStep:
     trajectories: list = field(default_factory=list)
     entry_ids: list[str] = field(default_factory=list)
     groups: set[str] = field(default_factory=set)
     dropped_stale: int = 0
+    filtered_groups: set[str] = field(default_factory=set)
+    """Groups dynamic sampling dropped (every member got the same reward); disjoint from `groups`."""
 
 
 class LearnerService:
@@ -69,6 +75,7 @@ class LearnerService:
         self._backlog: list[StreamEntry] = []
         self.history: list[dict[str, Any]] = []
         self.dropped_stale_total = 0
+        self.groups_filtered_total = 0
         self.groups_lost_to_redis = 0
         self._pushed = None
         """The weights of the last push, kept for servers that come back (rank 0)."""
@@ -90,6 +97,7 @@ class LearnerService:
             self.step, self.version = extra["step"], extra["policy_version"]
             consumed = set(extra.get("unacked_entry_ids", []))
             self.dropped_stale_total = extra.get("dropped_stale_total", 0)
+            self.groups_filtered_total = extra.get("groups_filtered_total", 0)
             self.groups_lost_to_redis = extra.get("groups_lost_to_redis", 0)
             log.info("resumed from %s at step %d (policy v%d)", ckpt, self.step, self.version)
         if self.stream is not None:
@@ -133,9 +141,10 @@ class LearnerService:
                 except (redis.ConnectionError, redis.TimeoutError) as exc:  # the client retried with back-off
                     log.warning("Redis unreachable while collecting step %d: %s", self.step + 1, exc)
                     entries = []
-            lost: dict[str, set[str]] = {}  # group -> entries of its stale trajectories
+            lost: dict[str, set[str]] = {}  # group -> entries of its stale or filtered trajectories
             for entry in entries:
                 out.entry_ids.append(entry.entry_id)
+                fresh: dict[str, list] = {}
                 for traj in self.guard.admit(entry, self.version):
                     if min((t.policy_version for t in traj.turns), default=self.version) < oldest_ok:
                         DROPPED.labels(reason="stale").inc()
@@ -143,19 +152,27 @@ class LearnerService:
                         out.dropped_stale += 1
                         lost.setdefault(traj.group_id, set()).add(entry.entry_id)
                         continue
-                    out.trajectories.append(traj)
-                    out.groups.add(traj.group_id)
+                    fresh.setdefault(traj.group_id, []).append(traj)
+                for group_id, members in fresh.items():
+                    if self._uninformative(group_id, members, out):
+                        self._filter(group_id, members, out)
+                        lost.setdefault(group_id, set()).add(entry.entry_id)
+                        continue
+                    out.trajectories += members
+                    out.groups.add(group_id)
             self.guard.purge(out)
             self._count_stale_groups(e for group_id, ids in lost.items() if group_id not in out.groups for e in ids)
+            self._check_sampling_budget(out)
             if entries:
                 continue
             self._reclaim_lost_deliveries(out)
             self._catch_up_servers()
             now = time.monotonic()
             if now > deadline:
+                filtered = f"{len(out.filtered_groups)} groups filtered; " if cfg.algorithm.dynamic_sampling else ""
                 raise StepTimeout(
                     f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
-                    f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped; "
+                    f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped; {filtered}"
                     f"{self._servers_line()}); raise learner.step_timeout_s to wait longer"
                 )
             if now > next_report:
@@ -169,6 +186,36 @@ class LearnerService:
                     deadline - now,
                 )
         return out
+
+    def _uninformative(self, group_id: str, members: list, out: CollectedStep) -> bool:
+        """Dynamic sampling: a new group whose members all got the same reward (every advantage 0), or a later
+        member of a group already filtered. A group is judged on the members of the entry that brings it: the
+        producers publish each group whole, in one entry."""
+        if not self.config.algorithm.dynamic_sampling:
+            return False
+        if group_id in out.filtered_groups:
+            return True
+        return group_id not in out.groups and len({t.reward for t in members}) == 1
+
+    def _filter(self, group_id: str, members: list, out: CollectedStep) -> None:
+        """Drops a filtered group like a stale one: its entry is acknowledged with the step, and the caller
+        counts it lost so that the producers play a fresh group in its place."""
+        DROPPED.labels(reason="filtered").inc(len(members))
+        out.filtered_groups.add(group_id)
+
+    def _check_sampling_budget(self, out: CollectedStep) -> None:
+        """Fails the step once it would need more than `dynamic_sampling_max_gen_batches` times
+        groups_per_step groups (verl's max_num_gen_batches), kept and filtered."""
+        batches, want = self.config.algorithm.dynamic_sampling_max_gen_batches, self.config.rollout.groups_per_step
+        if not batches or len(out.filtered_groups) <= (batches - 1) * want:
+            return
+        raise DynamicSamplingExhausted(
+            f"step {self.step + 1}: dynamic sampling dropped {len(out.filtered_groups)} groups whose episodes all "
+            f"got the same reward and has {len(out.groups)}/{want} groups to train on, past "
+            f"algorithm.dynamic_sampling_max_gen_batches={batches} ({batches} x {want} groups per step): the tasks "
+            "may be all solved or all failed by the policy; raise the limit (0: none) or set "
+            "algorithm.dynamic_sampling=false"
+        )
 
     def _servers_line(self) -> str:
         try:
@@ -241,9 +288,10 @@ class LearnerService:
         return CollectedStep()
 
     def _count_stale_groups(self, entry_ids: Iterable[str]) -> None:
-        """Groups lost to staleness, by the entries they came in: the producers shift later claims by each
-        one a claim of this run published (see services.rollout.producer and GroupLeases.count_lost), so it is
-        replaced instead of starving the last step; it counts once, even when a restart drops it again."""
+        """Groups lost to staleness or dropped by dynamic sampling, by the entries they came in: the producers
+        shift later claims by each one a claim of this run published (see services.rollout.producer and
+        GroupLeases.count_lost), so it is replaced instead of starving the last step; it counts once, even when
+        a restart drops it again."""
         if self.state is not None:
             self.state.leases.count_lost(entry_ids)
 
@@ -304,6 +352,7 @@ class LearnerService:
                 "policy_version": self.version,
                 "unacked_entry_ids": self._unacked,
                 "dropped_stale_total": self.dropped_stale_total,
+                "groups_filtered_total": self.groups_filtered_total,
                 "groups_lost_to_redis": self.groups_lost_to_redis,
             },
             background=background,
@@ -344,6 +393,7 @@ class LearnerService:
         self.step += 1
         self.version = self.trainer.policy_version = self.step
         self.dropped_stale_total += batch.dropped_stale
+        self.groups_filtered_total += len(batch.filtered_groups)
         push_s, checksum, pushes = self._push()
         self._unacked += batch.entry_ids
         self._successes.append(stats.get("success_rate", 0.0))
@@ -367,6 +417,8 @@ class LearnerService:
             "entry_ids": batch.entry_ids,
             "dropped_stale": batch.dropped_stale,
             "dropped_stale_total": self.dropped_stale_total,
+            "groups_filtered": len(batch.filtered_groups),
+            "groups_filtered_total": self.groups_filtered_total,
             "groups_lost_to_redis": self.groups_lost_to_redis,
         }
         for traj in batch.trajectories:

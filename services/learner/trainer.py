@@ -24,7 +24,7 @@ from services.common.trajectory import Trajectory
 from services.learner import checkpoint, collectives, full_weights
 from services.learner.advantages import build_estimator
 from services.learner.advantages.base import AdvantageInputs
-from services.learner.batch import TrainBatch, collate, turns_of
+from services.learner.batch import TrainBatch, baseline_scores, collate, split_baselines, turns_of
 from services.learner.critic import Critic
 from services.learner.kl import build_kl_controller, kl_estimate
 from services.learner.losses import aggregate, k3_kl, masked_mean
@@ -295,9 +295,13 @@ class PolicyTrainer:
 
     def _step(self, trajectories: Sequence[Trajectory], dry_run: bool) -> dict[str, float]:
         algo, reward = self.config.algorithm, self.config.reward
+        trajectories, greedy = split_baselines(trajectories)
         if self.config.learner.share_prefix:
             trajectories = group_ordered(trajectories)
         batch = collate(trajectories, self.pad_id, allocation=reward.allocation, gamma=reward.gamma)
+        baselines = None
+        if self.estimator.needs_baseline:
+            baselines = baseline_scores(trajectories, greedy, reward.allocation, reward.gamma)
         mask = batch.response_mask
         minis = self._mini_batches(batch)
         micro = [m for mini in minis for m in mini.micro]
@@ -316,7 +320,14 @@ class PolicyTrainer:
         turns = turns_of(trajectories) if self.estimator.needs_turns else None
         advantages, returns = self.estimator.advantages_and_returns(
             AdvantageInputs(
-                token_rewards, mask, batch.group_index, values=values, gamma=algo.gamma, lam=algo.lam, turns=turns
+                token_rewards,
+                mask,
+                batch.group_index,
+                values=values,
+                gamma=algo.gamma,
+                lam=algo.lam,
+                turns=turns,
+                baselines=baselines,
             )
         )
         for m in micro:

@@ -72,5 +72,6 @@ def reward_class(name: str) -> Callable[..., RewardFunction]:
 
 _builtin("goal", "services.reward.goal:GoalReward")
 _builtin("length_penalty", "services.reward.length_penalty:LengthPenalty")
+_builtin("overlong_penalty", "services.reward.overlong_penalty:OverlongPenalty")
 _builtin("format", "services.reward.format_reward:FormatReward")
 _builtin("env_return", "services.reward.env_return:EnvReturn")

@@ -68,20 +68,23 @@ class AgentLoop:
         env: EnvConfig,
         max_model_len: int,
         server_name: str = "",
+        greedy_baseline: bool = False,
     ):
+        """`greedy_baseline`: each group also plays one greedy episode, marked `baseline` (advantage `remax`)."""
         self.generator, self.envs, self.formatter, self.parser = generator, env_client, formatter, parser
         self.rollout, self.env = rollout, env
         self.limits = LoopLimits(env.max_turns, rollout.max_new_tokens, max_model_len)
         self.server_name = server_name
+        self.greedy_baseline = greedy_baseline
         self.stats: Counter[str] = Counter()
         """episode_retries and episodes_failed (infrastructure failures of single attempts), for the producer."""
         self.clock = StageClock()
 
-    def _sampling(self, budget: int, seed: int | None) -> SamplingSpec:
+    def _sampling(self, budget: int, seed: int | None, greedy: bool = False) -> SamplingSpec:
         r = self.rollout
         return SamplingSpec(
             max_tokens=budget,
-            temperature=r.temperature,
+            temperature=0.0 if greedy else r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
             stop_token_ids=self.formatter.stop_token_ids,
@@ -91,19 +94,21 @@ class AgentLoop:
     async def run_group(
         self, task_index: int, group_id: str | None = None, seed: int | None = None
     ) -> list[Trajectory]:
-        """`group_size` episodes of one task, concurrently. Their environments are created in one call
+        """`group_size` episodes of one task, concurrently, and last the greedy baseline episode with
+        `greedy_baseline`. Their environments are created in one call
         (`create_batch`), and each episode sends its first request as soon as that call returns. An
         episode lost to infrastructure (its create included) is played again on a fresh environment (up to
         env.max_episode_attempts tries); once one runs out of tries the group fails as a whole and its
         other episodes are cancelled, so a partial group never reaches advantage statistics."""
         group_id = group_id or uuid.uuid4().hex
-        size = self.rollout.group_size
+        sampled = self.rollout.group_size
+        size = sampled + int(self.greedy_baseline)
         prepared: list[Any] = await self._create_group(task_index, size)
 
         async def episode(i: int) -> Trajectory:
             state, prepared[i] = prepared[i], None  # this episode closes it from here on
             return await self.run_episode_with_retries(
-                task_index, group_id, None if seed is None else seed * 1000 + i, state
+                task_index, group_id, None if seed is None else seed * 1000 + i, state, baseline=i >= sampled
             )
 
         tasks = [asyncio.create_task(episode(i)) for i in range(size)]
@@ -131,13 +136,22 @@ class AgentLoop:
             return [exc] * count
 
     async def run_episode_with_retries(
-        self, task_index: int, group_id: str, seed: int | None = None, state: EpisodeState | ServiceError | None = None
+        self,
+        task_index: int,
+        group_id: str,
+        seed: int | None = None,
+        state: EpisodeState | ServiceError | None = None,
+        *,
+        baseline: bool = False,
     ) -> Trajectory:
-        """`state`: the first try's environment, already created (or the error its create ended in)."""
+        """`state`: the first try's environment, already created (or the error its create ended in); `baseline`:
+        the group's greedy baseline episode."""
         attempts = self.env.max_episode_attempts
         for attempt in range(1, attempts + 1):
             try:
-                return await self.run_episode(task_index, group_id, seed, state if attempt == 1 else None)
+                return await self.run_episode(
+                    task_index, group_id, seed, state if attempt == 1 else None, baseline=baseline
+                )
             except EpisodeFailed as exc:
                 self.stats["episodes_failed"] += 1
                 if not exc.retryable or attempt == attempts:
@@ -157,9 +171,16 @@ class AgentLoop:
         raise AssertionError("unreachable")
 
     async def run_episode(
-        self, task_index: int, group_id: str, seed: int | None = None, state: EpisodeState | ServiceError | None = None
+        self,
+        task_index: int,
+        group_id: str,
+        seed: int | None = None,
+        state: EpisodeState | ServiceError | None = None,
+        *,
+        baseline: bool = False,
     ) -> Trajectory:
-        """Plays one episode on `state`'s environment (None: a new one); it is closed when this returns."""
+        """Plays one episode on `state`'s environment (None: a new one); it is closed when this returns.
+        `baseline`: greedy (temperature 0) and marked `baseline` in its record."""
         ACTIVE_EPISODES.inc()
         episode_id = state.episode_id if isinstance(state, EpisodeState) else None
         try:
@@ -169,7 +190,7 @@ class AgentLoop:
                 with self.clock.time("env_create"):
                     state = await self.envs.create(self.env.name, task_index, self.env.options)
                 episode_id = state.episode_id
-            traj = await self._play(state, task_index, group_id, seed)
+            traj = await self._play(state, task_index, group_id, seed, baseline)
             EPISODES.labels(outcome="success" if traj.success else "failure").inc()
             return traj
         except ServiceError as exc:
@@ -182,7 +203,7 @@ class AgentLoop:
             if episode_id is not None:
                 await self._close_quietly(episode_id)
 
-    async def _play(self, state: Any, task_index: int, group_id: str, seed: int | None) -> Trajectory:
+    async def _play(self, state: Any, task_index: int, group_id: str, seed: int | None, baseline: bool) -> Trajectory:
         builder = TrajectoryBuilder(
             env=self.env.name,
             task_index=task_index,
@@ -190,6 +211,7 @@ class AgentLoop:
             prompt_ids=self.formatter.initial(state.observation),
             rollout_server=self.server_name,
         )
+        builder.record.baseline = baseline
         env_return, lim, anchor = 0.0, self.limits, state.anchor
         for turn in range(lim.max_turns):
             budget = min(lim.max_new_tokens, lim.max_model_len - builder.length)
@@ -200,7 +222,7 @@ class AgentLoop:
                 out = await self.generator.generate(
                     f"{builder.record.trajectory_id}-{turn}",
                     builder.record.token_ids,
-                    self._sampling(budget, None if seed is None else seed + turn),
+                    self._sampling(budget, None if seed is None else seed + turn, greedy=baseline),
                 )
             gen = out.generation
             with clock.time("detokenize"):

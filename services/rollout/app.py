@@ -104,6 +104,7 @@ async def run_server(
             config.env,
             config.model.max_model_len,
             server_name=advertise,
+            greedy_baseline=config.algorithm.advantage == "remax",
         )
         producer = Producer(
             config, loop, GrpcRewardClient(config.reward.address, timeout_s=config.reward.timeout_s), state, core

@@ -370,7 +370,7 @@ def test_schema_rejects_bad_values_naming_the_field(setting, field):
 @pytest.mark.parametrize(
     "settings, path, detail",
     [
-        (("config.algorithm.advantage=grpoo",), "/config/algorithm/advantage", "'grpo', 'reinforce_plus_plus'"),
+        (("config.algorithm.advantage=grpoo",), "/config/algorithm/advantage", "'grpo', 'opo', 'reinforce_plus_plus'"),
         (("config.env.name=corridorr",), "/config/env/name", "'corridor', 'crafting'"),
         (("config.env.options.lenght=5",), "/config/env/options", "'lenght' not allowed"),
         (("config.env.options.length=2",), "/config/env/options/length", "want 3"),  # corridor's range

@@ -153,7 +153,7 @@ def test_a_bad_spec_is_a_422_naming_the_field(api, spec, loc, kind):
 def test_a_misspelt_plugin_is_a_422_listing_the_choices(api):
     response = api.http.post("/v1/jobs", json={"algorithm": {"advantage": "grpoo"}})
     assert response.status_code == 422
-    assert "'grpoo' is not one of: gae, gigpo, grpo, reinforce_plus_plus" in response.json()["detail"][0]["msg"]
+    assert "'grpoo' is not one of: gae, gigpo, grpo, opo, reinforce_plus_plus" in response.json()["detail"][0]["msg"]
 
 
 @pytest.mark.parametrize(

@@ -138,3 +138,31 @@ def test_formatter_initial_prompts_are_cached_and_equal_to_a_fresh_render(tokeni
     assert list(formatter._initial) == ["You are in cell 3.", "You are in cell 5."]
     assert len(renders) == 3
     assert formatter.observation("cell 9") == fresh.observation("cell 9")
+
+
+def test_a_remax_group_adds_one_greedy_episode_marked_as_its_baseline(tokenizer):
+    policy = ScriptedPolicy(tokenizer, toward_exit)
+    temperatures: dict[str, set[float]] = {}
+    generate = policy.generate
+
+    async def recording(request_id, prompt_ids, sampling):
+        temperatures.setdefault(request_id.rsplit("-", 1)[0], set()).add(sampling.temperature)
+        return await generate(request_id, prompt_ids, sampling)
+
+    policy.generate = recording
+    loop = AgentLoop(
+        policy,
+        InProcessEnvClient(EnvService()),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        RolloutConfig(group_size=2, max_new_tokens=16, temperature=0.7),
+        EnvConfig(name="corridor", max_turns=6),
+        max_model_len=512,
+        greedy_baseline=True,
+    )
+    group = asyncio.run(loop.run_group(task_index=5, group_id="g", seed=1))
+    assert [t.baseline for t in group] == [False, False, True]
+    assert {t.group_id for t in group} == {"g"} and len({t.task_index for t in group}) == 1
+    assert [temperatures[t.trajectory_id] for t in group] == [{0.7}, {0.7}, {0.0}]
+    plain, _ = make_loop(tokenizer, toward_exit, group_size=2)
+    assert not any(t.baseline for t in asyncio.run(plain.run_group(task_index=5, group_id="g")))

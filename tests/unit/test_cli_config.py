@@ -49,7 +49,7 @@ def test_every_field_is_a_flag_with_its_docstring_as_help():
     parser, _ = flags_for(JobSpec)
     text = " ".join(parser.format_help().split())  # argparse wraps help at the terminal width
     assert "--algorithm.advantage str" in text and "Registered advantage estimator" in text
-    assert "One of: gae, gigpo, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo." in text
+    assert "One of: gae, gigpo, grpo, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo." in text
     assert "--resources.learner.gpus int" in text and "GPUs per pod" in text
     assert "--learner.steps int" in text and "Policy updates to run. (default: 40)" in text
     assert "default factory" not in text  # factory defaults are shown as their values
@@ -117,8 +117,8 @@ def test_a_value_the_schema_derives_is_marked_derived():
 BAD = [
     (
         ["--algorithm.advantage", "grpoo"],
-        "algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, rloo",
+        "algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, opo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, remax, rloo",
     ),
     (["--algoritm.advantage", "grpo"], "unknown flag --algoritm.advantage; did you mean --algorithm.advantage?"),
     (["--set", "algorithm.advantag=grpo"], "algorithm.advantag: unknown field; did you mean algorithm.advantage?"),
@@ -224,11 +224,11 @@ def test_config_explain_a_field(capsys):
         "algorithm.advantage",
         "  type     str",
         "  default  grpo",
-        "  choices  gae, gigpo, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo",
+        "  choices  gae, gigpo, grpo, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo",
     ]
     assert "OMRL_CONFIG__ALGORITHM__ADVANTAGE=VALUE" in out[4]
     assert (
-        "  Registered advantage estimator: grpo, rloo, gae (PPO with a critic), reinforce_plus_plus(_baseline), gigpo."
+        "  Registered advantage estimator: grpo, rloo, gae (critic), reinforce_plus_plus(_baseline), gigpo, opo, remax."
         in out
     )
 

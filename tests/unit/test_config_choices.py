@@ -34,7 +34,8 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "algorithm.advantage=grpoo",
             ("algorithm", "advantage"),
-            "'grpoo' is not one of: gae, gigpo, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo",
+            "'grpoo' is not one of: gae, gigpo, grpo, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, "
+            "remax, rloo",
         ),
         ("env.name=corridorr", ("env", "name"), "'corridorr' is not one of: agentgym, babyai, corridor,"),
         ("rollout.action_parser=xml", ("rollout", "action_parser"), "'xml' is not one of: xml_action"),
@@ -43,7 +44,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "reward.components={goall: {}}",
             ("reward", "components", "goall", "[key]"),
-            "'goall' is not one of: env_return, format, goal, length_penalty",
+            "'goall' is not one of: env_return, format, goal, length_penalty, overlong_penalty",
         ),
         (
             "env.options={lenght: 5}",
@@ -143,8 +144,8 @@ def test_error_lines_name_each_field_once_per_line():
     with pytest.raises(ValidationError) as info:
         load_config(None, ["algorithm.advantage=grpoo", "env.name=corridorr"])
     assert sorted(error_lines(info.value)) == [
-        "algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, rloo",
+        "algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, opo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, remax, rloo",
         "env.name: 'corridorr' is not one of: agentgym, babyai, corridor, crafting, guess_number, maze, "
         "reasoning, wordle",
     ]
@@ -183,8 +184,8 @@ def test_the_launcher_prints_one_line_naming_the_field(tmp_path):
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.splitlines() == [
-        "config error: algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, rloo"
+        "config error: algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, opo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, remax, rloo"
     ]
 
 

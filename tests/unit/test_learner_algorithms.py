@@ -61,7 +61,7 @@ def full_params(module):
 
 
 @pytest.mark.parametrize(
-    "name", ["grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gigpo"]
+    "name", ["grpo", "rloo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gigpo", "opo"]
 )
 def test_every_estimator_learns_the_good_token(model_dir, name):
     trainer = PolicyTrainer(make_config(advantage=name, critic_lr=1e-2), model_dir)
@@ -71,6 +71,18 @@ def test_every_estimator_learns_the_good_token(model_dir, name):
     assert logprob_of(trainer, GOOD) - good0 > 0.3 and logprob_of(trainer, BAD) - bad0 < -0.3, name
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
     assert ("vf_loss" in metrics) == (name == "gae")
+
+
+def test_remax_learns_against_the_greedy_baseline_and_never_trains_on_it(model_dir):
+    trainer = PolicyTrainer(make_config(advantage="remax"), model_dir)
+    good0, bad0 = logprob_of(trainer, GOOD), logprob_of(trainer, BAD)
+    for _ in range(6):
+        greedy = [episode(f"g{g}", BAD, 0.9) for g in range(3)]
+        for traj in greedy:
+            traj.baseline = True
+        metrics = trainer.train_step(good_bad_batch() + greedy)
+    assert logprob_of(trainer, GOOD) - good0 > 0.3 and logprob_of(trainer, BAD) - bad0 < -0.3
+    assert metrics["num_trajectories"] == 12.0 and metrics["reward_mean"] == 0.5 and metrics["success_rate"] == 0.5
 
 
 def test_critic_fits_the_returns(model_dir):

@@ -342,3 +342,27 @@ def test_a_claimed_group_poisoned_by_a_foreign_entry_is_lost_and_counted_once(re
     assert step.groups == set() and g.poisoned == {"g0", "g1"}
     assert state.lost_groups() == 2  # each claimed group once, however many foreign copies came
     assert g.admit(entry(claimed_late, traj("g1")), 0) == [] and state.lost_groups() == 2  # and a replay
+
+
+def baseline_traj(group, baseline):
+    t = traj(group)
+    t.baseline = baseline
+    return t
+
+
+@pytest.mark.parametrize("advantage", ["remax", "grpo"])
+def test_a_group_without_exactly_its_baseline_episodes_is_dead_lettered(advantage):
+    trainer = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=64)))
+    config = TrainConfig.model_validate({"model": {"max_model_len": 64}, "algorithm": {"advantage": advantage}})
+    stream = FakeStream()
+    g = PoisonGuard(config, trainer, FakeState(), stream)
+    with_one = [baseline_traj("one", False), baseline_traj("one", True)]
+    none = [baseline_traj("none", False), baseline_traj("none", False)]
+    two = [baseline_traj("two", True), baseline_traj("two", False), baseline_traj("two", True)]
+    kept = g.admit(entry("1-0", *with_one, *none, *two), 0)
+    good = "one" if advantage == "remax" else "none"
+    assert sorted({t.group_id for t in kept}) == [good]
+    letters = stream.letters
+    assert sorted(letter["groups"][0] for letter in letters) == sorted({"one", "none", "two"} - {good})
+    assert {letter["reason"] for letter in letters} == {"baseline"}
+    assert all("baseline episode" in letter["error"] for letter in letters)

@@ -100,7 +100,7 @@ def test_unknown_components_fail_at_construction():
     with pytest.raises(
         ValueError,
         match=r"unknown reward component\(s\) bogus, nope; "
-        r"known: env_return, format, goal, length_penalty",
+        r"known: env_return, format, goal, length_penalty, overlong_penalty",
     ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):
@@ -112,7 +112,7 @@ def test_unknown_components_fail_at_construction():
 
 
 def test_builtin_registry():
-    assert REWARDS.names() == ["env_return", "format", "goal", "length_penalty"]
+    assert REWARDS.names() == ["env_return", "format", "goal", "length_penalty", "overlong_penalty"]
     assert isinstance(REWARDS.create("goal"), GoalReward)
 
 

@@ -17,6 +17,8 @@ ADVANTAGES.register_lazy("gae", "services.learner.advantages.gae")
 ADVANTAGES.register_lazy("reinforce_plus_plus", "services.learner.advantages.reinforce_pp")
 ADVANTAGES.register_lazy("reinforce_plus_plus_baseline", "services.learner.advantages.reinforce_pp")
 ADVANTAGES.register_lazy("gigpo", "services.learner.advantages.gigpo")
+ADVANTAGES.register_lazy("opo", "services.learner.advantages.opo")
+ADVANTAGES.register_lazy("remax", "services.learner.advantages.remax")
 
 
 def build_estimator(config: AlgorithmConfig) -> AdvantageEstimator:

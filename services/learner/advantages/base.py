@@ -33,7 +33,8 @@ class AdvantageInputs:
 
     Tensors: token_rewards, response_mask, values [B, T] (position t = token t); group_index [B] ints.
     `values` are the critic's (None without one); `gamma`/`lam` are for the return-based estimators; `turns` is
-    given to estimators that set `needs_turns` (None otherwise)."""
+    given to estimators that set `needs_turns` (None otherwise); `baselines` [B], each row's group baseline score
+    (its greedy episode's), to estimators that set `needs_baseline` (None otherwise)."""
 
     token_rewards: torch.Tensor
     response_mask: torch.Tensor
@@ -43,18 +44,20 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     turns: Turns | None = None
+    baselines: torch.Tensor | None = None
 
 
 class AdvantageEstimator(abc.ABC):
     """Per-token rewards in (`AdvantageInputs`), per-token advantages out.
 
     Estimators that need a critic set `needs_values`, read `inputs.values` and also give the critic's targets
-    through `advantages_and_returns`.
+    through `advantages_and_returns`; estimators that set `needs_baseline` read `inputs.baselines`.
     """
 
     name: str = "base"
     needs_values: bool = False
     needs_turns: bool = False
+    needs_baseline: bool = False
 
     @classmethod
     def from_config(cls, config: AlgorithmConfig) -> AdvantageEstimator:

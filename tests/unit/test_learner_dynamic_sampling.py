@@ -1,0 +1,170 @@
+"""DAPO's dynamic sampling in the learner's collect: groups whose episodes all got the same reward are dropped,
+counted lost (so the producers play fresh ones in their place) only when a claim of this run published them,
+acknowledged with the step, counted in the step metrics, and capped by algorithm.dynamic_sampling_max_gen_batches."""
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.cli.live import step_stats
+from services.common.config import TrainConfig
+from services.common.run_state import RunState
+from services.common.stream import TrajectoryStream
+from services.launcher.report import step_line
+from services.learner.prometheus_metrics import export_summary
+from services.learner.service import DynamicSamplingExhausted, LearnerService
+from tests.integration.test_learner_service_stream import OkPusher, RecordingTrainer
+from tests.support.claims import publish_claimed
+from tests.support.trajectories import traj
+from tests.unit.test_learner_staleness import FakeStream, entry
+
+
+def group(group_id, *rewards, version=0):
+    members = [traj(group_id, [version]) for _ in rewards]
+    for member, reward in zip(members, rewards):
+        member.reward = reward
+    return members
+
+
+def config(dynamic_sampling=True, max_gen_batches=10, groups_per_step=2, **extra):
+    return TrainConfig.model_validate(
+        {
+            "rollout": {"groups_per_step": groups_per_step, "group_size": 2},
+            "algorithm": {
+                "dynamic_sampling": dynamic_sampling,
+                "dynamic_sampling_max_gen_batches": max_gen_batches,
+            },
+            **extra,
+        }
+    )
+
+
+def learner(cfg, entries):
+    return LearnerService(cfg, trainer=None, pusher=None, state=None, stream=FakeStream(entries))
+
+
+def test_uniform_groups_are_dropped_and_replaced_by_later_ones():
+    entries = [
+        entry("1-0", *group("a", 1.0, 1.0)),  # all solved: no signal
+        entry("2-0", *group("b", 0.0, 1.0)),
+        entry("3-0", *group("c", 0.0, 0.0)),  # all failed: no signal
+        entry("4-0", *group("d", 0.5, 0.25)),
+        entry("5-0", *group("e", 0.0, 1.0)),
+    ]
+    service = learner(config(), entries)
+    out = service._collect()
+    assert out.groups == {"b", "d"} and {t.group_id for t in out.trajectories} == {"b", "d"}
+    assert out.filtered_groups == {"a", "c"}
+    assert out.entry_ids == ["1-0", "2-0", "3-0", "4-0"]  # dropped entries are acknowledged with the step
+    assert service.stream.reads == [2, 1, 1]  # a dropped group is read again, one slot at a time
+
+
+def test_without_dynamic_sampling_uniform_groups_train():
+    entries = [entry("1-0", *group("a", 1.0, 1.0)), entry("2-0", *group("b", 0, 0))]
+    collected = learner(config(dynamic_sampling=False), entries)._collect()
+    assert collected.groups == {"a", "b"} and not collected.filtered_groups
+
+
+def test_a_later_member_of_a_filtered_group_is_dropped_too():
+    entries = [entry("1-0", *group("a", 1.0, 1.0)), entry("2-0", *group("a", 0.0)), entry("3-0", *group("b", 0, 1))]
+    entries.append(entry("4-0", *group("c", 0, 1)))
+    out = learner(config(), entries)._collect()
+    assert out.groups == {"b", "c"} and out.filtered_groups == {"a"}
+
+
+def test_the_cap_fails_the_step_with_a_clear_message():
+    # 2 batches of 2 groups: at most 2 filtered groups; the third needs a fifth group in all
+    entries = [entry(f"{i}-0", *group(f"u{i}", 1.0, 1.0)) for i in range(3)] + [entry("9-0", *group("b", 0, 1))]
+    service = learner(config(max_gen_batches=2), entries)
+    with pytest.raises(DynamicSamplingExhausted) as failure:
+        service._collect()
+    message = str(failure.value)
+    assert "step 1: dynamic sampling dropped 3 groups whose episodes all got the same reward" in message
+    assert "1/2 groups to train on" in message and "algorithm.dynamic_sampling_max_gen_batches=2" in message
+    assert "algorithm.dynamic_sampling=false" in message
+
+
+def test_the_cap_allows_exactly_its_budget_and_zero_means_no_limit():
+    def entries(uniform):
+        return [entry(f"{i}-0", *group(f"u{i}", 1.0, 1.0)) for i in range(uniform)] + [
+            entry("8-0", *group("b", 0, 1)),
+            entry("9-0", *group("c", 0, 1)),
+        ]
+
+    assert learner(config(max_gen_batches=2), entries(2))._collect().groups == {"b", "c"}
+    assert len(learner(config(max_gen_batches=0), entries(25))._collect().filtered_groups) == 25
+    with pytest.raises(DynamicSamplingExhausted):
+        learner(config(max_gen_batches=1), entries(1))._collect()
+
+
+def test_dynamic_sampling_needs_groups_of_two():
+    with pytest.raises(ValueError, match="dynamic_sampling needs rollout.group_size >= 2"):
+        TrainConfig.model_validate(
+            {
+                "rollout": {"group_size": 1},
+                "algorithm": {"dynamic_sampling": True, "advantage": "reinforce_plus_plus"},
+            }
+        )
+
+
+def test_filtered_groups_shift_claims_only_when_a_claim_published_them(run_state):
+    state = run_state
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    stream.ensure_group()
+    publish_claimed(state, group("a", 1.0, 1.0), "a")  # filtered: a replacement is owed
+    stream.publish(group("f", 0.0, 0.0), "f")  # filtered too, but no claim of this run published it
+    publish_claimed(state, group("b", 0.0, 1.0), "b")
+    publish_claimed(state, group("c", 1.0, 0.0), "c")
+
+    def collect():
+        service = LearnerService(state.config, trainer=None, pusher=None, state=state, stream=stream)
+        service._backlog = stream.read("learner-0", count=100, block_ms=0, pending=True)
+        return service, service._collect()
+
+    _, first = collect()
+    assert first.groups == {"b", "c"} and first.filtered_groups == {"a", "f"} and state.lost_groups() == 1
+    service, again = collect()  # a learner restarted before its checkpoint drops the same entries again
+    assert again.filtered_groups == {"a", "f"} and state.lost_groups() == 1
+    service._ack(again.entry_ids)
+    assert stream.pending_count() == 0
+
+
+@pytest.fixture
+def run_state(redis_url, run_name):
+    state = RunState.connect(config(run=run_name, stream={"redis_url": redis_url}))
+    yield state
+    state.reset()
+
+
+def test_a_run_trains_full_batches_and_counts_the_filtered_groups(redis_url, run_name, tmp_path):
+    cfg = config(
+        run=run_name,
+        stream={"redis_url": redis_url, "read_block_ms": 50},
+        learner={"steps": 2, "step_timeout_s": 5, "checkpoint_dir": str(tmp_path / "ckpt")},
+    )
+    state = RunState.connect(cfg)
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    try:
+        state.register_rollout("127.0.0.1:1", {"policy_version": 0})
+        stream.ensure_group()
+        for gid, rewards, version in [("a", (0, 1), 0), ("u1", (1, 1), 0), ("b", (1, 0), 0), ("u2", (0, 0), 1)]:
+            publish_claimed(state, group(gid, *map(float, rewards), version=version), gid)
+        for gid in ("u3", "c", "d"):
+            publish_claimed(state, group(gid, 0.0, float(gid != "u3"), version=1), gid)
+        trainer = RecordingTrainer()
+        history = LearnerService(cfg, trainer, OkPusher(), state, stream).run()
+        assert trainer.applied == [["a", "b"], ["c", "d"]]
+        assert [m["groups_filtered"] for m in history] == [1, 2]
+        assert [m["groups_filtered_total"] for m in history] == [1, 3]
+        assert state.lost_groups() == 3 and stream.pending_count() == 0
+    finally:
+        state.reset()
+
+
+def test_filtered_groups_reach_prometheus_and_the_step_lines():
+    before = REGISTRY.get_sample_value("omrl_learner_filtered_groups_total") or 0
+    summary = {"step": 3, "policy_version": 3, "step_seconds": 1.0, "groups_filtered": 4}
+    export_summary(summary)
+    assert REGISTRY.get_sample_value("omrl_learner_filtered_groups_total") == before + 4
+    assert step_line(summary, 10).endswith("| filtered 4") and "filtered 4" in step_stats(summary, None)
+    quiet = {**summary, "groups_filtered": 0}
+    assert "filtered" not in step_line(quiet, 10) and "filtered" not in step_stats(quiet, None)
