@@ -15,7 +15,7 @@ from services.common.protos import rollout_pb2, rollout_pb2_grpc
 from services.rollout.backends.base import SamplingSpec
 from services.weightsync.buckets import pack
 from services.weightsync.credential import auth_metadata
-from tests.support.rollout_server import start_rollout
+from tests.support.rollout_server import SharedRollout
 
 pytestmark = pytest.mark.faults
 
@@ -23,17 +23,26 @@ PROMPT = [5, 6, 7, 8]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def shared(tmp_path_factory):
+    holder = SharedRollout(tmp_path_factory.mktemp("hostile"))
+    yield holder
+    holder.close(grace_s=60)
+
+
+@pytest.fixture(scope="module")
+def state(shared):
     from transformers import AutoModelForCausalLM
 
-    rollout = start_rollout(tmp_path_factory.mktemp("hostile"))
-    model = AutoModelForCausalLM.from_pretrained(rollout.model, dtype=torch.float32)
-    rollout.state = model.state_dict()
-    yield rollout
-    if rollout.proc.poll() is None:
-        os.killpg(rollout.proc.pid, signal.SIGTERM)
-        rollout.proc.wait(timeout=60)
-    rollout.kill()
+    return AutoModelForCausalLM.from_pretrained(shared.model, dtype=torch.float32).state_dict()
+
+
+@pytest.fixture
+def server(shared, state):
+    """The module's server, started again if the dead-engine test ended it; each test reads the version it
+    starts from."""
+    rollout = shared.get()
+    rollout.state = state
+    return rollout
 
 
 def served(server):
@@ -191,7 +200,7 @@ def test_the_learner_pusher_carries_the_token_from_its_environment(server, monke
 
 
 def test_a_dead_engine_ends_the_server_with_a_non_zero_exit(server):
-    """Last in this module: it ends the server. The engine core is the server's child process."""
+    """It ends the server (the next test starts another). The engine core is the server's child process."""
     import psutil
 
     children = psutil.Process(server.proc.pid).children(recursive=True)

@@ -12,29 +12,35 @@ import torch
 from services.common.errors import InvalidArgument
 from services.rollout.backends.base import SamplingSpec
 from services.weightsync.buckets import PackedWeights, TensorWeights, pack
-from tests.support.rollout_server import perturbed, reference_logprobs, start_rollout
+from tests.support.rollout_server import SharedRollout, perturbed, reference_logprobs
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    rollout = start_rollout(tmp_path_factory.mktemp("rollout"))
-    yield {
+def shared(tmp_path_factory):
+    holder = SharedRollout(tmp_path_factory.mktemp("rollout"))
+    yield holder
+    holder.close()
+
+
+@pytest.fixture
+def server(shared):
+    """The module's server, started again if the SIGTERM test ended it."""
+    rollout = shared.get()
+    return {
         "address": rollout.address,
-        "model": rollout.model,
         "proc": rollout.proc,
         "log": rollout.log,
         "call": rollout.call,
         "run": rollout.run,
     }
-    rollout.kill()
 
 
 @pytest.fixture(scope="module")
-def hf(server):
+def hf(shared):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(server["model"], dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(server["model"])
+    model = AutoModelForCausalLM.from_pretrained(shared.model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(shared.model)
     text = tok.apply_chat_template(
         [{"role": "user", "content": "You are in cell 3."}], add_generation_prompt=True, tokenize=False
     )
@@ -44,9 +50,10 @@ def hf(server):
 
 def test_generate_returns_tokens_logprobs_and_version(server, hf):
     _, prompt = hf
+    served = server["call"](lambda c: c.status())["policy_version"]
     out = server["call"](lambda c: c.generate("a", prompt, SamplingSpec(max_tokens=8, seed=1)))
     assert len(out.generation.token_ids) == len(out.generation.logprobs) > 0
-    assert out.policy_version == 0 and out.generation.finish_reason in {"stop", "length"}
+    assert out.policy_version == served and out.generation.finish_reason in {"stop", "length"}
 
 
 def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):
@@ -65,30 +72,33 @@ def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):
 
 def test_every_reply_comes_wholly_from_one_policy_version(server, hf):
     """Requests in flight while an update lands: each reply's logprobs match the weights of the
-    version it is stamped with, never a mix."""
+    version it is stamped with, never a mix. No other test here lands a push: until this one, the server
+    serves the weights it loaded from disk."""
     model, prompt = hf
-    versions = {0: model.state_dict(), 1: dict(perturbed(model, 0.5, seed=3))}
+    v = server["call"](lambda c: c.status())["policy_version"]
+    versions = {v: model.state_dict(), v + 1: dict(perturbed(model, 0.5, seed=3))}
     sampling = SamplingSpec(max_tokens=16, seed=None)
 
     async def scenario(client):
         requests = [asyncio.create_task(client.generate(f"r{i}", prompt, sampling)) for i in range(24)]
         await asyncio.sleep(0.05)
         # the learner's form: buckets built from tensors, each checked by its set-sha256 digest
-        update = await client.update_weights(1, TensorWeights.of(list(versions[1].items())), bucket_bytes=1 << 18)
+        pushed = TensorWeights.of(list(versions[v + 1].items()))
+        update = await client.update_weights(v + 1, pushed, bucket_bytes=1 << 18)
         requests += [asyncio.create_task(client.generate(f"s{i}", prompt, sampling)) for i in range(8)]
         return update, await asyncio.gather(*requests)
 
     update, replies = server["call"](scenario)
-    assert update.policy_version == 1
-    assert {r.policy_version for r in replies[-8:]} == {1}
-    assert {r.policy_version for r in replies} == {0, 1}, "the update landed while requests were in flight"
+    assert update.policy_version == v + 1
+    assert {r.policy_version for r in replies[-8:]} == {v + 1}
+    assert {r.policy_version for r in replies} == {v, v + 1}, "the update landed while requests were in flight"
     for version, weights in versions.items():
         model.load_state_dict(weights)
         for reply in (r for r in replies if r.policy_version == version):
             ref = reference_logprobs(model, prompt, reply.generation.token_ids)
             assert torch.allclose(torch.tensor(reply.generation.logprobs), ref, atol=1e-3), f"v{version} reply"
     status = server["call"](lambda c: c.status())
-    assert status["policy_version"] == 1 and status["weights_checksum"] == update.checksum
+    assert status["policy_version"] == v + 1 and status["weights_checksum"] == update.checksum
 
 
 def test_sigterm_shuts_down_gracefully_and_leaves_the_rollout_registry(server):

@@ -45,11 +45,14 @@ def hf(server):
     return model, tok(text, add_special_tokens=False)["input_ids"]
 
 
+def _learner(server, cls=NcclWeightPusher):
+    """A learner's pusher to `server`, its rendezvous store on a port of its own."""
+    return cls(timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), nccl_timeout_s=20)
+
+
 @pytest.fixture(scope="module")
 def pusher(server):
-    p = NcclWeightPusher(
-        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), nccl_timeout_s=20
-    )
+    p = _learner(server)
     yield p
     p.close()
 
@@ -64,48 +67,69 @@ def _still_serves(server, prompt):
     assert len(out.generation.token_ids) > 0
 
 
-def test_the_first_push_of_v0_installs_the_learners_set_and_the_same_set_again_is_a_success(server, hf, pusher):
-    """First in this module: the server holds the weights it loaded from disk (v0, no checksum). A learner's
-    first push of v0 installs its own set (the disk weights may not be the learner's); pushing that set
-    again succeeds and changes nothing."""
+@pytest.fixture(scope="module", autouse=True)
+def first_push(server, hf, pusher):
+    """The learner's first push of v0, then the same set again, before any test of this server runs (each
+    test reads the version it starts from): the statuses before, between and after, and both results."""
     model, _ = hf
-    assert _status(server) == (0, "")
     weights = TensorWeights.of(list(model.state_dict().items()))
+    fresh = _status(server)
     (first,) = pusher.push(0, weights, [server.address], run=server.run)
+    installed = _status(server)
+    (again,) = pusher.push(0, weights, [server.address], run=server.run)
+    return fresh, first, installed, again, _status(server)
+
+
+def test_the_first_push_of_v0_installs_the_learners_set_and_the_same_set_again_is_a_success(first_push):
+    """A fresh server holds the weights it loaded from disk (v0, no checksum). A learner's first push of v0
+    installs its own set (the disk weights may not be the learner's); pushing that set again succeeds and
+    changes nothing."""
+    fresh, first, installed, again, after = first_push
+    assert fresh == (0, "")
     assert first.ok and first.policy_version == 0, first.error
     assert first.checksum and first.checksum == first.sent_checksum
-    assert _status(server) == (0, first.checksum)
-    (again,) = pusher.push(0, weights, [server.address], run=server.run)
+    assert installed == (0, first.checksum)
     assert again.ok and again.policy_version == 0 and again.checksum == first.checksum, again.error
-    assert _status(server) == (0, first.checksum)
+    assert after == (0, first.checksum)
 
 
-def test_every_reply_comes_wholly_from_one_policy_version(server, hf, pusher):
+def test_every_reply_comes_wholly_from_one_policy_version(server, hf, pusher, first_push):
     """Requests in flight while an nccl push lands: each reply's logprobs match the weights of the version
-    it is stamped with, never a mix; the served checksum is the one the learner sent."""
+    it is stamped with, never a mix; the served checksum is the one the learner sent. Starts from the first
+    push's set, pushed again where a test before this one installed another."""
     model, prompt = hf
-    versions = {0: model.state_dict(), 1: dict(perturbed(model, 0.5, seed=3))}
+    disk = {name: t.clone() for name, t in model.state_dict().items()}
+    v, checksum = _status(server)
+    first = first_push[1]
+    if checksum != first.checksum:
+        (again,) = pusher.push(v + 1, TensorWeights.of(list(disk.items())), [server.address], run=server.run)
+        assert again.ok and again.checksum == first.checksum, again.error
+        v += 1
+    versions = {v: disk, v + 1: dict(perturbed(model, 0.5, seed=3))}
     sampling = SamplingSpec(max_tokens=16, seed=None)
-    weights = TensorWeights.of(list(versions[1].items()))
+    weights = TensorWeights.of(list(versions[v + 1].items()))
 
     async def scenario(client):
         requests = [asyncio.create_task(client.generate(f"r{i}", prompt, sampling)) for i in range(24)]
         await asyncio.sleep(0.05)
-        results = await asyncio.to_thread(pusher.push, 1, weights, [server.address], run=server.run)
+        results = await asyncio.to_thread(pusher.push, v + 1, weights, [server.address], run=server.run)
         requests += [asyncio.create_task(client.generate(f"s{i}", prompt, sampling)) for i in range(8)]
         return results, await asyncio.gather(*requests)
 
     (result,), replies = server.call(scenario)
     assert result.ok, result.error
-    assert result.policy_version == 1 and result.checksum == result.sent_checksum
-    assert {r.policy_version for r in replies[-8:]} == {1}
-    assert {r.policy_version for r in replies} == {0, 1}, "the update landed while requests were in flight"
-    for version, state in versions.items():
-        model.load_state_dict(state)
-        for reply in (r for r in replies if r.policy_version == version):
-            ref = reference_logprobs(model, prompt, reply.generation.token_ids)
-            assert torch.allclose(torch.tensor(reply.generation.logprobs), ref, atol=1e-3), f"v{version} reply"
-    assert _status(server) == (1, result.checksum)
+    assert result.policy_version == v + 1 and result.checksum == result.sent_checksum
+    assert {r.policy_version for r in replies[-8:]} == {v + 1}
+    assert {r.policy_version for r in replies} == {v, v + 1}, "the update landed while requests were in flight"
+    try:
+        for version, state in versions.items():
+            model.load_state_dict(state)
+            for reply in (r for r in replies if r.policy_version == version):
+                ref = reference_logprobs(model, prompt, reply.generation.token_ids)
+                assert torch.allclose(torch.tensor(reply.generation.logprobs), ref, atol=1e-3), f"v{version} reply"
+    finally:
+        model.load_state_dict(disk)  # `hf` is the other tests' disk model too
+    assert _status(server) == (v + 1, result.checksum)
 
 
 def _wrong(model, change):
@@ -147,9 +171,7 @@ class _Tampering(NcclWeightPusher):
 def test_a_bad_bucket_is_refused_with_nothing_applied_and_the_next_push_lands(server, hf, how):
     model, prompt = hf
     before = _status(server)
-    tampering = _Tampering(
-        timeout_s=60, token=server.token, bucket_mb=1, host="127.0.0.1", port=free_port(), nccl_timeout_s=20
-    )
+    tampering = _learner(server, _Tampering)
     tampering.how = how
     try:
         weights = TensorWeights.of(list(perturbed(model, 0.1, seed=5)))
@@ -208,3 +230,23 @@ def test_a_push_whose_learner_dies_midway_leaves_the_previous_version_served(ser
     (result,) = pusher.push(before[0] + 1, weights, [server.address], run=server.run)
     assert result.ok, result.error
     assert _status(server) == (before[0] + 1, result.sent_checksum)
+
+
+def test_a_learner_whose_group_the_server_left_pushes_in_a_new_group(server, hf, pusher):
+    """A server is in one learner's group at a time: another learner's push takes it into that one's. The
+    first learner's next push finds the group it kept left (refused at once: a rank never joins a group
+    twice) and lands in a new group, where it used to wait out the group's timeout and fail."""
+    model, _ = hf
+    v = _status(server)[0]
+    sets = [TensorWeights.of(list(perturbed(model, 0.1, seed=21 + i))) for i in range(3)]
+    (mine,) = pusher.push(v + 1, sets[0], [server.address], run=server.run)
+    assert mine.ok, mine.error
+    other = _learner(server)
+    try:
+        (theirs,) = other.push(v + 2, sets[1], [server.address], run=server.run)
+        assert theirs.ok, theirs.error
+    finally:
+        other.close()
+    (again,) = pusher.push(v + 3, sets[2], [server.address], run=server.run)
+    assert again.ok, again.error
+    assert _status(server) == (v + 3, again.sent_checksum)

@@ -387,17 +387,22 @@ def test_a_spooled_push_through_vllms_weight_transfer_api_matches_new_model(engi
 
 def test_eos_ends_generation_and_is_returned(engine):
     """Loads weights that make the eos likely (a constant residual direction that only the eos row
-    of the head reads), then checks that sampling the eos stops with it included."""
-    model = perturbed(engine.reference, seed=0, scale=0.0)
+    of the head reads), then checks that sampling the eos stops with it included. Puts back the weights
+    it found: on these, later tests' generations would end at the eos almost at once."""
+    found = engine.reference
+    model = perturbed(found, seed=0, scale=0.0)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] += 3.0  # every token: a large constant in dim 0
         head = model.lm_head.weight  # the embedding itself when tied: +3 on every row is a
         head[engine.eos_id, 0] += 0.5  # constant logit shift, so only the eos row's extra counts
     engine.load(model)
-    prompts = [engine.prompt(t) for t in ("Go left.", "Which way?", "Stop here.", "Room 7.")]
-    gens = engine.generate_many(prompts, SamplingSpec(max_tokens=64, seed=21))
-    for prompt, gen in zip(prompts, gens):
-        assert gen.finish_reason == "stop", gen
-        assert gen.token_ids[-1] == engine.eos_id and engine.eos_id not in gen.token_ids[:-1]
-        assert len(gen.logprobs) == len(gen.token_ids)
-        assert max_gap(gen.logprobs, reference_logprobs(model, prompt, gen.token_ids)) < ATOL
+    try:
+        prompts = [engine.prompt(t) for t in ("Go left.", "Which way?", "Stop here.", "Room 7.")]
+        gens = engine.generate_many(prompts, SamplingSpec(max_tokens=64, seed=21))
+        for prompt, gen in zip(prompts, gens):
+            assert gen.finish_reason == "stop", gen
+            assert gen.token_ids[-1] == engine.eos_id and engine.eos_id not in gen.token_ids[:-1]
+            assert len(gen.logprobs) == len(gen.token_ids)
+            assert max_gap(gen.logprobs, reference_logprobs(model, prompt, gen.token_ids)) < ATOL
+    finally:
+        engine.load(found)

@@ -4,6 +4,7 @@ a free port with its own run name and push token, ready once gRPC health says SE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,9 +60,10 @@ class RolloutProcess:
             client.delete(*keys)
 
 
-def start_rollout(tmp: Path, sets: Sequence[str] = ()) -> RolloutProcess:
-    """A rollout server process on the tiny model; `sets`: more `--set key=value` settings."""
-    model = build_tiny_model(tmp / "model", CORPUS)
+def start_rollout(tmp: Path, sets: Sequence[str] = (), model: Path | None = None) -> RolloutProcess:
+    """A rollout server process on `model` (the tiny model, built under `tmp` when None); `sets`: more
+    `--set key=value` settings."""
+    model = model or build_tiny_model(tmp / "model", CORPUS)
     port, run, token = free_port(), f"test-rollout-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     log = tmp / "rollout.log"
     args = [sys.executable, "-m", "services.rollout", "--no-produce", "--port", str(port)]
@@ -78,6 +80,39 @@ def start_rollout(tmp: Path, sets: Sequence[str] = ()) -> RolloutProcess:
         server.kill()
         raise AssertionError(str(exc)) from None
     return server
+
+
+class SharedRollout:
+    """A module's rollout server for tests in any order: `get()` hands out the running one, or starts one
+    when there is none yet or a test ended it (SIGTERM, a killed engine), so only a run where such a test
+    came before others pays a second start. Every server it starts serves the same model (`model`) with
+    the same settings, each with its own run, token and log."""
+
+    def __init__(self, tmp: Path, sets: Sequence[str] = ()):
+        self.tmp, self.sets = tmp, tuple(sets)
+        self.model = build_tiny_model(tmp / "model", CORPUS)
+        self.starts = 0
+        self._server: RolloutProcess | None = None
+
+    def get(self) -> RolloutProcess:
+        if self._server is not None and self._server.proc.poll() is not None:
+            self._server.kill()  # only its run's Redis keys are left to clear
+            self._server = None
+        if self._server is None:
+            self.starts += 1
+            self._server = start_rollout(self.tmp / f"start-{self.starts}", self.sets, model=self.model)
+        return self._server
+
+    def close(self, grace_s: float = 0.0) -> None:
+        """Stops the server (SIGTERM first, when `grace_s`) and clears its run's keys."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if grace_s and server.proc.poll() is None:
+            os.killpg(server.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.proc.wait(timeout=grace_s)
+        server.kill()
 
 
 def reference_logprobs(model, prompt, output):

@@ -529,6 +529,31 @@ def test_a_pipelined_push_over_real_gloo_delivers_every_bucket_in_order(tmp_path
     assert list(got) == [n for n, _ in named] and all(torch.equal(got[n], t) for n, t in named)
 
 
+def test_a_rank_is_refused_at_once_when_asked_to_join_a_group_it_left():
+    """Rank 0 forms a group once: a server that left it (for another learner's group, or by a restart) and
+    joined it again would wait on it until the timeout."""
+    import threading
+    import time
+
+    from services.common.grpc_server import free_port
+    from services.weightsync.nccl.group import Group, GroupLeft, open_store
+
+    port = free_port()
+    rdv = Rendezvous("127.0.0.1", port, "once", "gloo", 30.0)
+    store = open_store("127.0.0.1", port, master=True, timeout_s=30.0)
+    joined = []
+    thread = threading.Thread(target=lambda: joined.append(Group.join(rdv, 1, 2)))
+    thread.start()
+    host = Group.host(rdv, store)
+    thread.join(timeout=30)
+    joined[0].close()
+    start = time.monotonic()
+    with pytest.raises(GroupLeft, match="rank 1 joined and left it before"):
+        Group.join(rdv, 1, 2)
+    assert time.monotonic() - start < 5
+    host.close()
+
+
 def test_packing_mixed_dtypes_and_strided_tensors_lays_every_tensor_s_bytes_in_order():
     g = torch.Generator().manual_seed(6)
     named = [

@@ -48,6 +48,10 @@ def open_store(host: str, port: int, *, master: bool, timeout_s: float) -> torch
     )
 
 
+class GroupLeft(ConnectionError):
+    """A receiver was asked to join a group it had left: the learner still holds it, its receivers do not."""
+
+
 class Group:
     """One process group of a rendezvous: `broadcast` from rank 0. Rank 0 learns the world size from the
     receivers' rank 1 (`announce`), so the learner needs no knowledge of a server's parallelism."""
@@ -70,12 +74,19 @@ class Group:
 
     @classmethod
     def join(cls, rdv: Rendezvous, rank: int, world_size: int) -> Group:
-        """A receiver's side: announces the world size (rank 1), then joins; blocks until rank 0 joins."""
+        """A receiver's side: announces the world size (rank 1), then joins; blocks until rank 0 joins.
+        Each rank joins a group once: rank 0 forms it once, so a rank that joined it before (its server left
+        it since, for another learner's group or by a restart) would get no working group (the push waited
+        out the timeout or broke at its first broadcast); it is refused at once (`GroupLeft`) and the learner
+        forms a new group."""
         import torch.distributed as dist
 
         store = open_store(rdv.host, rdv.port, master=False, timeout_s=rdv.timeout_s)
+        prefixed = dist.PrefixStore(f"omrl/{rdv.group}/", store)
+        if prefixed.add(f"joined/{rank}", 1) > 1:
+            raise GroupLeft(f"group {rdv.group}: rank {rank} joined and left it before; a new group is needed")
         if rank == 1:
-            dist.PrefixStore(f"omrl/{rdv.group}/", store).set("world_size", str(world_size))
+            prefixed.set("world_size", str(world_size))
         return cls(rdv, store, rank, world_size)
 
     @classmethod

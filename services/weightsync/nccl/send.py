@@ -8,7 +8,8 @@ while the next one is packed into the other of two buffers; memory beyond the le
 buckets. A one-process learner's set is laid out once and re-packed from that layout on every push
 (`BucketPacker`). The pass runs to its end even when every server failed (an FSDP source gathers
 collectively). A group that failed in any way is closed and replaced by a new one (a new name) at the
-next push to that server."""
+next push to that server; one the server left without a failure on this side (it joined another learner's
+group, or restarted) is replaced within the push that finds it left."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from services.common.errors import Unavailable
 from services.common.protos import rollout_pb2
 from services.weightsync.base import PUSHERS, PushResult, WeightPusher
 from services.weightsync.buckets import MiB, WeightSet
@@ -42,6 +44,7 @@ class _Session:
     rdv: Rendezvous
     group: Group | None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    channel: grpc.aio.Channel | None = None
     call: asyncio.Future | None = None
     error: str = ""
     streamed: bool = False  # the server opened a receive session (else it answered at the header)
@@ -104,15 +107,17 @@ class NcclWeightPusher(WeightPusher):
         return Rendezvous(self.host, self.port, name, self.backend, self.nccl_timeout_s), None
 
     async def _push_all(self, version, weights, addresses, rollback, run) -> list[PushResult]:
-        sessions = [_Session(a, *self._rendezvous(a)) for a in addresses]
-        channels = []
-        for s in sessions:
-            channel, call = self._start_call(s, version, weights.specs, rollback, run)
-            channels.append(channel)
+        opened: list[_Session] = []  # every session this push started, a replaced one too: each is closed below
+
+        def start(address: str) -> _Session:
+            s = _Session(address, *self._rendezvous(address))
+            s.channel, call = self._start_call(s, version, weights.specs, rollback, run)
             s.call = asyncio.ensure_future(call)
+            opened.append(s)
+            return s
+
         try:
-            await asyncio.gather(*(self._join(s) for s in sessions if s.group is None))
-            await asyncio.gather(*(self._wait_session(s) for s in sessions if s.alive))
+            sessions = await asyncio.gather(*(self._open(a, start) for a in addresses))
             digests = await self._stream(sessions, self._buckets(weights))
             checksum = set_checksum(weights.specs, digests)
             for s in sessions:
@@ -120,10 +125,34 @@ class NcclWeightPusher(WeightPusher):
                 s.queue.put_nowait(_END)
             return [await self._result(s, checksum) for s in sessions]
         finally:
-            for s in sessions:
+            for s in opened:
                 s.fail("push abandoned")
-            for channel in channels:
-                await channel.close()
+                await s.channel.close()
+
+    async def _open(self, address: str, start) -> _Session:
+        """`address`'s call (`start`), its group and the server's receive session. A group kept from an
+        earlier push that the server has left since (for another learner's group, or by a restart) is
+        refused at the header with UNAVAILABLE (`Group.join` never joins a group twice): it is dropped and
+        the push goes on in a new group, once."""
+        s = start(address)
+        kept = s.group is not None
+        await self._connect(s)
+        if kept and _refused_unavailable(s):
+            self._drop(address)
+            s = start(address)
+            await self._connect(s)
+        return s
+
+    async def _connect(self, s: _Session) -> None:
+        if s.group is None:
+            await self._join(s)
+        if s.alive:
+            await self._wait_session(s)
+
+    def _drop(self, address: str) -> None:
+        group = self._groups.pop(address, None)
+        if group is not None:
+            group.close()
 
     def _start_call(self, s: _Session, version, specs, rollback, run):
         channel = grpc.aio.insecure_channel(s.address)
@@ -223,10 +252,14 @@ class NcclWeightPusher(WeightPusher):
             reason = s.error
             if s.call is not None and s.call.done() and not s.call.cancelled() and s.call.exception():
                 reason = f"{s.call.exception()}" + (f" ({s.error})" if s.error else "")
-            group = self._groups.pop(s.address, None)
-            if group is not None:
-                group.close()
+            self._drop(s.address)
             return PushResult(s.address, False, seconds=time.perf_counter() - s.start, error=reason or str(exc))
+
+
+def _refused_unavailable(s: _Session) -> bool:
+    """The server ended the call UNAVAILABLE before its session opened (it could not join the group)."""
+    answered = not s.streamed and s.call.done() and not s.call.cancelled()
+    return answered and isinstance(s.call.exception(), Unavailable)
 
 
 def _answered_ok(s: _Session) -> bool:
