@@ -258,7 +258,7 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
         kv = (ENGINE + "kv_cache_usage", "vllm:kv_cache_usage_perc")
 
         async def sample_under_load() -> tuple[dict[str, float], list[tuple[float, float]]]:
-            spec = SamplingSpec(max_tokens=24, seed=3)
+            spec = SamplingSpec(max_tokens=96, seed=3)
             batch = asyncio.gather(*(engine.backend.generate(engine.request_id(), p, spec) for p in prompts))
             peak, kv_pairs = dict.fromkeys(watched, 0.0), []
             while not batch.done():
