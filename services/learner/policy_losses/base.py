@@ -59,6 +59,19 @@ class PolicyLoss(abc.ABC):
         """(scalar loss, the `POLICY_STATS` as detached scalars)."""
 
 
+class ClippedRatioLoss(PolicyLoss):
+    """A loss that clips its ratio to [1 - clip_ratio_low, 1 + clip_ratio_high] and aggregates by `loss_agg_mode`."""
+
+    def __init__(self, *, clip_low: float = 0.2, clip_high: float = 0.2, agg_mode: str = "token-mean"):
+        self.clip_low = clip_low
+        self.clip_high = clip_high
+        self.agg_mode = agg_mode
+
+    @classmethod
+    def from_config(cls, config: AlgorithmConfig) -> ClippedRatioLoss:
+        return cls(clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high, agg_mode=config.loss_agg_mode)
+
+
 def kl_and_ratio_stats(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:

@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from services.common.config import AlgorithmConfig
 from services.learner.losses import aggregate, masked_mean
 from services.learner.policy_losses import POLICY_LOSSES
-from services.learner.policy_losses.base import PolicyLoss, PolicyLossInputs, kl_and_ratio_stats
+from services.learner.policy_losses.base import ClippedRatioLoss, PolicyLossInputs, kl_and_ratio_stats
 
 
 @POLICY_LOSSES.register("cispo")
-class CISPO(PolicyLoss):
+class CISPO(ClippedRatioLoss):
     name = "cispo"
-
-    def __init__(self, *, clip_low: float = 0.2, clip_high: float = 0.2, agg_mode: str = "token-mean"):
-        self.clip_low = clip_low
-        self.clip_high = clip_high
-        self.agg_mode = agg_mode
-
-    @classmethod
-    def from_config(cls, config: AlgorithmConfig) -> CISPO:
-        return cls(clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high, agg_mode=config.loss_agg_mode)
 
     def __call__(self, inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         lp, advantages, mask = inputs.logprobs, inputs.advantages, inputs.response_mask
