@@ -10,13 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.config import AlgorithmConfig, TrainConfig
+from services.common.config import AlgorithmConfig
 from services.learner.losses import truncated_is_weights
 from services.learner.policy_losses import POLICY_LOSSES
 from services.learner.policy_losses.base import PolicyLoss
 from services.learner.policy_losses.ppo_clip import PPOClip
 from services.learner.rollout_correction import SUMS, RolloutCorrection, turn_ids
 from services.learner.trainer import PolicyTrainer
+from tests.support.learner import make_config as learner_config
 from tests.support.smoke import synthetic_trajectories
 
 
@@ -174,14 +175,7 @@ def test_the_config_names_the_settings_and_checks_the_band():
 
 
 def make_config(**algorithm):
-    return TrainConfig.model_validate(
-        {
-            "seed": 1,
-            "rollout": {"group_size": 4},
-            "learner": {"device": "cpu", "steps": 10},
-            "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm},
-        }
-    )
+    return learner_config({"steps": 10}, **{"entropy_coeff": 0.0, **algorithm})
 
 
 class RecordingLoss(PPOClip):
