@@ -228,7 +228,12 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
     """The metrics endpoint the rollout serves (prometheus_client's default registry, as
     services.common.grpc_server.serve starts it) carries the engine's statistics, fed from vLLM's:
     prefix-cache queries and hits, and, sampled while more requests than max_num_seqs run, the running
-    and waiting requests and the KV cache in use. vLLM's own `vllm:*` series are there too."""
+    and waiting requests and the KV cache in use. vLLM's own `vllm:*` series are there too.
+
+    The running/waiting peak is made to happen whatever the machine's load and whatever weights earlier
+    tests left: the requests are queued while the engine is paused (its first step takes max_num_seqs of
+    them at once, the rest wait) and ignore the eos, so none ends, and none of the waiting starts, for
+    96 engine steps."""
     with metrics_endpoint() as port:
         before = scrape(port)
         assert set(VLLM_OWN) <= set(before), sorted(set(VLLM_OWN) - set(before))
@@ -258,8 +263,7 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
         kv = (ENGINE + "kv_cache_usage", "vllm:kv_cache_usage_perc")
 
         async def sample_under_load() -> tuple[dict[str, float], list[tuple[float, float]]]:
-            spec = SamplingSpec(max_tokens=96, seed=3)
-            batch = asyncio.gather(*(engine.backend.generate(engine.request_id(), p, spec) for p in prompts))
+            batch = await _queued_while_paused(engine, prompts, _UNSTOPPABLE)
             peak, kv_pairs = dict.fromkeys(watched, 0.0), []
             while not batch.done():
                 sample = await asyncio.to_thread(scrape, port)
@@ -284,6 +288,37 @@ def test_vllm_statistics_reach_the_metrics_endpoint(engine):
         idle = scrape(port)
         assert idle[ENGINE + "requests{running}"] == idle[ENGINE + "requests{waiting}"] == 0
         assert ENGINE + "preemptions_total" in idle  # none here: the KV cache is far larger than the batch
+
+
+_UNSTOPPABLE = dict(max_tokens=96, seed=3, ignore_eos=True)
+"""vLLM sampling for the load the running/waiting peak is sampled under: each request runs its 96 steps."""
+
+
+async def _queued_while_paused(engine, prompts: list[list[int]], sampling: dict) -> asyncio.Future:
+    """`prompts` sent to vLLM while its scheduler is paused (`keep`: requests are queued, no step runs), then
+    resumed once the front end holds them all: its first step admits max_num_seqs at once and queues the rest,
+    instead of stepping on the first while the event loop adds the others (on a loaded machine, for longer than
+    a short request lasts). vLLM's own generate, for `ignore_eos`, which the backend does not offer."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    llm = engine.backend.engine
+    params = SamplingParams(**sampling, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def one(prompt: list[int]) -> None:
+        (engine_input,) = llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt)])
+        async for out in llm.generate(engine_input, params, engine.request_id()):
+            assert out.outputs[0].finish_reason in (None, "length"), out
+
+    await llm.pause_generation(mode="keep", clear_cache=False)
+    try:
+        batch = asyncio.gather(*(one(p) for p in prompts))
+        while llm.output_processor.get_num_unfinished_requests() < len(prompts) and not batch.done():
+            await asyncio.sleep(0.01)
+    finally:
+        await llm.resume_generation()
+    return batch
 
 
 async def _kv_gauges_paused(engine, port: int, kv: tuple[str, str]) -> tuple[float, float] | None:
