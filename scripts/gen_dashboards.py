@@ -307,8 +307,8 @@ b.panel(
 b.panel(
     "timeseries",
     "KL per token",
-    "Against the policy before the update (old_policy), the rollout engine's sampling (rollout), and the "
-    "reference model where configured.",
+    "Against the policy before the update (old_policy: k3; old_policy_k1: verl's ppo_kl), the rollout engine's "
+    "sampling (rollout), and the reference model where configured.",
     [(f"omrl_learner_kl{R}", "{{against}} {{run}}")],
 )
 b.panel(
@@ -348,18 +348,59 @@ b.panel(
     ],
     w=24,
 )
+b.row("Data kept out of the update")
+b.panel(
+    "timeseries",
+    "Groups filtered by dynamic sampling",
+    "Groups per second the learner dropped because every episode got the same reward (algorithm.dynamic_sampling, "
+    "DAPO); the producers play fresh groups in their place, so a high rate is rollout work spent on no signal. "
+    "0 with dynamic sampling off.",
+    [(f"sum by (run) (rate(omrl_learner_filtered_groups_total{R}[$__rate_interval]))", "{{run}}")],
+    unit="ops",
+)
+b.panel(
+    "timeseries",
+    "Rollout correction rejections",
+    "Of the last step: share of tokens the rollout correction took out of the loss (rollout_is_mode mask, or the "
+    "veto), share of sequences holding such a token, and share of sequences vetoed whole "
+    "(rollout_is_veto_threshold). 0 with the correction off.",
+    [
+        (f"omrl_learner_rollout_rejected_token_fraction{R}", "tokens {{run}}"),
+        (f"omrl_learner_rollout_rejected_sequence_fraction{R}", "sequences with a rejected token {{run}}"),
+        (f"omrl_learner_rollout_vetoed_sequence_fraction{R}", "sequences vetoed {{run}}"),
+    ],
+    unit="percentunit",
+)
+b.panel(
+    "timeseries",
+    "Skipped optimizer steps per second",
+    "Optimizer steps (one per mini-batch and PPO epoch) the learner skipped because their gradient norm was not "
+    "finite: that update is not applied.",
+    [(f"sum by (run) (rate(omrl_learner_skipped_updates_total{R}[$__rate_interval]))", "{{run}}")],
+    unit="ops",
+)
 b.row("Throughput")
 b.panel(
     "timeseries",
     "Generated tokens per second",
     "Tokens sampled by all rollout engines.",
     [(f"sum by (run) (rate(omrl_rollout_generated_tokens_total{R}[$__rate_interval]))", "{{run}}")],
+    w=6,
 )
 b.panel(
     "timeseries",
     "Trained tokens per second",
     "Model tokens the learner trained on.",
     [(f"sum by (run) (rate(omrl_learner_trained_tokens_total{R}[$__rate_interval]))", "{{run}}")],
+    w=6,
+)
+b.panel(
+    "timeseries",
+    "Trained trajectories per second",
+    "Trajectories the learner trained on (ReMax's greedy baseline episodes not counted).",
+    [(f"sum by (run) (rate(omrl_learner_trained_trajectories_total{R}[$__rate_interval]))", "{{run}}")],
+    unit="ops",
+    w=6,
 )
 b.panel(
     "timeseries",
@@ -371,11 +412,13 @@ b.panel(
         (f"omrl_learner_checkpoint_seconds{R}", "checkpoint {{run}}"),
     ],
     unit="s",
+    w=6,
 )
 training = dashboard(
     "omrl-training",
     "OpenManus-RL / Training progress",
-    "Is the agent learning: reward, success, losses, KL, entropy and throughput of one or more runs.",
+    "Is the agent learning: reward, success, losses, KL, entropy, data filtered or rejected, and throughput of one "
+    "or more runs.",
     b,
 )
 
@@ -646,7 +689,16 @@ b.panel(
     "Pushes a rollout server did not apply.",
     [(f"sum by (run) (rate(omrl_learner_weight_push_failures_total{R}[$__rate_interval]))", "{{run}}")],
     unit="ops",
-    w=24,
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "Dead-lettered groups per second by reason",
+    "Groups the learner's poison guard sent to the dead-letter stream instead of a step, by reason (an "
+    "unreadable entry counts one); the producers replace them. docs/reliability.md lists the reasons.",
+    [(rate("omrl_learner_dead_letters_total", by="reason"), "{{reason}}")],
+    unit="ops",
+    w=12,
 )
 b.row("Job API")
 b.panel(
@@ -674,7 +726,7 @@ health = dashboard(
     "OpenManus-RL / System health",
     "Are the services healthy: targets, CPU and memory, gRPC traffic and latency, rollout queue, "
     "vLLM engines (KV cache, queue, prefix cache), GPUs, environment errors, reward latency, stream "
-    "backlog.",
+    "backlog, dead letters.",
     b,
 )
 

@@ -399,7 +399,8 @@ class LearnerService:
         self._successes.append(stats.get("success_rate", 0.0))
         self.finished = self.step >= self.config.learner.steps or self._target_reached()
         ckpt_s = self._checkpoint(force=self.finished)
-        versions = [t.policy_version for traj in batch.trajectories for t in traj.turns]
+        trained = [t for t in batch.trajectories if not t.baseline]  # remax's greedy baselines are not trained on
+        versions = [t.policy_version for traj in trained for t in traj.turns]
         summary = {
             **stats,
             "step": self.step,
@@ -412,7 +413,7 @@ class LearnerService:
             "step_seconds": time.perf_counter() - start,
             "collect_seconds": collected - start,
             "started_at": started_at,  # epoch seconds: lines the step up against other processes' clocks
-            "trajectories": len(batch.trajectories),
+            "trajectories": len(trained),
             "groups": len(batch.groups),
             "entry_ids": batch.entry_ids,
             "dropped_stale": batch.dropped_stale,
@@ -421,10 +422,10 @@ class LearnerService:
             "groups_filtered_total": self.groups_filtered_total,
             "groups_lost_to_redis": self.groups_lost_to_redis,
         }
-        for traj in batch.trajectories:
+        for traj in trained:
             for name, value in traj.reward_components.items():
                 summary.setdefault(f"reward/{name}", 0.0)
-                summary[f"reward/{name}"] += value / len(batch.trajectories)
+                summary[f"reward/{name}"] += value / len(trained)
         self._export(summary)
         return summary
 

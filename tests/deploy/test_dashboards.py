@@ -257,6 +257,19 @@ def test_the_dashboards_show_validation_importance_sampling_vllm_and_gpus():
     } <= queried_names()
 
 
+def test_every_learner_metric_is_on_a_panel():
+    """Each series the learner exports (services/learner/prometheus_metrics.py) is queried by some panel: a new
+    learner gauge or counter fails here until a panel in scripts/gen_dashboards.py shows it."""
+    import services.learner.prometheus_metrics  # noqa: F401  (registers the learner's metrics)
+
+    learner = set()
+    for family in REGISTRY.collect():
+        if family.name.startswith("omrl_learner_"):
+            learner.add(family.name + "_total" if family.type == "counter" else family.name)
+    assert {"omrl_learner_filtered_groups_total", "omrl_learner_rollout_vetoed_sequence_fraction"} <= learner
+    assert not learner - queried_names(), "learner metrics on no panel"
+
+
 def gpu_targets() -> list[tuple[dict, dict]]:
     return [(panel, target) for _, board in boards() for panel, target in targets(board) if "DCGM_" in target["expr"]]
 

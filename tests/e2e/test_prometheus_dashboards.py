@@ -1,5 +1,7 @@
 """A real Prometheus (Debian's `prometheus`) scrapes a running local training and the job API; every
-PromQL expression of every Grafana dashboard in deploy/grafana/dashboards must return data."""
+PromQL expression of every Grafana dashboard in deploy/grafana/dashboards must return data. The run trains with
+`algorithm.advantage=remax` (no other e2e run does): the last tests check, on the trajectory records it left in
+Redis, that each trained group carried exactly one greedy baseline episode that no step metric counts."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import yaml
 from services.common.config import load_config
 from services.common.grpc_server import free_port
 from services.common.run_state import RunState
+from services.common.trajectory import decode_batch
 from services.launcher.local import LocalRun
 from services.launcher.processes import ServiceProcess, python_module
 
@@ -124,6 +127,10 @@ def stack(tmp_path_factory, warm_tiny_model):
             "learner.steps=1000",
             "rollout.group_size=4",
             "rollout.groups_per_step=2",
+            "algorithm.advantage=remax",  # one greedy baseline episode more per group
+            # at the default 1e-3, ReMax pushes every sampled episode below the greedy one and the tiny policy stops
+            # emitting a parseable action within two steps: no env step after that, and the env panels run dry
+            "algorithm.lr=1e-5",
             f"model.path={warm_tiny_model}",
             "env.validation_every=2",
             "env.validation_tasks=4",
@@ -161,21 +168,29 @@ def stack(tmp_path_factory, warm_tiny_model):
             yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape})
         )
         prometheus, url = start_prometheus(prom_config, tmp)
-        state, steps, cursor = RunState.connect(config), 0, "0"
+        state, history, cursor = RunState.connect(config), [], "0"
         deadline = time.monotonic() + 240
-        while steps < MIN_STEPS:
+        while len(history) < MIN_STEPS:
             for cursor, entry in state.read_metrics(cursor, block_ms=1000):
-                steps += entry.get("kind") != "validation"  # the rollout's validation runs share the stream
+                if entry.get("kind") != "validation":  # the rollout's validation runs share the stream
+                    history.append(entry)
             for proc in run.processes:
                 assert proc.running(), f"{proc.name} exited:\n{proc.log_tail()}"
-            assert time.monotonic() < deadline, f"only {steps} learner steps in time:\n" + "\n".join(lines[-20:])
+            assert time.monotonic() < deadline, f"only {len(history)} learner steps in time:\n" + "\n".join(lines[-20:])
 
         def all_scraped() -> bool:  # target discovery runs every 5 s: a fast run can beat the first scrape
             active = http_json(f"{url}/api/v1/targets")["data"]["activeTargets"]
             return len(active) == len(targets) and all(t["health"] == "up" for t in active)
 
         wait_for(all_scraped, 60, "Prometheus has not scraped every target")
-        yield {"url": url, "config": config, "targets": targets, "api": api}
+        # the records of the steps read so far (the run trains on meanwhile; teardown deletes the stream)
+        wanted = {entry_id for m in history for entry_id in m["entry_ids"]}
+        entries = {
+            entry_id.decode(): decode_batch(fields[b"batch"])
+            for entry_id, fields in state.client.xrange(state.trajectories_key)
+            if entry_id.decode() in wanted
+        }
+        yield {"url": url, "config": config, "targets": targets, "api": api, "history": history, "entries": entries}
     finally:
         if prometheus is not None:
             prometheus.stop()
@@ -229,3 +244,73 @@ def test_gpu_query_is_accepted_by_prometheus(stack, dashboard, panel, expr):
     """No DCGM exporter runs here: Prometheus parses and evaluates the query (tests/deploy/test_dashboards.py
     checks its result on DCGM-shaped series), and finds no GPU series."""
     assert query(stack["url"], substitute(expr, stack["config"].run)) == []
+
+
+def trained_groups(stack) -> list[tuple[dict, dict[str, list]]]:
+    """(step summary, the records of its trained groups by group id) for each step the fixture read: the groups
+    of the stream entries the step consumed, less trajectories it dropped as stale (older than
+    `algorithm.max_staleness` allows)."""
+    out = []
+    for summary in stack["history"]:
+        oldest_ok = summary["step"] - 1 - stack["config"].algorithm.max_staleness
+        groups: dict[str, list] = {}
+        for entry_id in summary["entry_ids"]:
+            for traj in stack["entries"][entry_id].trajectories:
+                if min((t.policy_version for t in traj.turns), default=oldest_ok) >= oldest_ok:
+                    groups.setdefault(traj.group_id, []).append(traj)
+        out.append((summary, groups))
+    return out
+
+
+def test_remax_groups_carry_one_baseline_episode_that_no_step_metric_counts(stack):
+    rollout = stack["config"].rollout
+    steps = trained_groups(stack)
+    assert len(steps) >= MIN_STEPS
+    for summary, groups in steps:
+        assert len(groups) == summary["groups"] == rollout.groups_per_step, summary["step"]
+        for group_id, members in groups.items():
+            assert sum(t.baseline for t in members) == 1, group_id
+            assert len(members) == rollout.group_size + 1, group_id
+        sampled = [t for members in groups.values() for t in members if not t.baseline]
+        # the learner service's count and the trainer's, and the Prometheus counter fed from the first
+        assert summary["trajectories"] == summary["num_trajectories"] == rollout.group_size * rollout.groups_per_step
+        assert summary["success_rate"] == pytest.approx(sum(t.success for t in sampled) / len(sampled))
+        assert summary["reward_mean"] == pytest.approx(sum(t.reward for t in sampled) / len(sampled), abs=1e-6)
+        goal = sum(t.reward_components["goal"] for t in sampled) / len(sampled)
+        assert summary["reward/goal"] == pytest.approx(goal)
+
+
+def test_remax_baseline_episodes_are_greedy(stack, warm_tiny_model):
+    """The baseline episodes the initial weights played (policy version 0: the warm model on disk) took the most
+    likely token at every model token under that model, recomputed here with transformers (which gives each token
+    the logprob the rollout recorded); the sampled episodes of the same groups did not (seen: 282 of 442 tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(warm_tiny_model, dtype=torch.float32).eval()
+
+    def gaps(traj) -> list[float]:
+        """Per model token: how far its logprob lies below the most likely token's (0: the argmax)."""
+        ids = torch.tensor([list(traj.token_ids)])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        out = []
+        for pos, (token, mask, recorded) in enumerate(zip(traj.token_ids, traj.loss_mask, traj.logprobs)):
+            if mask:
+                row = logprobs[pos - 1]
+                assert abs(row[token].item() - recorded) < 1e-2, (traj.trajectory_id, pos)
+                out.append((row.max() - row[token]).item())
+        return out
+
+    first = [
+        t
+        for _, groups in trained_groups(stack)
+        for members in groups.values()
+        for t in members
+        if {turn.policy_version for turn in t.turns} == {0}
+    ]
+    baselines, sampled = [t for t in first if t.baseline], [t for t in first if not t.baseline]
+    assert len(baselines) == stack["config"].rollout.groups_per_step  # step 1's groups
+    for traj in baselines:
+        assert max(gaps(traj)) < 1e-3, traj.trajectory_id
+    assert max(g for traj in sampled for g in gaps(traj)) > 0.1  # the check tells sampling from greedy

@@ -128,3 +128,64 @@ def test_baseline_episodes_leave_the_batch_and_give_their_group_its_score():
     assert baseline_scores(rows, greedy, "discounted", 0.5).tolist() == [0.5, 2.0 + 2.0 * 0.5**2]
     with pytest.raises(RecordError, match="b have no baseline"):
         baseline_scores(rows, {"a": greedy["a"]}, "last_token", 1.0)
+
+
+def test_the_step_summary_and_prometheus_leave_the_baseline_episodes_out(redis_url, run_name, tmp_path):
+    """LearnerService's own step metrics (`trajectories`, the reward components) and the trained trajectories
+    counter count the sampled episodes only, as the trainer's metrics do."""
+    from types import SimpleNamespace
+
+    from prometheus_client import REGISTRY
+
+    from services.common.config import TrainConfig
+    from services.common.run_state import RunState
+    from services.common.stream import TrajectoryStream
+    from services.learner.service import LearnerService
+    from services.weightsync.buckets import TensorWeights
+    from services.weightsync.none import NoPush
+    from tests.support.claims import publish_claimed
+
+    class Trainer:
+        """Trains nothing: the summary's own counts are under test, not the trainer's."""
+
+        policy_version = 0
+        latest_checkpoint = staticmethod(lambda directory: None)
+        export_hf = staticmethod(lambda out_dir: None)
+        weight_set_for_push = staticmethod(lambda: TensorWeights.of([]))
+
+        def start_checkpoint(self, directory, extra, background=False):
+            return SimpleNamespace(commit=lambda: None)
+
+        def train_step(self, trajectories):
+            return {"reward_mean": 0.0, "success_rate": 0.0}
+
+    cfg = TrainConfig.model_validate(
+        {
+            "run": run_name,
+            "rollout": {"groups_per_step": 2, "group_size": 2},
+            "algorithm": {"advantage": "remax"},
+            "stream": {"redis_url": redis_url, "read_block_ms": 50},
+            "learner": {
+                "steps": 1,
+                "step_timeout_s": 5,
+                "weight_push": "none",
+                "checkpoint_dir": str(tmp_path / "ckpt"),
+            },
+        }
+    )
+    state = RunState.connect(cfg)
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    trained_before = REGISTRY.get_sample_value("omrl_learner_trained_trajectories_total") or 0
+    try:
+        stream.ensure_group()
+        for gid in ("a", "b"):
+            members = [episode(gid, 0.0), episode(gid, 0.0), episode(gid, 1.0, baseline=True)]
+            for member in members:
+                member.reward_components["goal"] = member.reward
+            publish_claimed(state, members, gid)
+        (summary,) = LearnerService(cfg, Trainer(), NoPush(), state, stream).run()
+    finally:
+        state.reset()
+    assert summary["trajectories"] == 4 and summary["groups"] == 2
+    assert summary["reward/goal"] == 0.0  # the greedy episodes scored 1.0
+    assert REGISTRY.get_sample_value("omrl_learner_trained_trajectories_total") == trained_before + 4
