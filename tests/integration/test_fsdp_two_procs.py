@@ -1,4 +1,5 @@
-"""Two FSDP processes (torchrun, gloo) must train exactly like one process on the full batch."""
+"""Two FSDP processes (torchrun, gloo) must train exactly like one process on the full batch, also where the
+rollout correction rejects tokens (its divisors and metrics are reduced over the ranks)."""
 
 import json
 import os
@@ -13,6 +14,7 @@ from tests.support.smoke import (
     ALL_AGG_MODES,
     LEVERS_CASE,
     PPO_CASE,
+    REJECT_CASE,
     build_tiny_llama,
     case_config,
     run,
@@ -20,7 +22,14 @@ from tests.support.smoke import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = ALL_AGG_MODES + [PPO_CASE, LEVERS_CASE]
+CASES = ALL_AGG_MODES + [PPO_CASE, LEVERS_CASE, REJECT_CASE]
+REJECTION_METRICS = (
+    "rollout_is_masked_fraction",
+    "rollout_is_seq_masked_fraction",
+    "rollout_is_veto_fraction",
+    "rollout_is_masked_tokens",
+    "rollout_is_masked_seqs",
+)
 
 
 def close(a, b, rel=1e-5, abs_=1e-7):
@@ -88,6 +97,8 @@ def test_two_processes_match_one(results, mode):
             "entropy_loss",
             "values_mean",
         ]
+    if mode == REJECT_CASE:
+        keys += ["entropy_loss", "tis_weight_mean", "tis_clip_frac"]
     rel = 1e-4 if mode == LEVERS_CASE else 1e-5  # 3x the optimizer steps: Adam compounds the rounding
     for m1, m2 in zip(one[mode]["metrics"], two[mode]["metrics"], strict=True):
         for key in keys:
@@ -95,6 +106,17 @@ def test_two_processes_match_one(results, mode):
         for key in ("num_trajectories", "num_tokens", "reward_mean", "policy_version_max"):
             assert m2[key] == m1[key]
     assert one[mode]["metrics"][0]["clip_frac"] > 0  # the second PPO epoch clips: the path is exercised
+
+
+def test_two_processes_reject_what_one_rejects(results):
+    """Each rank rejects sequences of its own share; the divisors that drop them from the loss and the rejected
+    shares in the metrics are the whole batch's, so the two processes report (and train, above) as one does."""
+    one, two, *_ = results
+    for m1, m2 in zip(one[REJECT_CASE]["metrics"], two[REJECT_CASE]["metrics"], strict=True):
+        assert {key: m2[key] for key in REJECTION_METRICS} == {key: m1[key] for key in REJECTION_METRICS}
+        # some but not all tokens and sequences rejected, by the band and by the veto
+        assert 0 < m1["rollout_is_masked_fraction"] < 1 and 0 < m1["rollout_is_seq_masked_fraction"] < 1
+        assert 0 < m1["rollout_is_veto_fraction"] < m1["rollout_is_seq_masked_fraction"]
 
 
 @pytest.mark.parametrize("mode", CASES)

@@ -1,6 +1,12 @@
-"""The learner config that trainer tests compare runs under, and step metrics without their timings."""
+"""The learner config that trainer tests compare runs under, step metrics without their timings, and the
+good-or-bad-token episodes that trainer tests teach a tiny policy on."""
 
 from services.common.config import TrainConfig
+from services.common.trajectory import TrajectoryBuilder
+
+PROMPT = [5, 6, 7]
+GOOD, BAD = 10, 20
+"""The answers of `episode`: `good_bad_batch` rewards GOOD after PROMPT and not BAD."""
 
 
 def untimed(metrics):
@@ -18,3 +24,31 @@ def make_config(learner=None, **algorithm):
             "algorithm": {"lr": 3e-3, "micro_batch_size": 3, "entropy_coeff": 0.01, **algorithm},
         }
     )
+
+
+def episode(group, token, reward, logprob=-1.0):
+    """One model turn after PROMPT: `token`, then token 3, each sampled at `logprob`; `reward` (a success if
+    positive) in group `group`."""
+    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=PROMPT)
+    b.add_model_turn(
+        [token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True, finish_reason="stop"
+    )
+    traj = b.finish(env_return=reward, success=reward > 0, stop_reason="done")
+    traj.reward = reward
+    return traj
+
+
+def good_bad_batch():
+    """Three groups of four episodes: GOOD rewarded 1 and BAD 0, twice each."""
+    return [episode(f"g{g}", tok, r) for g in range(3) for tok, r in ((GOOD, 1.0), (BAD, 0.0)) * 2]
+
+
+def logprob_of(trainer, token):
+    """The trainer's policy's logprob of `token` after PROMPT."""
+    import torch
+
+    from services.learner.model import token_logprobs
+
+    ids = torch.tensor([PROMPT + [token]])
+    with torch.no_grad():
+        return token_logprobs(trainer.model, ids, torch.ones_like(ids))[0, -1].item()

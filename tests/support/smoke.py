@@ -33,6 +33,20 @@ LEVERS_CASE = "levers"
 by a token budget, activation checkpointing and chunked logprobs whose chunks do not divide the token count."""
 LEVERS_SETTINGS = {**PPO_SETTINGS, "ppo_mini_batch_size": 3, "micro_batch_tokens": 24}
 LEVERS_LEARNER = {"activation_checkpointing": True, "logprob_chunk_tokens": 5, "pack_sequences": True}
+REJECT_CASE = "reject"
+"""A case whose rollout correction rejects: the synthetic rollout logprobs (uniform in [-5, -0.5]) are far from the
+random model's (about -log 64), so some sequences leave the geometric band [0.2, 5], others hold a token below the
+veto. Two mini-batches, so that each has its own kept-token and kept-sequence divisors; entropy bonus on, so that
+it aggregates over the kept tokens too."""
+REJECT_SETTINGS = {
+    "loss_agg_mode": "seq-mean-token-mean",
+    "tis_cap": 5.0,
+    "rollout_is_level": "geometric",
+    "rollout_is_mode": "mask",
+    "rollout_is_veto_threshold": 0.03,
+    "ppo_mini_batch_size": 4,
+    "entropy_coeff": 0.01,
+}
 
 
 def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 64, tie: bool = False) -> Path:
@@ -121,10 +135,11 @@ def case_config(
     device: str = "cpu",
     dtype: str = "float32",
 ):
-    """The learner config of one smoke case (an aggregation mode, `ppo` or `levers`)."""
+    """The learner config of one smoke case (an aggregation mode, `ppo`, `levers` or `reject`)."""
     from services.common.config import TrainConfig
 
-    extra = {PPO_CASE: PPO_SETTINGS, LEVERS_CASE: LEVERS_SETTINGS}.get(mode, {"loss_agg_mode": mode})
+    cases = {PPO_CASE: PPO_SETTINGS, LEVERS_CASE: LEVERS_SETTINGS, REJECT_CASE: REJECT_SETTINGS}
+    extra = cases.get(mode, {"loss_agg_mode": mode})
     learner = LEVERS_LEARNER if mode == LEVERS_CASE else {}
     return TrainConfig.model_validate(
         {
@@ -201,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         "--agg-modes",
         default=",".join(ALL_AGG_MODES),
         help=f"comma-separated aggregation modes, and/or `{PPO_CASE}` (critic + KL terms), "
-        f"`{LEVERS_CASE}` (the same with the scale levers on)",
+        f"`{LEVERS_CASE}` (the same with the scale levers on), `{REJECT_CASE}` (a rollout correction that rejects)",
     )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--checkpoint-dir", help="also check a save/load round trip under this folder")

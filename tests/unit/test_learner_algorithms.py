@@ -3,57 +3,22 @@ estimator, KL to the reference (in the reward and as a loss), entropy bonus, tru
 sampling, LR schedule, and checkpoints that carry all of it."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
 
-from services.common.config import TrainConfig
-from services.common.trajectory import TrajectoryBuilder
 from services.learner.advantages import ADVANTAGES
 from services.learner.batch import collate
 from services.learner.kl import kl_estimate
 from services.learner.model import token_logprobs
 from services.learner.trainer import PolicyTrainer
+from tests.support.learner import BAD, GOOD, PROMPT, episode, good_bad_batch, logprob_of, untimed
+from tests.support.learner import make_config as learner_config
 from tests.support.smoke import build_tiny_llama, synthetic_trajectories
 
-PROMPT = [5, 6, 7]
-GOOD, BAD = 10, 20
-
-
-def untimed(metrics):
-    """Metrics without the wall-clock phase timings, which differ from run to run."""
-    return {k: v for k, v in metrics.items() if not k.startswith("time/")}
-
-
-def make_config(**algorithm):
-    return TrainConfig.model_validate(
-        {
-            "seed": 1,
-            "rollout": {"group_size": 4},
-            "learner": {"device": "cpu", "steps": 10},
-            "algorithm": {"lr": 3e-3, "micro_batch_size": 3, **algorithm},
-        }
-    )
-
-
-def episode(group, token, reward, logprob=-1.0):
-    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=PROMPT)
-    b.add_model_turn(
-        [token, 3], [logprob, logprob], policy_version=0, text="", action="", action_valid=True, finish_reason="stop"
-    )
-    traj = b.finish(env_return=reward, success=reward > 0, stop_reason="done")
-    traj.reward = reward
-    return traj
-
-
-def good_bad_batch():
-    return [episode(f"g{g}", tok, r) for g in range(3) for tok, r in ((GOOD, 1.0), (BAD, 0.0)) * 2]
-
-
-def logprob_of(trainer, token):
-    ids = torch.tensor([PROMPT + [token]])
-    with torch.no_grad():
-        return token_logprobs(trainer.model, ids, torch.ones_like(ids))[0, -1].item()
+make_config = partial(learner_config, {"steps": 10}, entropy_coeff=0.0)
+"""The shared learner config without its entropy bonus, over a 10-step LR schedule."""
 
 
 def full_params(module):
