@@ -72,6 +72,7 @@ def step_line(m: dict[str, Any], total_steps: int) -> str:
         f"step {m['step']:>3}/{total_steps} | reward {m.get('reward_mean', float('nan')):+.3f} | "
         f"success {100 * m.get('success_rate', float('nan')):5.1f}% | kl {m.get('approx_kl', float('nan')):.4f} | "
         f"mismatch {m.get('mismatch_kl', float('nan')):.1e} | {m['step_seconds']:5.1f}s | policy v{m['policy_version']}"
+        + (f" | uniform {m['groups_uniform']}" if m.get("groups_uniform") else "")
         + (f" | filtered {m['groups_filtered']}" if m.get("groups_filtered") else "")
     )
 

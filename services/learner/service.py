@@ -48,6 +48,20 @@ class DynamicSamplingExhausted(RuntimeError):
     """A step dropped more uninformative groups than `algorithm.dynamic_sampling_max_gen_batches` allows."""
 
 
+def same_reward(members: Iterable) -> bool:
+    """Every member got exactly the same `Trajectory.reward`: under the group-relative estimators the group's
+    advantages are all 0. Dynamic sampling drops such groups; the step summary counts those trained on."""
+    return len({t.reward for t in members}) == 1
+
+
+def uniform_groups(trajectories: Iterable) -> int:
+    """Groups among `trajectories` whose members all got the same reward (`same_reward`)."""
+    groups: dict[str, list] = {}
+    for traj in trajectories:
+        groups.setdefault(traj.group_id, []).append(traj)
+    return sum(same_reward(members) for members in groups.values())
+
+
 @dataclass
 class CollectedStep:
     trajectories: list = field(default_factory=list)
@@ -56,6 +70,8 @@ class CollectedStep:
     dropped_stale: int = 0
     filtered_groups: set[str] = field(default_factory=set)
     """Groups dynamic sampling dropped (every member got the same reward); disjoint from `groups`."""
+    filtered_trajectories: int = 0
+    """Their episodes: played, never trained on."""
 
 
 class LearnerService:
@@ -195,13 +211,14 @@ class LearnerService:
             return False
         if group_id in out.filtered_groups:
             return True
-        return group_id not in out.groups and len({t.reward for t in members}) == 1
+        return group_id not in out.groups and same_reward(members)
 
     def _filter(self, group_id: str, members: list, out: CollectedStep) -> None:
         """Drops a filtered group like a stale one: its entry is acknowledged with the step, and the caller
         counts it lost so that the producers play a fresh group in its place."""
         DROPPED.labels(reason="filtered").inc(len(members))
         out.filtered_groups.add(group_id)
+        out.filtered_trajectories += len(members)
 
     def _check_sampling_budget(self, out: CollectedStep) -> None:
         """Fails the step once it would need more than `dynamic_sampling_max_gen_batches` times
@@ -418,8 +435,10 @@ class LearnerService:
             "entry_ids": batch.entry_ids,
             "dropped_stale": batch.dropped_stale,
             "dropped_stale_total": self.dropped_stale_total,
+            "groups_uniform": uniform_groups(batch.trajectories),
             "groups_filtered": len(batch.filtered_groups),
             "groups_filtered_total": self.groups_filtered_total,
+            "trajectories_filtered": batch.filtered_trajectories,
             "groups_lost_to_redis": self.groups_lost_to_redis,
         }
         for traj in trained:

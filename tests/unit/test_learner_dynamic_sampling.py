@@ -155,7 +155,32 @@ def test_a_run_trains_full_batches_and_counts_the_filtered_groups(redis_url, run
         assert trainer.applied == [["a", "b"], ["c", "d"]]
         assert [m["groups_filtered"] for m in history] == [1, 2]
         assert [m["groups_filtered_total"] for m in history] == [1, 3]
+        assert [m["trajectories_filtered"] for m in history] == [2, 4]  # played beside the 2 x 2 trained
+        assert [m["groups_uniform"] for m in history] == [0, 0]
         assert state.lost_groups() == 3 and stream.pending_count() == 0
+    finally:
+        state.reset()
+
+
+def test_without_dynamic_sampling_the_steps_count_the_uniform_groups_they_train_on(redis_url, run_name, tmp_path):
+    cfg = config(
+        dynamic_sampling=False,
+        run=run_name,
+        stream={"redis_url": redis_url, "read_block_ms": 50},
+        learner={"steps": 2, "step_timeout_s": 5, "checkpoint_dir": str(tmp_path / "ckpt")},
+    )
+    state = RunState.connect(cfg)
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    try:
+        state.register_rollout("127.0.0.1:1", {"policy_version": 0})
+        stream.ensure_group()
+        for gid, rewards, version in [("a", (0, 1), 0), ("u1", (1, 1), 0), ("u2", (0, 0), 1), ("u3", (0.5, 0.5), 1)]:
+            publish_claimed(state, group(gid, *map(float, rewards), version=version), gid)
+        trainer = RecordingTrainer()
+        history = LearnerService(cfg, trainer, OkPusher(), state, stream).run()
+        assert trainer.applied == [["a", "u1"], ["u2", "u3"]]
+        assert [m["groups_uniform"] for m in history] == [1, 2]  # zero advantage under grpo, trained anyway
+        assert [(m["groups_filtered"], m["trajectories_filtered"]) for m in history] == [(0, 0), (0, 0)]
     finally:
         state.reset()
 
@@ -168,3 +193,4 @@ def test_filtered_groups_reach_prometheus_and_the_step_lines():
     assert step_line(summary, 10).endswith("| filtered 4") and "filtered 4" in step_stats(summary, None)
     quiet = {**summary, "groups_filtered": 0}
     assert "filtered" not in step_line(quiet, 10) and "filtered" not in step_stats(quiet, None)
+    assert step_line({**quiet, "groups_uniform": 2}, 10).endswith("| uniform 2")
