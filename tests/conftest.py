@@ -63,3 +63,17 @@ def warm_tiny_model(tmp_path_factory) -> str:
     config = load_config(None, [f"model.warmstart_steps={WARM_TINY_MODEL_STEPS}"])
     build = lambda out: prepare_tiny_model(config, out, say=lambda line: None)  # noqa: E731
     return str(build_once(tmp_path_factory, "warm-tiny", build))
+
+
+@pytest.fixture(scope="session")
+def learning_tiny_model(tmp_path_factory) -> str:
+    """The tiny model a run on `LEARNING_TASK` (seed 0) builds for itself with the default 150 warm-start steps,
+    built once for the session: the whole-system learning runs (tests/e2e/test_learning.py) and the in-process
+    GiGPO-against-GRPO run (tests/integration/test_gigpo_vs_grpo_learning.py) start from it."""
+    from services.common.config import load_config
+    from services.launcher.tiny import prepare_tiny_model
+    from tests.support.learner import LEARNING_TASK
+
+    config = load_config(None, LEARNING_TASK)
+    build = lambda out: prepare_tiny_model(config, out, say=lambda line: None)  # noqa: E731
+    return str(build_once(tmp_path_factory, "learning-tiny", build))

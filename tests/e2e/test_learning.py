@@ -12,11 +12,11 @@ import pytest
 from services.common.config import load_config
 from services.common.run_state import RunState
 from services.launcher.local import LocalRun
-from tests.support.shared_build import build_once
+from tests.support.learner import LEARNING_TASK
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-TASK = ["env.name=corridor", 'env.options={"max_turns": 3}']  # 3 moves for distance 3: 1/8 by chance
+TASK = LEARNING_TASK  # corridor, 3 moves for distance 3: 1/8 by chance
 RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_model_rl.yaml")
 """GRPO, 16 groups of 8 per step, 50 steps, lr 1e-3 (3 warm-up steps, cosine to 1e-4), 2 epochs,
 clip-higher 0.28, KL loss 0.1, entropy bonus 0.005.
@@ -49,33 +49,21 @@ STOP_AT = 0.9
 80% bar, so the last steps hold it with a margin; a run that never gets there runs every step and fails."""
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from services.launcher.tiny import prepare_tiny_model
-
-    config = load_config(None, TASK)
-    return str(
-        build_once(
-            tmp_path_factory, "learning-tiny", lambda out: prepare_tiny_model(config, out, say=lambda line: None)
-        )
-    )
-
-
 # one class a run: under pytest-xdist (--dist loadscope, scripts/test.sh) each class is a scope of its own,
 # so the three runs, together the longest module, go to whichever worker is free
 class TestPpo:
-    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, tiny_model, tmp_path):
-        learn("ppo", tiny_model, tmp_path)
+    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, learning_tiny_model, tmp_path):
+        learn("ppo", learning_tiny_model, tmp_path)
 
 
 class TestGrpo:
-    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, tiny_model, tmp_path):
-        learn("grpo", tiny_model, tmp_path)
+    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, learning_tiny_model, tmp_path):
+        learn("grpo", learning_tiny_model, tmp_path)
 
 
 class TestGrpoAsync:
-    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, tiny_model, tmp_path):
-        learn("grpo_async", tiny_model, tmp_path)
+    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, learning_tiny_model, tmp_path):
+        learn("grpo_async", learning_tiny_model, tmp_path)
 
 
 def learn(name: str, tiny_model: str, tmp_path: Path) -> None:

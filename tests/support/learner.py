@@ -4,6 +4,10 @@ good-or-bad-token episodes that trainer tests teach a tiny policy on."""
 from services.common.config import TrainConfig
 from services.common.trajectory import TrajectoryBuilder
 
+LEARNING_TASK = ["env.name=corridor", 'env.options={"max_turns": 3}']
+"""The learning tests' task: corridor, 3 moves for distance 3 (1/8 by chance); `learning_tiny_model` is warm-started
+on it."""
+
 PROMPT = [5, 6, 7]
 GOOD, BAD = 10, 20
 """The answers of `episode`: `good_bad_batch` rewards GOOD after PROMPT and not BAD."""
