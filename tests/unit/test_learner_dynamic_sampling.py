@@ -2,6 +2,8 @@
 counted lost (so the producers play fresh ones in their place) only when a claim of this run published them,
 acknowledged with the step, counted in the step metrics, and capped by algorithm.dynamic_sampling_max_gen_batches."""
 
+from contextlib import contextmanager
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -135,8 +137,12 @@ def run_state(redis_url, run_name):
     state.reset()
 
 
-def test_a_run_trains_full_batches_and_counts_the_filtered_groups(redis_url, run_name, tmp_path):
+@contextmanager
+def two_step_run(redis_url, run_name, tmp_path, groups, **settings):
+    """A 2-step LearnerService run (RecordingTrainer) over `groups`, (group id, its two rewards, policy version)
+    published in order with their claims: yields the trainer, the step history, the run state and its stream."""
     cfg = config(
+        **settings,
         run=run_name,
         stream={"redis_url": redis_url, "read_block_ms": 50},
         learner={"steps": 2, "step_timeout_s": 5, "checkpoint_dir": str(tmp_path / "ckpt")},
@@ -146,43 +152,33 @@ def test_a_run_trains_full_batches_and_counts_the_filtered_groups(redis_url, run
     try:
         state.register_rollout("127.0.0.1:1", {"policy_version": 0})
         stream.ensure_group()
-        for gid, rewards, version in [("a", (0, 1), 0), ("u1", (1, 1), 0), ("b", (1, 0), 0), ("u2", (0, 0), 1)]:
+        for gid, rewards, version in groups:
             publish_claimed(state, group(gid, *map(float, rewards), version=version), gid)
-        for gid in ("u3", "c", "d"):
-            publish_claimed(state, group(gid, 0.0, float(gid != "u3"), version=1), gid)
         trainer = RecordingTrainer()
         history = LearnerService(cfg, trainer, OkPusher(), state, stream).run()
+        yield trainer, history, state, stream
+    finally:
+        state.reset()
+
+
+def test_a_run_trains_full_batches_and_counts_the_filtered_groups(redis_url, run_name, tmp_path):
+    groups = [("a", (0, 1), 0), ("u1", (1, 1), 0), ("b", (1, 0), 0), ("u2", (0, 0), 1)]
+    groups += [(gid, (0, int(gid != "u3")), 1) for gid in ("u3", "c", "d")]
+    with two_step_run(redis_url, run_name, tmp_path, groups) as (trainer, history, state, stream):
         assert trainer.applied == [["a", "b"], ["c", "d"]]
         assert [m["groups_filtered"] for m in history] == [1, 2]
         assert [m["groups_filtered_total"] for m in history] == [1, 3]
         assert [m["trajectories_filtered"] for m in history] == [2, 4]  # played beside the 2 x 2 trained
         assert [m["groups_uniform"] for m in history] == [0, 0]
         assert state.lost_groups() == 3 and stream.pending_count() == 0
-    finally:
-        state.reset()
 
 
 def test_without_dynamic_sampling_the_steps_count_the_uniform_groups_they_train_on(redis_url, run_name, tmp_path):
-    cfg = config(
-        dynamic_sampling=False,
-        run=run_name,
-        stream={"redis_url": redis_url, "read_block_ms": 50},
-        learner={"steps": 2, "step_timeout_s": 5, "checkpoint_dir": str(tmp_path / "ckpt")},
-    )
-    state = RunState.connect(cfg)
-    stream = TrajectoryStream(state.client, state.trajectories_key)
-    try:
-        state.register_rollout("127.0.0.1:1", {"policy_version": 0})
-        stream.ensure_group()
-        for gid, rewards, version in [("a", (0, 1), 0), ("u1", (1, 1), 0), ("u2", (0, 0), 1), ("u3", (0.5, 0.5), 1)]:
-            publish_claimed(state, group(gid, *map(float, rewards), version=version), gid)
-        trainer = RecordingTrainer()
-        history = LearnerService(cfg, trainer, OkPusher(), state, stream).run()
+    groups = [("a", (0, 1), 0), ("u1", (1, 1), 0), ("u2", (0, 0), 1), ("u3", (0.5, 0.5), 1)]
+    with two_step_run(redis_url, run_name, tmp_path, groups, dynamic_sampling=False) as (trainer, history, _, _):
         assert trainer.applied == [["a", "u1"], ["u2", "u3"]]
         assert [m["groups_uniform"] for m in history] == [1, 2]  # zero advantage under grpo, trained anyway
         assert [(m["groups_filtered"], m["trajectories_filtered"]) for m in history] == [(0, 0), (0, 0)]
-    finally:
-        state.reset()
 
 
 def test_filtered_groups_reach_prometheus_and_the_step_lines():
