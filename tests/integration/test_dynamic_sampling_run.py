@@ -15,8 +15,7 @@ from services.learner.service import LearnerService, StepTimeout
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
 from services.weightsync import PushResult, WeightPusher
-from tests.integration.test_learner_service_stream import RecordingTrainer
-from tests.unit.test_learner_staleness import FakeCore, FakeLoop
+from tests.support.service_fakes import FakeCore, FakeLoop, RecordingTrainer
 
 
 class SlotRewards:

@@ -1,10 +1,8 @@
 """LearnerService's stream contract on the real Redis, with a recording stand-in for the trainer:
 groups per step, checkpoint-then-ack, and exactly-once application across a crash."""
 
-import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,55 +12,9 @@ from services.common.stream import TrajectoryStream
 from services.common.trajectory import TrajectoryBuilder
 from services.learner.service import LearnerService
 from services.weightsync import PushResult, WeightPusher
-from services.weightsync.buckets import TensorWeights
 from services.weightsync.none import NoPush
 from tests.support.claims import publish_claimed
-
-
-class RecordingTrainer:
-    """Applies nothing; records which groups each step saw and checkpoints that record."""
-
-    def __init__(self):
-        self.applied: list[list[str]] = []
-        self.background: list[bool] = []
-
-    @staticmethod
-    def latest_checkpoint(directory):
-        found = sorted(Path(directory).glob("step_*/meta.json"))
-        return found[-1].parent if found else None
-
-    def load_checkpoint(self, path):
-        meta = json.loads((Path(path) / "meta.json").read_text())
-        self.applied = meta["applied"]
-        return meta["extra"]
-
-    def start_checkpoint(self, directory, extra, background=False):
-        """Writes at commit time, as a background checkpoint lands only when committed."""
-        path = Path(directory) / f"step_{len(self.applied):08d}"
-        meta = json.dumps({"applied": self.applied, "extra": extra})
-        self.background.append(background)
-
-        def commit():
-            path.mkdir(parents=True, exist_ok=True)
-            (path / "meta.json").write_text(meta)
-            return path
-
-        return SimpleNamespace(commit=commit)
-
-    def export_hf(self, out_dir):
-        return None
-
-    def train_step(self, trajectories):
-        self.applied.append(sorted({t.group_id for t in trajectories}))
-        return {"reward_mean": 0.0, "success_rate": 0.0}
-
-    def weight_set_for_push(self):
-        return TensorWeights.of([])
-
-
-class OkPusher(WeightPusher):
-    def push(self, version, weights, addresses, **_):
-        return [PushResult(a, True, version, weights.checksum) for a in addresses]
+from tests.support.service_fakes import OkPusher, RecordingTrainer
 
 
 def group(gid, version, size=2):

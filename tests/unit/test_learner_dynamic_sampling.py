@@ -14,10 +14,9 @@ from services.common.stream import TrajectoryStream
 from services.launcher.report import step_line
 from services.learner.prometheus_metrics import export_summary
 from services.learner.service import DynamicSamplingExhausted, LearnerService
-from tests.integration.test_learner_service_stream import OkPusher, RecordingTrainer
 from tests.support.claims import publish_claimed
+from tests.support.service_fakes import FakeStream, OkPusher, RecordingTrainer, entry
 from tests.support.trajectories import traj
-from tests.unit.test_learner_staleness import FakeStream, entry
 
 
 def group(group_id, *rewards, version=0):

@@ -8,28 +8,13 @@ import pytest
 
 from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState, RunState
-from services.common.stream import StreamEntry, TrajectoryStream
-from services.common.trajectory import TrajectoryBatch, decode_batch
+from services.common.stream import TrajectoryStream
+from services.common.trajectory import decode_batch
 from services.learner.service import LearnerService
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
+from tests.support.service_fakes import FakeCore, FakeLoop, FakeStream, entry
 from tests.support.trajectories import traj
-
-
-def entry(entry_id, *trajs):
-    batch = TrajectoryBatch(schema_version=1, batch_id=entry_id)
-    batch.trajectories.extend(trajs)
-    return StreamEntry(entry_id, batch)
-
-
-class FakeStream:
-    def __init__(self, entries):
-        self.entries, self.reads = list(entries), []
-
-    def read(self, consumer, count, block_ms, pending=False):
-        self.reads.append(count)
-        out, self.entries = self.entries[:count], self.entries[count:]
-        return out
 
 
 def learner(step, max_staleness, entries, groups_per_step=2):
@@ -101,20 +86,6 @@ def test_a_stale_group_shifts_claims_once_and_only_if_a_claim_published_it(run_s
 
 
 # -- the producer's gate -----------------------------------------------------------------------------
-
-
-class FakeCore:
-    policy_version = 0
-
-
-class FakeLoop:
-    def __init__(self, core, state):
-        self.core, self.state, self.stats, self.started = core, state, {}, {}
-
-    async def run_group(self, task_index, group_id, seed):
-        self.started[int(group_id[1:])] = (self.core.policy_version, self.state.lost_groups())
-        await asyncio.sleep(0.001)
-        return [traj(group_id, [self.core.policy_version]) for _ in range(2)]
 
 
 class FakeRewards:

@@ -8,7 +8,6 @@ from prometheus_client import CollectorRegistry
 from services.common.config import RewardConfig
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
 from services.common.registry import Registry
-from services.common.trajectory import TrajectoryBuilder
 from services.reward.base import RewardFunction
 from services.reward.client import GrpcRewardClient, InProcessRewardClient
 from services.reward.composer import RewardComposer
@@ -18,25 +17,7 @@ from services.reward.goal import GoalReward
 from services.reward.length_penalty import LengthPenalty
 from services.reward.registry import REWARDS
 from services.reward.service import RewardService
-
-
-def trajectory(*turns: tuple[int, bool], success: bool = False, trajectory_id: str = "t"):
-    """`turns`: (model tokens, action_valid) per turn."""
-    builder = TrajectoryBuilder(
-        env="corridor", task_index=0, group_id="g", prompt_ids=[1, 2, 3], trajectory_id=trajectory_id
-    )
-    for n, valid in turns:
-        builder.add_model_turn(
-            [5] * n,
-            [-0.5] * n,
-            policy_version=0,
-            text="<action>left</action>",
-            action="left" if valid else "",
-            action_valid=valid,
-            finish_reason="stop",
-        )
-        builder.add_observation([7, 7], env_reward=0.0)
-    return builder.finish(env_return=float(success), success=success, stop_reason="done")
+from tests.support.service_fakes import trajectory
 
 
 def test_goal():

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from services.reward.composer import RewardComposer
 from services.reward.overlong_penalty import OverlongPenalty
-from tests.unit.test_reward import trajectory
+from tests.support.service_fakes import trajectory
 
 
 def reference(length: int, max_len: int, buffer: int) -> float:
