@@ -86,9 +86,11 @@ def validation_line(m: dict[str, Any]) -> str:
     failed = (
         f", {m['validation/failed_episodes']} lost to infrastructure" if m.get("validation/failed_episodes") else ""
     )
+    later = m.get("validation/turns_of_later_versions")
+    later = f", {later} turns by later policies" if later else ""
     return (
         f"validation at policy v{m['policy_version']}: {rates or 'no episode finished'} "
-        f"({m.get('validation/episodes', 0)} episodes{failed}, {m.get('validation_seconds', 0):.1f}s)"
+        f"({m.get('validation/episodes', 0)} episodes{failed}{later}, {m.get('validation_seconds', 0):.1f}s)"
     )
 
 

@@ -3,7 +3,9 @@
 Redis) plays every validation task once, at `env.validation_temperature`, and publishes the success
 rate per environment to the run's metrics stream as an entry with `"kind": "validation"`.
 
-Validation episodes share the engine with training episodes and never reach the trajectory stream.
+Validation episodes share the engine with training episodes and never reach the trajectory stream; a push
+that lands while they play samples their later turns from the newer policy, counted
+(`validation/turns_of_later_versions`).
 Episodes lost to infrastructure are retried like training ones; those that still fail are left out
 of the rates and counted (`validation/failed_episodes`)."""
 
@@ -80,6 +82,9 @@ class Evaluator:
             "envs": [name],
             "validation/episodes": len(played),
             "validation/failed_episodes": failed,
+            "validation/turns_of_later_versions": sum(
+                turn.policy_version > version for t in played for turn in t.turns
+            ),
             "validation_seconds": time.perf_counter() - start,
         }
         if played:

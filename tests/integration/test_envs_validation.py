@@ -80,6 +80,30 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
     assert validation_line(entries[0]).startswith("validation at policy v0: corridor success 100.0% (6 episodes")
 
 
+def test_turns_sampled_by_a_later_policy_are_counted(config, tokenizer):
+    def evaluate(served_version):
+        loop = AgentLoop(
+            ScriptedPolicy(tokenizer, toward_exit, version=served_version),
+            InProcessEnvClient(EnvService()),
+            ChatFormatter(tokenizer),
+            PARSERS.create("xml_action"),
+            config.rollout,
+            config.env,
+            max_model_len=512,
+        )
+        evaluator = Evaluator(config, loop, AsyncRunState.connect(config), Version())
+        return asyncio.run(evaluator.evaluate(2))
+
+    same, later = evaluate(2), evaluate(3)
+    assert same["validation/episodes"] == later["validation/episodes"] == 6
+    assert same["validation/turns_of_later_versions"] == 0
+    assert later["validation/turns_of_later_versions"] == round(6 * later["validation/corridor/turns"]) > 0
+    assert ", 0 turns" not in validation_line(same)
+    assert validation_line(later).endswith(
+        f" {later['validation/turns_of_later_versions']} turns by later policies, {later['validation_seconds']:.1f}s)"
+    )
+
+
 def test_launcher_keeps_validation_apart_from_step_metrics(config):
     run, lines, history = LocalRun(config, say=[].append), [], []
     run.say = lines.append
