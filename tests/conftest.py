@@ -13,7 +13,12 @@ FIRST = ("e2e", "faults", "integration")
 one module, or one class, per worker at a time) starts them early and its workers finish together."""
 
 
-LONGEST = ("e2e/test_learning.py", "faults/test_service_restarts.py", "faults/test_redis_restart.py")
+LONGEST = (
+    "e2e/test_learning.py",
+    "faults/test_service_restarts.py",
+    "integration/test_gigpo_vs_grpo_learning.py",
+    "faults/test_redis_restart.py",
+)
 """Modules that start before the rest of their folder: the longest in scripts/test.sh's slowest-50 report (a
 hint for the order alone; a module missing here only starts later)."""
 
