@@ -44,10 +44,10 @@ class Version:
     policy_version = 0
 
 
-def test_validation_runs_the_split_once_per_version_and_publishes_success(config, tokenizer):
-    state = RunState.connect(config)
-    loop = AgentLoop(
-        ScriptedPolicy(tokenizer, toward_exit),
+def scripted_loop(config, tokenizer, served_version=3):
+    """An agent loop whose policy walks to the exit and says it serves `served_version`."""
+    return AgentLoop(
+        ScriptedPolicy(tokenizer, toward_exit, version=served_version),
         InProcessEnvClient(EnvService()),
         ChatFormatter(tokenizer),
         PARSERS.create("xml_action"),
@@ -55,6 +55,11 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
         config.env,
         max_model_len=512,
     )
+
+
+def test_validation_runs_the_split_once_per_version_and_publishes_success(config, tokenizer):
+    state = RunState.connect(config)
+    loop = scripted_loop(config, tokenizer)
     core = Version()
     servers = [AsyncRunState.connect(config) for _ in range(2)]  # two rollout servers
     evaluators = [Evaluator(config, loop, server, core, poll_s=0.01) for server in servers]
@@ -82,15 +87,7 @@ def test_validation_runs_the_split_once_per_version_and_publishes_success(config
 
 def test_turns_sampled_by_a_later_policy_are_counted(config, tokenizer):
     def evaluate(served_version):
-        loop = AgentLoop(
-            ScriptedPolicy(tokenizer, toward_exit, version=served_version),
-            InProcessEnvClient(EnvService()),
-            ChatFormatter(tokenizer),
-            PARSERS.create("xml_action"),
-            config.rollout,
-            config.env,
-            max_model_len=512,
-        )
+        loop = scripted_loop(config, tokenizer, served_version)
         evaluator = Evaluator(config, loop, AsyncRunState.connect(config), Version())
         return asyncio.run(evaluator.evaluate(2))
 
