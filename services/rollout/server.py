@@ -148,9 +148,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     break
                 else:
                     raise _invalid(f"an nccl push carries bucket declarations, their digests and a commit, not {kind}")
-        except BaseException:  # refused, broken or cancelled: drop the group, delete the spool
+        except BaseException as exc:  # refused, broken or cancelled: drop the group, delete the spool
             with contextlib.suppress(ServiceError):
                 await self.core.end_nccl_push(header, staging, None)
+            if isinstance(exc, ServiceError):  # answered once the learner, its broadcast failed, ends its stream
+                with contextlib.suppress(Exception):
+                    await self._discard_rest(request_iterator)
             raise
         result = await self.core.end_nccl_push(header, staging, checksum)
         return self._reply(result.policy_version, result.checksum, result.bytes_received, result.apply_seconds)

@@ -235,7 +235,10 @@ class NcclWeightPusher(WeightPusher):
         return digests
 
     async def _fail_send(self, s: _Session, bucket: int, exc: Exception) -> None:
-        await asyncio.wait([s.call], timeout=5.0)  # a refusal's reason comes with the call's end
+        # the call's end brings a refusal's reason; a client still sending when it ends would read gRPC's INTERNAL
+        # instead (grpc/grpc#36066), so the declarations end first and the server answers once it has read them
+        s.queue.put_nowait(_END)
+        await asyncio.wait([s.call], timeout=5.0)
         s.fail(f"broadcast of bucket {bucket} failed: {exc}")
 
     async def _result(self, s: _Session, checksum: str) -> PushResult:
