@@ -16,10 +16,10 @@ import yaml
 from services.common.config import load_config
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, Unavailable
 from services.common.grpc_server import free_port, wait_for_health
-from services.common.trajectory import TrajectoryBuilder
 from services.reward.client import GrpcRewardClient
 from services.reward.composer import RewardComposer
 from services.reward.registry import REWARDS
+from tests.support.service_fakes import trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 3.0
@@ -122,22 +122,6 @@ def server(tmp_path_factory):
         terminate(proc, log)
 
 
-def trajectory(env: str = "corridor", *turns: tuple[int, bool], success: bool = False, trajectory_id: str = "t"):
-    builder = TrajectoryBuilder(env=env, task_index=0, group_id="g", prompt_ids=[1, 2], trajectory_id=trajectory_id)
-    for n, valid in turns:
-        builder.add_model_turn(
-            [3] * n,
-            [-1.0] * n,
-            policy_version=1,
-            text="",
-            action="left" if valid else "",
-            action_valid=valid,
-            finish_reason="stop",
-        )
-        builder.add_observation([4], env_reward=0.0)
-    return builder.finish(env_return=float(success), success=success, stop_reason="done")
-
-
 def score(address: str, trajectories, **kwargs):
     async def main():
         async with GrpcRewardClient(address, timeout_s=10, **kwargs) as client:
@@ -150,9 +134,9 @@ def test_scores_match_the_in_process_composer(server, tmp_path):
     address, _, log = server
     assert f"reward listening on {address}" in log.read_text()
     batch = [
-        trajectory("corridor", (2, True), (5, False), success=True, trajectory_id="a"),
-        trajectory("corridor", (9, True), trajectory_id="b"),
-        trajectory("corridor", trajectory_id="c"),
+        trajectory((2, True), (5, False), success=True, trajectory_id="a"),
+        trajectory((9, True), trajectory_id="b"),
+        trajectory(trajectory_id="c"),
     ]
     scores = score(address, batch)
     assert scores[0][1] == pytest.approx({"goal": 1.0, "format": 0.25, "length_penalty": -0.15, "tripwire": 0.5})
@@ -173,7 +157,7 @@ def test_scores_match_the_in_process_composer(server, tmp_path):
 
 
 def test_large_batches_are_split(server):
-    batch = [trajectory("corridor", (200, True), trajectory_id=str(i)) for i in range(20)]
+    batch = [trajectory((200, True), trajectory_id=str(i)) for i in range(20)]
     scores = score(server[0], batch, max_request_bytes=2000)
     assert len(scores) == 20 and all(parts["format"] == 0.5 for _, parts in scores)
 
@@ -181,10 +165,10 @@ def test_large_batches_are_split(server):
 def test_error_status_codes(server):
     address = server[0]
     with pytest.raises(Internal, match="component 'tripwire' failed on trajectory 'x': RuntimeError: tripped"):
-        score(address, [trajectory("corridor"), trajectory("explode", trajectory_id="x")])
+        score(address, [trajectory(), trajectory(trajectory_id="x", env="explode")])
     with pytest.raises(DeadlineExceeded, match="took over 0.5s"):
-        score(address, [trajectory("slow")])
-    broken = trajectory("corridor", (2, True))
+        score(address, [trajectory(env="slow")])
+    broken = trajectory((2, True))
     broken.logprobs[0] = -3.0
     with pytest.raises(InvalidArgument, match="logprob on a non-model token"):
         score(address, [broken])
@@ -194,7 +178,7 @@ def test_error_status_codes(server):
 
 def test_metrics_endpoint(server):
     address, metrics_port, _ = server
-    score(address, [trajectory("corridor", (1, True))])
+    score(address, [trajectory((1, True))])
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     assert 'omrl_reward_component_score_count{component="tripwire"}' in text
     assert "omrl_reward_score_seconds_bucket" in text
@@ -212,6 +196,6 @@ def test_bad_config_fails_at_startup(tmp_path):
 def test_sigterm_exits_zero_within_grace(tmp_path):
     proc, address, log = start(tmp_path)
     wait_healthy(proc, address, log)
-    assert score(address, [trajectory("corridor", (1, True), success=True)])[0][0] == pytest.approx(1.1)
+    assert score(address, [trajectory((1, True), success=True)])[0][0] == pytest.approx(1.1)
     rc, elapsed = terminate(proc, log)
     assert rc == 0 and elapsed < GRACE_S

@@ -90,11 +90,9 @@ class FakeLoop:
         return [traj(group_id, [self.core.policy_version]) for _ in range(2)]
 
 
-def trajectory(*turns: tuple[int, bool], success: bool = False, trajectory_id: str = "t"):
-    """`turns`: (model tokens, action_valid) per turn."""
-    builder = TrajectoryBuilder(
-        env="corridor", task_index=0, group_id="g", prompt_ids=[1, 2, 3], trajectory_id=trajectory_id
-    )
+def trajectory(*turns: tuple[int, bool], success: bool = False, trajectory_id: str = "t", env: str = "corridor"):
+    """`turns`: (model tokens, action_valid) per turn; `env` names the env (a reward service's dispatch key)."""
+    builder = TrajectoryBuilder(env=env, task_index=0, group_id="g", prompt_ids=[1, 2, 3], trajectory_id=trajectory_id)
     for n, valid in turns:
         builder.add_model_turn(
             [5] * n,
