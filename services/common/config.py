@@ -3,6 +3,7 @@ all map onto these models. Every field's docstring doubles as its help text."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -625,3 +626,8 @@ def load_config(
 
 def dump_config(config: TrainConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def config_digest(config: TrainConfig) -> str:
+    """Names one config: the same fields and values give the same digest, in any process."""
+    return hashlib.sha256(dump_config(config).encode()).hexdigest()[:16]

@@ -154,6 +154,18 @@ class RunState:
         value = self.client.get(self.k("done"))
         return value.decode() if value else None
 
+    def mark_failed(self, reason: str, config_digest: str) -> None:
+        """The learner stopped for a reason a restart on the same config does not change (`RunFailed`): a
+        launcher does not restart it, and a learner started on this config exits at once."""
+        self.client.set(self.k("failed"), json.dumps({"reason": reason, "config": config_digest}))
+
+    def failure(self) -> dict[str, str] | None:
+        value = self.client.get(self.k("failed"))
+        return json.loads(value) if value else None
+
+    def clear_failure(self) -> None:
+        self.client.delete(self.k("failed"))
+
 
 class AsyncRunState:
     """The part of RunState a rollout server uses, over `redis.asyncio` (same keys; see RunState)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 
 from services.common.config import TrainConfig, dump_config
 from services.common.cpu_budget import available_cores, engine_env, split, thread_env
@@ -77,6 +78,8 @@ class LocalRun:
         self.restart_delay_s, self.max_restarts = restart_delay_s, max_restarts
         self._restart_at: dict[str, float] = {}
         self.restarts: dict[str, int] = {}
+        self._state: RunState | None = None
+        self._failure: dict[str, str] | None = None
         self.exit_codes: dict[str, list[int]] = {}
         """Exit codes of each service that exited while the run went on, in order."""
         self._exited: set[tuple[str, int]] = set()
@@ -255,7 +258,7 @@ class LocalRun:
         self.view.step(metrics, self.config.learner.steps)
 
     def follow(self) -> list[dict]:
-        state = RunState.connect(self.config)
+        state = self._state = RunState.connect(self.config)
         history, last_id, learner = [], "0", self.processes[-1]
         self.validations = []
         while True:
@@ -272,7 +275,19 @@ class LocalRun:
             self._check_services()
 
     def _may_restart(self, proc: ServiceProcess) -> bool:
-        return self.restart_delay_s is not None and self.restarts.get(proc.name, 0) < self.max_restarts
+        if self.restart_delay_s is None or self.restarts.get(proc.name, 0) >= self.max_restarts:
+            return False
+        return proc is not self.processes[-1] or self._run_failure() is None
+
+    def _run_failure(self) -> dict[str, str] | None:
+        """Why the learner marked the run failed (`RunState.mark_failed`): restarted on the same config it would
+        fail the same way, so it is not restarted."""
+        if self._failure is None and self._state is not None:
+            try:
+                self._failure = self._state.failure()
+            except redis.RedisError:  # Redis away too: restart as for any failure (the learner checks again)
+                return None
+        return self._failure
 
     def _check_services(self) -> None:
         """A service that exits is started again after `restart_delay_s`, up to `max_restarts` times. Past
@@ -336,6 +351,12 @@ class LocalRun:
         """The run's failure: the service, its exit codes (all of them, when it was restarted) and its log's tail."""
         self._note_exit(proc)
         codes, restarts = self.exit_codes[proc.name], self.restarts.get(proc.name, 0)
+        failure = self._run_failure() if proc is self.processes[-1] else None
+        if failure is not None:
+            return RuntimeError(
+                f"{proc.name} exited with {codes[-1]}, not restarted (on the same config it would fail the same way): "
+                f"{failure.get('reason')}\n{proc.log_tail()}"
+            )
         if not restarts:
             return RuntimeError(f"{proc.name} exited with {codes[-1]}:\n{proc.log_tail()}")
         return RuntimeError(

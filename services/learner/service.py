@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from services.common.config import TrainConfig
+from services.common.config import TrainConfig, config_digest
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.learner import collectives, full_weights
@@ -44,7 +44,13 @@ class StepTimeout(RuntimeError):
     pass
 
 
-class DynamicSamplingExhausted(RuntimeError):
+class RunFailed(RuntimeError):
+    """The run cannot go on with its config: restarted on it, the learner would fail the same way. The run
+    state records why (`RunState.mark_failed`), so no launcher restarts it and a learner started on that
+    config exits at once; a changed config clears it."""
+
+
+class DynamicSamplingExhausted(RunFailed):
     """A step dropped more uninformative groups than `algorithm.dynamic_sampling_max_gen_batches` allows."""
 
 
@@ -460,6 +466,27 @@ class LearnerService:
         self.state.publish_metrics(self.step, summary)
 
     def run(self) -> list[dict[str, Any]]:
+        self._refuse_a_failed_run()
+        try:
+            return self._run()
+        except RunFailed as exc:
+            if collectives.is_rank0():
+                self.state.mark_failed(str(exc), config_digest(self.config))
+            raise
+
+    def _refuse_a_failed_run(self) -> None:
+        failure = self.state.failure() if collectives.is_rank0() else None
+        if failure is None:
+            return
+        if failure.get("config") == config_digest(self.config):
+            raise RunFailed(
+                "this run failed and its config has not changed since, so it would fail the same way: "
+                f"{failure.get('reason')}"
+            )
+        log.info("this run failed earlier (%s); its config has changed since, so it goes on", failure.get("reason"))
+        self.state.clear_failure()
+
+    def _run(self) -> list[dict[str, Any]]:
         self.resume()
         if collectives.is_rank0() and self.pusher.needs_servers:
             self.wait_for_rollouts()

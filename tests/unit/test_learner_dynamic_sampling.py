@@ -13,7 +13,7 @@ from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.launcher.report import step_line
 from services.learner.prometheus_metrics import export_summary
-from services.learner.service import DynamicSamplingExhausted, LearnerService
+from services.learner.service import DynamicSamplingExhausted, LearnerService, RunFailed
 from tests.support.claims import publish_claimed
 from tests.support.service_fakes import FakeStream, OkPusher, RecordingTrainer, entry
 from tests.support.trajectories import traj
@@ -189,3 +189,38 @@ def test_filtered_groups_reach_prometheus_and_the_step_lines():
     quiet = {**summary, "groups_filtered": 0}
     assert "filtered" not in step_line(quiet, 10) and "filtered" not in step_stats(quiet, None)
     assert step_line({**quiet, "groups_uniform": 2}, 10).endswith("| uniform 2")
+
+
+def test_an_exhausted_run_is_marked_failed_and_refused_until_its_config_changes(redis_url, run_name, tmp_path):
+    def learner_of(max_gen_batches):
+        cfg = config(
+            max_gen_batches=max_gen_batches,
+            run=run_name,
+            stream={"redis_url": redis_url, "read_block_ms": 50},
+            learner={"steps": 1, "step_timeout_s": 5, "checkpoint_dir": str(tmp_path / "ckpt")},
+        )
+        trainer = RecordingTrainer()
+        return LearnerService(cfg, trainer, OkPusher(), state, stream), trainer
+
+    state = RunState.connect(config(run=run_name, stream={"redis_url": redis_url}))
+    stream = TrajectoryStream(state.client, state.trajectories_key)
+    try:
+        state.register_rollout("127.0.0.1:1", {"policy_version": 0})
+        stream.ensure_group()
+        for gid, rewards in [("u1", (1, 1)), ("u2", (0, 0)), ("a", (0, 1)), ("b", (1, 0))]:
+            publish_claimed(state, group(gid, *map(float, rewards)), gid)
+        service, trainer = learner_of(max_gen_batches=1)
+        with pytest.raises(DynamicSamplingExhausted) as exhausted:
+            service.run()
+        failure = state.failure()
+        assert failure["reason"] == str(exhausted.value) and failure["reason"].startswith("step 1: dynamic sampling")
+        pending = stream.pending_count()
+        again, trainer = learner_of(max_gen_batches=1)  # restarted as it was: it fails at once, reading nothing
+        with pytest.raises(RunFailed, match="its config has not changed since, so it would fail the same way: step 1"):
+            again.run()
+        assert trainer.applied == [] and stream.pending_count() == pending
+        changed, trainer = learner_of(max_gen_batches=0)  # the limit raised: the mark is cleared and it trains
+        assert [m["step"] for m in changed.run()] == [1] and trainer.applied == [["a", "b"]]
+        assert state.failure() is None
+    finally:
+        state.reset()

@@ -25,7 +25,9 @@ def run(successes, steps, stop_at=None, window=3):
     service._push = lambda rollback=False: (0.0, None, [])
     service._checkpoint = lambda force: forced.append(force) or 0.0
     service.export_policy = lambda: exported.append(service.step)
-    service.state = SimpleNamespace(mark_done=lambda: done.append(True), publish_metrics=lambda step, summary: None)
+    service.state = SimpleNamespace(
+        mark_done=lambda: done.append(True), publish_metrics=lambda step, summary: None, failure=lambda: None
+    )
     service._export = lambda summary: service.history.append(summary)
     history = service.run()
     return [m["step"] for m in history], forced, exported, done

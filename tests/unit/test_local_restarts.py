@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import redis
 
 from services.common.config import load_config
 from services.common.config_cli import UsageError
@@ -35,6 +36,22 @@ class NoMetrics:
 
     def rollout_counters(self):
         return {}
+
+    def failure(self):
+        return None
+
+
+class FailedRun(NoMetrics):
+    """The learner marked the run failed (`RunState.mark_failed`); or, with `error`, Redis cannot say."""
+
+    def __init__(self, error=None):
+        self.error, self.reads = error, 0
+
+    def failure(self):
+        self.reads += 1
+        if self.error:
+            raise self.error
+        return {"reason": "step 3: dynamic sampling dropped 24 groups", "config": "0123abcd"}
 
 
 class Recorder:
@@ -101,6 +118,29 @@ def test_a_learner_that_fails_is_restarted_and_its_success_ends_the_run(make_run
     assert run.view.stages[0]["message"] == (
         f"learner exited (exit code 1); restarting it in 0s (restart 1 of {MAX_RESTARTS})"
     )
+
+
+EXITS_1 = "import sys; sys.exit(1)"
+
+
+def test_a_learner_that_marked_the_run_failed_is_not_restarted(make_run, monkeypatch):
+    run = make_run({"reward": SLEEPS, "learner": EXITS_1}, restart_delay_s=0.0)
+    state = FailedRun()
+    monkeypatch.setattr(local.RunState, "connect", classmethod(lambda cls, config: state))
+    with pytest.raises(RuntimeError) as failed:
+        run.follow()
+    assert failure_summary(failed.value) == (
+        "learner exited with 1, not restarted (on the same config it would fail the same way): step 3: dynamic "
+        "sampling dropped 24 groups"
+    )
+    assert run.restarts == {} and run.view.stages == [] and state.reads == 1  # read once, then remembered
+
+
+def test_a_learner_whose_run_state_cannot_be_read_is_restarted_as_before(make_run, monkeypatch):
+    run = make_run({"reward": SLEEPS, "learner": FAILS_ONCE}, restart_delay_s=0.0)
+    state = FailedRun(error=redis.ConnectionError("Redis is restarting"))
+    monkeypatch.setattr(local.RunState, "connect", classmethod(lambda cls, config: state))
+    assert run.follow() == [] and run.restarts == {"learner": 1} and state.reads >= 1
 
 
 def test_the_restart_waits_its_delay(make_run):
