@@ -54,6 +54,20 @@ class DynamicSamplingExhausted(RunFailed):
     """A step dropped more uninformative groups than `algorithm.dynamic_sampling_max_gen_batches` allows."""
 
 
+def check_sampling_budget(config: TrainConfig, step: int, dropped: int, kept: int) -> None:
+    """Fails step `step` once it would need more than `dynamic_sampling_max_gen_batches` times groups_per_step
+    groups (verl's max_num_gen_batches), kept and dropped: once it dropped more than (N - 1) x groups_per_step."""
+    batches, want = config.algorithm.dynamic_sampling_max_gen_batches, config.rollout.groups_per_step
+    if not batches or dropped <= (batches - 1) * want:
+        return
+    raise DynamicSamplingExhausted(
+        f"step {step}: dynamic sampling dropped {dropped} groups whose episodes all got the same reward and has "
+        f"{kept}/{want} groups to train on, past algorithm.dynamic_sampling_max_gen_batches={batches} ({batches} x "
+        f"{want} groups per step): the tasks may be all solved or all failed by the policy; raise the limit (0: none) "
+        "or set algorithm.dynamic_sampling=false"
+    )
+
+
 def same_reward(members: Iterable) -> bool:
     """Every member got exactly the same `Trajectory.reward`: under the group-relative estimators the group's
     advantages are all 0. Dynamic sampling drops such groups; the step summary counts those trained on."""
@@ -184,7 +198,7 @@ class LearnerService:
                     out.groups.add(group_id)
             self.guard.purge(out)
             self._count_stale_groups(e for group_id, ids in lost.items() if group_id not in out.groups for e in ids)
-            self._check_sampling_budget(out)
+            check_sampling_budget(cfg, self.step + 1, len(out.filtered_groups), len(out.groups))
             if entries:
                 continue
             self._reclaim_lost_deliveries(out)
@@ -225,20 +239,6 @@ class LearnerService:
         DROPPED.labels(reason="filtered").inc(len(members))
         out.filtered_groups.add(group_id)
         out.filtered_trajectories += len(members)
-
-    def _check_sampling_budget(self, out: CollectedStep) -> None:
-        """Fails the step once it would need more than `dynamic_sampling_max_gen_batches` times
-        groups_per_step groups (verl's max_num_gen_batches), kept and filtered."""
-        batches, want = self.config.algorithm.dynamic_sampling_max_gen_batches, self.config.rollout.groups_per_step
-        if not batches or len(out.filtered_groups) <= (batches - 1) * want:
-            return
-        raise DynamicSamplingExhausted(
-            f"step {self.step + 1}: dynamic sampling dropped {len(out.filtered_groups)} groups whose episodes all "
-            f"got the same reward and has {len(out.groups)}/{want} groups to train on, past "
-            f"algorithm.dynamic_sampling_max_gen_batches={batches} ({batches} x {want} groups per step): the tasks "
-            "may be all solved or all failed by the policy; raise the limit (0: none) or set "
-            "algorithm.dynamic_sampling=false"
-        )
 
     def _servers_line(self) -> str:
         try:

@@ -12,20 +12,30 @@ observation tokens, per-turn anchors and env rewards, an unparsed reply answered
 Given the seed the whole loop is deterministic: tasks and samples are drawn from seeded generators, torch runs
 with deterministic algorithms on a fixed number of threads (both restored afterwards), and the batch order is
 fixed, so two runs of one seed give the same success curve.
+
+With `algorithm.dynamic_sampling` a group whose episodes all got the same reward (the learner's `same_reward`) is
+dropped, as the learner drops it, and a group on a fresh task (from a generator of its own, so each step's first
+groups are the same tasks with or without it) is played in its place until the step has `groups_per_step`
+informative groups; past `dynamic_sampling_max_gen_batches` the step fails with the learner's
+`DynamicSamplingExhausted`. With `env.validation_every` the policy plays each held-out task (the validation split,
+as services/rollout/evaluation.py plays it) once at `env.validation_temperature` whenever its version is a
+multiple of it, 0 included, from a generator of its own: validation leaves the training draws as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from services.common.config import TrainConfig, load_config
+from services.common.config import EnvConfig, TrainConfig, load_config
 from services.common.trajectory import Trajectory, TrajectoryBuilder
+from services.learner.service import check_sampling_budget, same_reward, uniform_groups
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_model_rl.yaml")
 RACE = [
@@ -61,8 +71,9 @@ class Reply:
 
 
 class Sampler:
-    """A plain Hugging Face causal LM with the policy's weights: batched multinomial sampling at temperature 1
-    (the policy itself, as the rollout samples for training) with each token's logprob, from a seeded generator."""
+    """A plain Hugging Face causal LM with the policy's weights: batched multinomial sampling (at temperature 1 the
+    policy itself, as the rollout samples for training; 0: greedy) with each token's logprob under the policy, from
+    a seeded generator."""
 
     def __init__(self, model_path: str, stop_token_ids: list[int], pad_id: int):
         from transformers import AutoModelForCausalLM
@@ -75,7 +86,9 @@ class Sampler:
         self.model.load_state_dict(dict(named_weights), strict=True)
 
     @torch.no_grad()
-    def sample(self, contexts: list[list[int]], max_tokens: int, generator: torch.Generator) -> list[Reply]:
+    def sample(
+        self, contexts: list[list[int]], max_tokens: int, generator: torch.Generator, temperature: float = 1.0
+    ) -> list[Reply]:
         """One reply per context (left-padded into one batch, decoded with a KV cache) of at most `max_tokens`."""
         width = max(len(c) for c in contexts)
         ids = torch.tensor([[self.pad] * (width - len(c)) + c for c in contexts])
@@ -90,7 +103,7 @@ class Sampler:
             )
             past = out.past_key_values
             logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-            tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+            tokens = _draw(logprobs, temperature, generator)
             picked = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             for row in live:
                 replies[row].token_ids.append(int(tokens[row]))
@@ -103,6 +116,13 @@ class Sampler:
             step_ids = tokens.unsqueeze(-1)
             mask = torch.cat([mask, torch.ones_like(step_ids)], dim=-1)
         return replies
+
+
+def _draw(logprobs: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    if temperature == 0:
+        return logprobs.argmax(-1)
+    weights = logprobs.exp() if temperature == 1 else torch.softmax(logprobs / temperature, dim=-1)
+    return torch.multinomial(weights, 1, generator=generator).squeeze(-1)
 
 
 @dataclass
@@ -130,14 +150,24 @@ class Rollout:
     reward: object
     max_model_len: int = 0  # 0: the config's model.max_model_len
 
-    def play(self, tasks: list[int], generator: torch.Generator, step: int, policy_version: int) -> list[Trajectory]:
-        """`group_size` episodes of each task, scored: group i is `g<step>-<i>`."""
+    def play(
+        self,
+        tasks: list[int],
+        generator: torch.Generator,
+        step: int,
+        policy_version: int,
+        *,
+        first_group: int = 0,
+        size: int | None = None,
+        temperature: float = 1.0,
+    ) -> list[Trajectory]:
+        """`size` (default `group_size`) episodes of each task, scored: group i is `g<step>-<first_group + i>`."""
         from services.envs.registry import ENVS
 
-        env_cfg, size = self.config.env, self.config.rollout.group_size
+        env_cfg, size = self.config.env, size or self.config.rollout.group_size
         max_len = self.max_model_len or self.config.model.max_model_len
         episodes = []
-        for group, task in enumerate(tasks):
+        for group, task in enumerate(tasks, start=first_group):
             for member in range(size):
                 env = ENVS.create(env_cfg.name)
                 observation = env.reset(task, dict(env_cfg.options))
@@ -158,7 +188,8 @@ class Rollout:
             if not live:
                 break
             budget = min(self.config.rollout.max_new_tokens, *(max_len - e.builder.length for e in live))
-            replies = self.sampler.sample([list(e.builder.record.token_ids) for e in live], budget, generator)
+            contexts = [list(e.builder.record.token_ids) for e in live]
+            replies = self.sampler.sample(contexts, budget, generator, temperature)
             for e, reply in zip(live, replies):
                 self._turn(e, reply, policy_version, max_len)
         for e in episodes:
@@ -217,13 +248,90 @@ def deterministic_torch(threads: int) -> Iterator[None]:
 
 @dataclass
 class Curve:
-    """Per step: the sampled batch's success rate and mean reward (before that step's update)."""
+    """Per step: the trained batch's success rate and mean reward (before that step's update), the episodes played
+    (dropped groups' included), the groups dynamic sampling dropped, the trained groups whose episodes all got the
+    same reward (zero advantage under the group-relative estimators) and the seconds the step took (validation
+    not counted). Per validated policy version: each held-out task's outcome, in `held_out` order."""
 
     success: list[float] = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
+    episodes: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    uniform: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    held_out: list[int] = field(default_factory=list)
+    validation: dict[int, list[bool]] = field(default_factory=dict)
+    validation_seconds: float = 0.0
 
     def last(self, steps: int) -> float:
         return sum(self.success[-steps:]) / steps
+
+    def validation_success(self, version: int) -> float:
+        won = self.validation[version]
+        return sum(won) / len(won)
+
+
+@dataclass
+class Collected:
+    """A step's trained batch, with what dynamic sampling played and dropped to fill it."""
+
+    batch: list[Trajectory]
+    episodes: int
+    dropped: int
+
+
+def held_out_tasks(env: EnvConfig) -> list[int]:
+    """The validation split's task indices, the ones the rollout's evaluator plays, without writing a generated
+    split to disk (services/envs/datasets.py)."""
+    from services.envs.datasets import TaskSplit, split_range
+
+    if env.dataset:
+        return TaskSplit.load(env, "validation").task_indices
+    return list(split_range(env, "validation"))
+
+
+def validation_due(config: TrainConfig, version: int) -> bool:
+    """As `services.rollout.evaluation.Evaluator.due`."""
+    every = config.env.validation_every
+    return every > 0 and version % every == 0 and version <= config.learner.steps
+
+
+def by_group(trajectories: list[Trajectory]) -> list[list[Trajectory]]:
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    return list(groups.values())
+
+
+def collect(
+    rollout: Rollout, tasks: list[int], refill: random.Random, generator: torch.Generator, step: int, version: int
+) -> Collected:
+    """The step's groups on `tasks`; with dynamic sampling, each uniform group replaced by one on a task drawn from
+    `refill` (as the learner has the producers replace it) until `groups_per_step` are informative."""
+    config = rollout.config
+    if not config.algorithm.dynamic_sampling:
+        batch = rollout.play(tasks, generator, step, version)
+        return Collected(batch, len(batch), 0)
+    kept: list[list[Trajectory]] = []
+    episodes = dropped = 0
+    while tasks:
+        groups = by_group(rollout.play(tasks, generator, step, version, first_group=len(kept) + dropped))
+        episodes += sum(len(members) for members in groups)
+        kept += [members for members in groups if not same_reward(members)]
+        dropped += sum(same_reward(members) for members in groups)
+        check_sampling_budget(config, step + 1, dropped, len(kept))
+        tasks = [refill.randrange(config.env.train_tasks) for _ in range(config.rollout.groups_per_step - len(kept))]
+    return Collected([t for members in kept for t in members], episodes, dropped)
+
+
+def validate(rollout: Rollout, held_out: list[int], version: int, curve: Curve) -> None:
+    """Each held-out task played once by the policy of `version`, from a generator of its own."""
+    start = time.perf_counter()
+    config = rollout.config
+    generator = torch.Generator().manual_seed(config.seed * 7_919 + version)
+    played = rollout.play(held_out, generator, version, version, size=1, temperature=config.env.validation_temperature)
+    curve.validation[version] = [t.success for t in played]
+    curve.validation_seconds += time.perf_counter() - start
 
 
 def train(
@@ -232,9 +340,11 @@ def train(
     *,
     threads: int = 1,
     say: Callable[[str], None] | None = None,
+    curve: Curve | None = None,
 ) -> Curve:
     """`config.learner.steps` steps of `config.rollout.groups_per_step` groups on `config.env`, from `model_path`,
-    seeded by `config.seed` (tasks drawn from the env's first `config.env.train_tasks` indices)."""
+    seeded by `config.seed` (tasks drawn from the env's first `config.env.train_tasks` indices). `curve` (a fresh
+    one by default) is filled step by step, so a caller keeps the steps done before one fails."""
     from transformers import AutoTokenizer
 
     from services.learner.trainer import PolicyTrainer
@@ -242,7 +352,7 @@ def train(
     from services.rollout.action_parsers import PARSERS
     from services.rollout.prompting import ChatFormatter
 
-    curve = Curve()
+    curve = Curve() if curve is None else curve
     with deterministic_torch(threads):
         trainer = PolicyTrainer(config, model_path)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -250,16 +360,38 @@ def train(
         sampler = Sampler(model_path, formatter.stop_token_ids, tokenizer.pad_token_id or 0)
         parser, reward = PARSERS.create(config.rollout.action_parser), RewardComposer.from_config(config.reward)
         rollout = Rollout(config, sampler, formatter, parser, reward)
-        tasks_rng = random.Random(f"tasks:{config.seed}")
+        tasks_rng, refill = random.Random(f"tasks:{config.seed}"), random.Random(f"refill:{config.seed}")
         generator = torch.Generator().manual_seed(config.seed)
+        curve.held_out = held_out_tasks(config.env) if config.env.validation_every else []
         for step in range(config.learner.steps):
+            if validation_due(config, trainer.policy_version):
+                validate(rollout, curve.held_out, trainer.policy_version, curve)
+            start = time.perf_counter()
             tasks = [tasks_rng.randrange(config.env.train_tasks) for _ in range(config.rollout.groups_per_step)]
-            batch = rollout.play(tasks, generator, step, trainer.policy_version)
-            curve.success.append(sum(t.success for t in batch) / len(batch))
-            curve.reward.append(sum(t.reward for t in batch) / len(batch))
-            trainer.train_step(batch)
+            step_groups = collect(rollout, tasks, refill, generator, step, trainer.policy_version)
+            record(curve, step_groups)
+            trainer.train_step(step_groups.batch)
             trainer.policy_version += 1
             sampler.load(trainer.named_weights_for_push())
+            curve.seconds.append(time.perf_counter() - start)
             if say:
-                say(f"step {step + 1}: success {curve.success[-1]:.0%}, reward {curve.reward[-1]:.3f}")
+                say(step_line(curve))
+        if validation_due(config, trainer.policy_version):
+            validate(rollout, curve.held_out, trainer.policy_version, curve)
     return curve
+
+
+def record(curve: Curve, step: Collected) -> None:
+    batch = step.batch
+    curve.success.append(sum(t.success for t in batch) / len(batch))
+    curve.reward.append(sum(t.reward for t in batch) / len(batch))
+    curve.episodes.append(step.episodes)
+    curve.dropped.append(step.dropped)
+    curve.uniform.append(uniform_groups(batch))
+
+
+def step_line(curve: Curve) -> str:
+    line = f"step {len(curve.success)}: success {curve.success[-1]:.0%}, reward {curve.reward[-1]:.3f}"
+    if curve.dropped[-1]:
+        line += f", dropped {curve.dropped[-1]} groups ({curve.episodes[-1]} episodes played)"
+    return line

@@ -99,6 +99,58 @@ def test_corridor_options():
             corridor(0, **bad)
 
 
+MIXED = {"length": 8, "distances": [1, 3, 5], "max_turns": 3}
+
+
+def follow_the_hint(env: Corridor, observation: str):
+    while True:
+        result = env.step(re.search(r"exit is to the (left|right)", observation).group(1))
+        if result.done:
+            return result
+        observation = result.observation
+
+
+def test_corridor_distances_cycle_by_task_index():
+    for seed in SEEDS:
+        env, _ = corridor(seed, **MIXED)
+        assert abs(env.exit - env.position) == [1, 3, 5][seed % 3], seed
+        behind = env.position - 1 if env.exit > env.position else env.position + 1
+        assert 0 <= behind < 8, "the start never touches the wall behind it"
+    a, obs_a = corridor(7, **MIXED)
+    b, obs_b = corridor(7, **MIXED)
+    assert (obs_a, a.position, a.exit) == (obs_b, b.position, b.exit)
+
+
+def test_corridor_distances_out_of_reach_always_fail():
+    for seed in SEEDS:
+        env, observation = corridor(seed, **MIXED)
+        distance = abs(env.exit - env.position)
+        assert follow_the_hint(env, observation).success == (distance <= 3), seed
+
+
+def test_corridor_without_distances_is_unchanged():
+    for seed in (0, 1, 2, 99):
+        a, obs_a = corridor(seed, length=8, distance=3)
+        b, obs_b = corridor(seed, length=8, distances=[3])
+        assert (obs_a, a.position, a.exit) == (obs_b, b.position, b.exit)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"distances": []},
+        {"distances": [0, 1]},
+        {"distances": [1, "far"]},
+        {"distances": 3},
+        {"length": 6, "distances": [1, 5]},
+        {"distance": 3, "distances": [1, 3]},
+    ],
+)
+def test_corridor_bad_distances_are_refused(bad):
+    with pytest.raises(InvalidTask):
+        corridor(0, **bad)
+
+
 def test_corridor_random_policy_succeeds_one_time_in_eight():
     rng = random.Random(0)
     episodes, wins = 2000, 0

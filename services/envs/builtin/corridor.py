@@ -6,11 +6,16 @@ towards the hint". The exit is exactly `distance` cells from the start, and the 
 the wall behind it, so walls never help a wandering agent. With the defaults (length 8, distance 3,
 4 turns) a uniformly random left/right policy succeeds 1/8 = 12.5% of the time: only the 3 moves
 straight to the exit succeed (after 4 moves the parity is wrong). Tests hold the env to this number.
+
+`distances` (instead of `distance`) mixes difficulties: task i's exit is `distances[i % len(distances)]` cells
+away, e.g. `{length: 8, distances: [1, 3, 5], max_turns: 3}` makes a third of the tasks easy, a third hard
+and a third impossible (5 cells in 3 moves).
 """
 
 from __future__ import annotations
 
 import random
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
@@ -21,14 +26,22 @@ from services.envs.registry import register_env
 class CorridorOptions(EnvOptions):
     length: int = Field(8, ge=3, le=1000)
     distance: int = Field(3, ge=1)
+    distances: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1, max_length=1000)
     hint: bool = True
     max_turns: int = Field(4, ge=1, le=1000)
 
     @model_validator(mode="after")
     def _fits(self) -> CorridorOptions:
-        if self.distance + 2 > self.length:
-            raise ValueError(f"distance {self.distance} needs length >= {self.distance + 2}")
+        if self.distances and "distance" in self.model_fields_set:
+            raise ValueError("set distance or distances, not both")
+        for distance in self.distances or [self.distance]:
+            if distance + 2 > self.length:
+                raise ValueError(f"distance {distance} needs length >= {distance + 2}")
         return self
+
+    def distance_of(self, task_index: int) -> int:
+        """The exit's distance in task `task_index`."""
+        return self.distances[task_index % len(self.distances)] if self.distances else self.distance
 
 
 @register_env("corridor")
@@ -43,7 +56,7 @@ class Corridor(TextEnv):
         if task_index < 0:
             raise InvalidTask(f"task_index must be >= 0, got {task_index}")
         self.opts, self.max_turns, self.turn = opts, opts.max_turns, 0
-        length, d = opts.length, opts.distance
+        length, d = opts.length, opts.distance_of(task_index)
         # one free cell behind the start on the side away from the exit (see the module docstring)
         starts = [(s, s + d) for s in range(1, length - d)] + [(s, s - d) for s in range(d, length - 1)]
         self.position, self.exit = random.Random(task_index).choice(starts)
