@@ -57,9 +57,10 @@ line says how many (`validation/turns_of_later_versions`: 576 of ~1,540 turns in
 none in PPO's, whose first step is twice as long)."""
 FIRST, LAST = 3, 5
 """Steps averaged for the first and the final reply lengths and success rate."""
-STOP_AT = 0.9
+STOP_AT = 0.85
 """A run ends once its success rate over the last LAST steps reaches this (`learner.stop_at_success`): above the
-80% bar, so the last steps hold it with a margin; a run that never gets there runs every step and fails."""
+80% bar, so the last steps hold it with a margin; a run that never gets there runs every step and fails. (At 0.9
+the runs of 8d3f96f's CI took 29, 34 and 38 steps; their curves reach 0.85 at steps 23, 31 and 35.)"""
 
 
 # one class a run: under pytest-xdist (--dist loadscope, scripts/test.sh) each class is a scope of its own,
