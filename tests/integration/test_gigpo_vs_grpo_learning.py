@@ -4,13 +4,14 @@ from the learner's own weights after every step).
 
 - The same seed twice gives the same curves, to the last bit of the mean reward.
 - GiGPO learns faster than GRPO on a corridor where credit per turn matters: same model, seeds, tasks, batch and
-  step budget; GiGPO's success over steps 2-8, less GRPO's, averaged over seeds 0-2, is at least 5 points.
+  step budget; GiGPO's success over steps 2-6, less GRPO's, averaged over seeds 0-2, is at least 5 points.
 
 The margin's settings came from a sweep on 16 CPU threads of an H200 machine (docs/algorithms.md, GiGPO, "Seen"):
 corridor {length: 10, distance: 4, max_turns: 9} (a random walk: ~30%), 16 groups of 2, lr 1.5e-3, both
 normalised by the standard deviation (`gigpo_norm: mean_std_norm`, which GRPO ignores; GiGPO's step advantages
-are differences of discounted returns, tiny unless so scaled). Seeds 0-8 gave per-seed margins of +8 to +30
-points (steps 2-8) and +19, +13 and +17 over the seed triples 0-2, 3-5 and 6-8. What 8 steps show is GiGPO
+are differences of discounted returns, tiny unless so scaled). Over steps 2-6, seeds 0-15 gave per-seed margins
+of +1 to +33 points and +19, +11, +17, +11 and +18 over the seed triples 0-2 to 12-14 (docs/algorithms.md); the loop
+gives the same curves to the bit on this project's machines and a device machine's cores. What these steps show is GiGPO
 settling sooner on a better, low-entropy policy (~50%: mostly one way), not yet following the hint, which it does
 later (99% by step 25 in one seed of nine, 7 seeds of 10 by step 40 on a longer corridor)."""
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 SAME_SEED_TASK = ("corridor", "{length: 12, distance: 5, max_turns: 11}")
 RACE_TASK = ("corridor", "{length: 10, distance: 4, max_turns: 9}")
-RACE_SEEDS, RACE_STEPS, MARGIN = (0, 1, 2), 8, 0.05
+RACE_SEEDS, RACE_STEPS, MARGIN = (0, 1, 2), 6, 0.05
 NORM = ["algorithm.gigpo_norm=mean_std_norm"]
 
 

@@ -49,7 +49,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "env.options={lenght: 5}",
             ("env", "options", "lenght"),
-            "unknown option 'lenght' of env 'corridor'; known: distance, hint, length, max_turns",
+            "unknown option 'lenght' of env 'corridor'; known: distance, distances, hint, length, max_turns",
         ),
         ("env.options={length: many}", ("env", "options", "length"), "Input should be a valid integer"),
         (
