@@ -129,7 +129,8 @@ BAD = [
     ),
     (
         ["--env.options", '{"lenght": 5}'],
-        "env.options.lenght: unknown option 'lenght' of env 'corridor'; known: distance, distances, hint, length, max_turns",
+        "env.options.lenght: unknown option 'lenght' of env 'corridor'; "
+        "known: distance, distances, hint, length, max_turns",
     ),
     (["--rollout.action_parser", "xml"], "rollout.action_parser: 'xml' is not one of: xml_action"),
     (
