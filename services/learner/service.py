@@ -74,12 +74,17 @@ def same_reward(members: Iterable) -> bool:
     return len({t.reward for t in members}) == 1
 
 
-def uniform_groups(trajectories: Iterable) -> int:
-    """Groups among `trajectories` whose members all got the same reward (`same_reward`)."""
+def by_group(trajectories: Iterable) -> list[list]:
+    """`trajectories` split by `group_id`, groups in order of first appearance."""
     groups: dict[str, list] = {}
     for traj in trajectories:
         groups.setdefault(traj.group_id, []).append(traj)
-    return sum(same_reward(members) for members in groups.values())
+    return list(groups.values())
+
+
+def uniform_groups(trajectories: Iterable) -> int:
+    """Groups among `trajectories` whose members all got the same reward (`same_reward`)."""
+    return sum(same_reward(members) for members in by_group(trajectories))
 
 
 @dataclass

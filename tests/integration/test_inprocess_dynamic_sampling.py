@@ -11,9 +11,9 @@ alone (a reply that does not parse would tell the members of a group apart by th
 
 import pytest
 
-from services.learner.service import DynamicSamplingExhausted, same_reward
+from services.learner.service import DynamicSamplingExhausted, by_group, same_reward
 from services.learner.trainer import PolicyTrainer
-from tests.support.inprocess_rl import by_group, race_config, train
+from tests.support.inprocess_rl import race_config, train
 
 MIXED = "{length: 8, distances: [1, 3, 5], max_turns: 3}"
 SMALL = ["rollout.groups_per_step=4", "rollout.group_size=4", "reward.components={goal: {weight: 1.0}}"]

@@ -35,7 +35,7 @@ import torch
 
 from services.common.config import EnvConfig, TrainConfig, load_config
 from services.common.trajectory import Trajectory, TrajectoryBuilder
-from services.learner.service import check_sampling_budget, same_reward, uniform_groups
+from services.learner.service import by_group, check_sampling_budget, same_reward, uniform_groups
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_model_rl.yaml")
 RACE = [
@@ -296,13 +296,6 @@ def validation_due(config: TrainConfig, version: int) -> bool:
     return every > 0 and version % every == 0 and version <= config.learner.steps
 
 
-def by_group(trajectories: list[Trajectory]) -> list[list[Trajectory]]:
-    groups: dict[str, list[Trajectory]] = {}
-    for t in trajectories:
-        groups.setdefault(t.group_id, []).append(t)
-    return list(groups.values())
-
-
 def collect(
     rollout: Rollout, tasks: list[int], refill: random.Random, generator: torch.Generator, step: int, version: int
 ) -> Collected:
@@ -317,8 +310,9 @@ def collect(
     while tasks:
         groups = by_group(rollout.play(tasks, generator, step, version, first_group=len(kept) + dropped))
         episodes += sum(len(members) for members in groups)
-        kept += [members for members in groups if not same_reward(members)]
-        dropped += sum(same_reward(members) for members in groups)
+        informative = [members for members in groups if not same_reward(members)]
+        kept += informative
+        dropped += len(groups) - len(informative)
         check_sampling_budget(config, step + 1, dropped, len(kept))
         tasks = [refill.randrange(config.env.train_tasks) for _ in range(config.rollout.groups_per_step - len(kept))]
     return Collected([t for members in kept for t in members], episodes, dropped)
