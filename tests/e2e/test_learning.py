@@ -57,10 +57,13 @@ line says how many (`validation/turns_of_later_versions`: 576 of ~1,540 turns in
 none in PPO's, whose first step is twice as long)."""
 FIRST, LAST = 3, 5
 """Steps averaged for the first and the final reply lengths and success rate."""
-STOP_AT = 0.85
-"""A run ends once its success rate over the last LAST steps reaches this (`learner.stop_at_success`): above the
-80% bar, so the last steps hold it with a margin; a run that never gets there runs every step and fails. (At 0.9
-the runs of 8d3f96f's CI took 29, 34 and 38 steps; their curves reach 0.85 at steps 23, 31 and 35.)"""
+BAR = 0.80
+"""What a run must reach: its success rate over the last LAST steps."""
+STOP_AT = BAR
+"""A run ends as soon as its success rate over the last LAST steps reaches the bar (`learner.stop_at_success`), which
+the test then checks on the history the learner reported; a run that never gets there runs every step and fails.
+(Stopping above the bar only buys steps: f0fc98c's CI, stopping at 0.85, took 22, 31 and 31 steps; the same curves
+reach 0.80 at steps 21, 27 and 27. At 0.9, 8d3f96f's took 29, 34 and 38.)"""
 
 
 # one class a run: under pytest-xdist (--dist loadscope, scripts/test.sh) each class is a scope of its own,
@@ -106,15 +109,17 @@ def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
         RunState.connect(config).reset()
     history = result.history
     assert [m["step"] for m in history] == list(range(1, len(history) + 1)), "\n".join(lines[-20:])
-    assert len(history) == config.learner.steps or mean(m["success_rate"] for m in history[-LAST:]) >= STOP_AT
     success = [m["success_rate"] for m in history]
+    # the learner's own arithmetic (`_target_reached`): a run it stopped at the bar is at the bar here too
+    last = sum(success[-LAST:]) / len(success[-LAST:])
+    assert len(history) == config.learner.steps or last >= STOP_AT
     [v0] = [v for v in run.validations if v["policy_version"] == 0]
-    start, last = v0["validation/corridor/success_rate"], mean(success[-LAST:])
+    start = v0["validation/corridor/success_rate"]
     curve = [round(s, 2) for s in success]
     print(f"{name}: success {start:.0%} (v0, held out) -> {last:.0%} in {len(success)} steps: {curve}")
     print(validation_line(v0))
     assert v0["validation/episodes"] == 512 and start <= 0.20, v0
-    assert last >= 0.80, success
+    assert last >= BAR, success
     lengths = [m["response_len_mean"] for m in history]
     assert mean(lengths[-LAST:]) < 1.3 * mean(lengths[:FIRST]), lengths  # still terse actions, no babble
     if name == "ppo":
