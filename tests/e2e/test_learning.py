@@ -1,8 +1,10 @@
 """Training improves an agent: every service a real process (vLLM on CPU, envs, reward, Redis, the FSDP
 learner), the tiny model on corridor. PPO with a critic, GRPO, and GRPO with rollout running ahead of the
 learner (max_staleness 1) each take the success rate from at most 20% (the starting policy, on 512 held-out tasks)
-to at least 80% (the last steps)."""
+to at least 80% (the last steps). The three runs start from one model (`learning_tiny_model`), whose success on the
+held-out tasks is measured once for the session (`starting_success`)."""
 
+import json
 import uuid
 from pathlib import Path
 from statistics import mean
@@ -12,8 +14,9 @@ import pytest
 from services.common.config import load_config
 from services.common.run_state import RunState
 from services.launcher.local import LocalRun
-from services.launcher.report import validation_line
+from tests.support.inprocess_rl import held_out_outcomes
 from tests.support.learner import LEARNING_TASK
+from tests.support.shared_build import build_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -47,14 +50,15 @@ RUNS = {
     # and 2 stopped after 54 (at or above the 80% bar from step ~35) and 35
     "grpo_async": ["algorithm.advantage=grpo", "algorithm.max_staleness=1", "learner.steps=60"],
 }
-START = ["env.validation_every=1000", "env.validation_tasks=512", "env.validation_temperature=1.0"]
-"""The starting policy (v0) plays 512 held-out tasks at the training temperature, beside the first step's episodes:
-the start is measured apart from the first steps' batches, few episodes for a bound so near the chance rate (64-episode
-batches gave 19% over steps 1-3 in two tuning runs, against the 20% bar). Tuning runs saw 14.5-16.7% (about 77
-successes of 512, sd 8; the bar is 102). The first pushes land while they play: v1 and v2 (one or two warm-up updates)
-play some of their last turns, as they played steps 2-3 of the old measure, and as they learn they only raise it. The
-line says how many (`validation/turns_of_later_versions`: 576 of ~1,540 turns in a GRPO tuning run of 8 groups a step,
-none in PPO's, whose first step is twice as long)."""
+START = ["env.validation_tasks=512", "env.validation_temperature=1.0"]
+"""The starting policy (v0) plays 512 held-out tasks at the training temperature: a measure apart from the first
+steps' batches, and of many episodes for a bound so near the chance rate (64-episode batches gave 19% over steps 1-3
+in two tuning runs, against the 20% bar). It is measured once, in-process (`starting_success`: the real env, prompt
+format, action parser and reward functions; the policy sampled with torch, seeded and deterministic), not by each
+run's rollout: the three runs start from the same model, and a run's own validation of v0 (512 episodes beside its
+first step's, 29 s of a 261 s GRPO run on the AMD EPYC of docs/testing.md, c985332) made its first step wait for it.
+The rollout's validation in a whole run is tested by tests/e2e/test_prometheus_dashboards.py. Seen: 14.6% in-process
+(75 of 512), 14.5-16.7% in the runs' own validations (about 77 successes of 512, sd 8; the bar is 102)."""
 FIRST, LAST = 3, 5
 """Steps averaged for the first and the final reply lengths and success rate."""
 BAR = 0.80
@@ -64,29 +68,52 @@ there runs every step and fails. (Stopping above the bar only buys steps: f0fc98
 and 31 steps; the same curves reach 0.80 at steps 21, 27 and 27. At 0.9, 8d3f96f's took 29, 34 and 38.)"""
 
 
+@pytest.fixture(scope="session")
+def starting_success(tmp_path_factory, learning_tiny_model) -> float:
+    """The success rate of `learning_tiny_model` on the 512 held-out tasks (`START`), measured once for the whole
+    pytest-xdist run; the test fails here if it is above 20% or not of 512 episodes."""
+    config = load_config(RECIPE, [*TASK, *START])
+
+    def measure(folder: Path) -> Path:
+        out = folder / "v0.json"
+        out.write_text(json.dumps(held_out_outcomes(config, learning_tiny_model)))
+        return out
+
+    won = json.loads(build_once(tmp_path_factory, "learning-start", measure).read_text())
+    rate = sum(won) / len(won)
+    print(f"v0 (held out, in-process): {rate:.1%} of {len(won)} episodes")
+    assert len(won) == 512 and rate <= 0.20, rate
+    return rate
+
+
 # one class a run: under pytest-xdist (--dist loadscope, scripts/test.sh) each class is a scope of its own,
 # so the three runs, together the longest module, go to whichever worker is free
 class TestPpo:
-    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, learning_tiny_model, tmp_path):
-        learn("ppo", learning_tiny_model, tmp_path)
+    def test_success_rises_from_at_most_20_to_at_least_80_percent(
+        self, learning_tiny_model, starting_success, tmp_path
+    ):
+        learn("ppo", learning_tiny_model, starting_success, tmp_path)
 
 
 class TestGrpo:
-    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, learning_tiny_model, tmp_path):
-        learn("grpo", learning_tiny_model, tmp_path)
+    def test_success_rises_from_at_most_20_to_at_least_80_percent(
+        self, learning_tiny_model, starting_success, tmp_path
+    ):
+        learn("grpo", learning_tiny_model, starting_success, tmp_path)
 
 
 class TestGrpoAsync:
-    def test_success_rises_from_at_most_20_to_at_least_80_percent(self, learning_tiny_model, tmp_path):
-        learn("grpo_async", learning_tiny_model, tmp_path)
+    def test_success_rises_from_at_most_20_to_at_least_80_percent(
+        self, learning_tiny_model, starting_success, tmp_path
+    ):
+        learn("grpo_async", learning_tiny_model, starting_success, tmp_path)
 
 
-def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
+def learn(name: str, tiny_model: str, start: float, tmp_path: Path) -> None:
     config = load_config(
         RECIPE,
         [
             *TASK,
-            *START,
             *RUNS[name],
             f"model.path={tiny_model}",
             f"output_dir={tmp_path}",
@@ -110,12 +137,8 @@ def learn(name: str, tiny_model: str, tmp_path: Path) -> None:
     success = [m["success_rate"] for m in history]
     # the learner's own arithmetic (`_target_reached`): a run it stopped at the bar is at the bar here too
     last = sum(success[-LAST:]) / len(success[-LAST:])
-    [v0] = [v for v in run.validations if v["policy_version"] == 0]
-    start = v0["validation/corridor/success_rate"]
     curve = [round(s, 2) for s in success]
     print(f"{name}: success {start:.0%} (v0, held out) -> {last:.0%} in {len(success)} steps: {curve}")
-    print(validation_line(v0))
-    assert v0["validation/episodes"] == 512 and start <= 0.20, v0
     assert last >= BAR, success
     lengths = [m["response_len_mean"] for m in history]
     assert mean(lengths[-LAST:]) < 1.3 * mean(lengths[:FIRST]), lengths  # still terse actions, no babble

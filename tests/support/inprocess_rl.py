@@ -328,6 +328,31 @@ def validate(rollout: Rollout, held_out: list[int], version: int, curve: Curve) 
     curve.validation_seconds += time.perf_counter() - start
 
 
+def policy_rollout(config: TrainConfig, model_path: str) -> Rollout:
+    """The in-process rollout of the policy at `model_path`: its sampler, the run's prompt format, action parser
+    and reward functions."""
+    from transformers import AutoTokenizer
+
+    from services.reward.composer import RewardComposer
+    from services.rollout.action_parsers import PARSERS
+    from services.rollout.prompting import ChatFormatter
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    formatter = ChatFormatter(tokenizer)
+    sampler = Sampler(model_path, formatter.stop_token_ids, tokenizer.pad_token_id or 0)
+    parser, reward = PARSERS.create(config.rollout.action_parser), RewardComposer.from_config(config.reward)
+    return Rollout(config, sampler, formatter, parser, reward)
+
+
+def held_out_outcomes(config: TrainConfig, model_path: str, *, threads: int = 1) -> list[bool]:
+    """Each held-out task (`env.validation_tasks` of the validation split) played once by the policy at
+    `model_path`, as a run's validation of v0 plays them (`env.validation_temperature`), with no training."""
+    curve = Curve()
+    with deterministic_torch(threads):
+        validate(policy_rollout(config, model_path), held_out_tasks(config.env), 0, curve)
+    return curve.validation[0]
+
+
 def train(
     config: TrainConfig,
     model_path: str,
@@ -339,21 +364,13 @@ def train(
     """`config.learner.steps` steps of `config.rollout.groups_per_step` groups on `config.env`, from `model_path`,
     seeded by `config.seed` (tasks drawn from the env's first `config.env.train_tasks` indices). `curve` (a fresh
     one by default) is filled step by step, so a caller keeps the steps done before one fails."""
-    from transformers import AutoTokenizer
-
     from services.learner.trainer import PolicyTrainer
-    from services.reward.composer import RewardComposer
-    from services.rollout.action_parsers import PARSERS
-    from services.rollout.prompting import ChatFormatter
 
     curve = Curve() if curve is None else curve
     with deterministic_torch(threads):
         trainer = PolicyTrainer(config, model_path)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        formatter = ChatFormatter(tokenizer)
-        sampler = Sampler(model_path, formatter.stop_token_ids, tokenizer.pad_token_id or 0)
-        parser, reward = PARSERS.create(config.rollout.action_parser), RewardComposer.from_config(config.reward)
-        rollout = Rollout(config, sampler, formatter, parser, reward)
+        rollout = policy_rollout(config, model_path)
+        sampler = rollout.sampler
         tasks_rng, refill = random.Random(f"tasks:{config.seed}"), random.Random(f"refill:{config.seed}")
         generator = torch.Generator().manual_seed(config.seed)
         curve.held_out = held_out_tasks(config.env) if config.env.validation_every else []
