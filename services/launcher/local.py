@@ -36,7 +36,7 @@ from services.jobs.launchers import (
 from services.jobs.spec import JobSpec
 from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_json
 from services.launcher.job_files import STARTING as STARTING_PHASE
-from services.launcher.processes import ServiceProcess, python_module
+from services.launcher.processes import ServiceProcess, kill_group, python_module
 from services.launcher.report import (
     DETAIL_MARK,
     PlainView,
@@ -610,10 +610,7 @@ def _alive(pid: int, same_process: Callable[[psutil.Process], bool]) -> bool:
 
 
 def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)  # started in its own session: the group is the service and its workers
-    except ProcessLookupError:
-        return
+    kill_group(pid)  # started in its own session: the group is the service and its workers
     deadline = time.monotonic() + 10
     while _alive(pid, lambda p: True) and time.monotonic() < deadline:
         time.sleep(0.1)

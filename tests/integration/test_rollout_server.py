@@ -56,6 +56,11 @@ def test_generate_returns_tokens_logprobs_and_version(server, hf):
     assert out.policy_version == served and out.generation.finish_reason in {"stop", "length"}
 
 
+def test_the_engine_core_and_worker_are_forked_from_the_server(server):
+    # spawned (vLLM's CPU default), each would import vLLM again: 11-16 s apiece on a 2-core machine
+    assert "vLLM engine processes: fork (other threads here: " in server["log"].read_text()
+
+
 def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):
     model, _ = hf
     before = server["call"](lambda c: c.status())

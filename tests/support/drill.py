@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ from services.common.config import load_config
 from services.common.run_state import RunState
 from services.common.trajectory import decode_batch
 from services.launcher.local import LocalRun
+from services.launcher.processes import kill_group
 
 
 @dataclass
@@ -43,7 +43,7 @@ def report(name: str, **figures) -> None:
 
 def kill_service(run: LocalRun, name: str) -> None:
     """SIGKILL to the service and everything it started (its own session), as a node loss would."""
-    os.killpg(next(p for p in run.processes if p.name == name).pid, signal.SIGKILL)
+    kill_group(next(p for p in run.processes if p.name == name).pid)
 
 
 def run_drill(

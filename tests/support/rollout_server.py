@@ -18,7 +18,7 @@ import redis
 
 from services.common.grpc_server import free_port
 from services.common.tiny_model import build_tiny_model
-from services.launcher.processes import ServiceProcess
+from services.launcher.processes import ServiceProcess, kill_group
 from services.rollout.client import GrpcRolloutClient
 
 CORPUS = [
@@ -52,7 +52,7 @@ class RolloutProcess:
     def kill(self) -> None:
         """Stops the server if it still runs and deletes its run's Redis keys."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_group(self.proc.pid)
             self.proc.wait()
         client = redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_timeout=5)
         keys = list(client.scan_iter(match=f"omrl:{self.run}:*"))

@@ -3,12 +3,14 @@
 Token ids in, sampled token ids and their logprobs out. Weights are replaced in place through a
 worker extension (`vllm_worker_ext.WeightReloadExtension`) called with `collective_rpc`.
 
-vLLM starts its engine core and worker in child processes with `spawn`: any script that builds this
-backend needs an `if __name__ == "__main__":` guard.
+vLLM starts its engine core and worker in child processes. On the CPU they are forked from a process that
+has one thread (the rollout server starts its engine before anything else), else spawned: any script that
+builds this backend needs an `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -22,13 +24,17 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 
 from services.rollout import engine_metrics
 from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
 from services.rollout.backends.vllm_args import engine_kwargs
+from services.rollout.backends.vllm_start import START_METHOD_ENV, cpu_start_method, other_threads
 from services.rollout.backends.vllm_weights import pack_tensor
+
+log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "services.rollout.backends.vllm_worker_ext.WeightReloadExtension"
 
@@ -152,6 +158,7 @@ class VllmBackend(RolloutBackend):
         self._engine_args = AsyncEngineArgs(**kwargs)
         self._engine: AsyncLLM | None = None
         self._nccl_group: str | None = None  # the learner's process group the workers are in
+        self.start_method: str | None = None  # `fork` where this backend chose it, else vLLM's choice
 
     async def start(self) -> None:
         if self._engine is not None:
@@ -162,7 +169,19 @@ class VllmBackend(RolloutBackend):
         saved = dict(os.environ)
         vllm_envs.disable_envs_cache()  # another engine's cache must not hide what this start sets
         try:
-            self._engine = AsyncLLM.from_engine_args(self._engine_args, stat_loggers=stat_loggers(self.vllm_metrics))
+            config = self._engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+            threads = other_threads()
+            requested = saved.get(START_METHOD_ENV, "")
+            self.start_method = cpu_start_method(current_platform.is_cpu(), threads, requested)
+            log.info("vLLM engine processes: %s (other threads here: %s)", self.start_method or "vLLM's", threads)
+            if self.start_method is not None:
+                os.environ[START_METHOD_ENV] = self.start_method  # the CPU config set `spawn`
+            self._engine = AsyncLLM.from_vllm_config(
+                config,
+                stat_loggers=stat_loggers(self.vllm_metrics),
+                enable_log_requests=self._engine_args.enable_log_requests,
+                disable_log_stats=self._engine_args.disable_log_stats,
+            )
         finally:
             os.environ.clear()
             os.environ.update(saved)
