@@ -5,6 +5,7 @@ import asyncio
 import os
 import signal
 
+import psutil
 import pytest
 import redis
 import torch
@@ -12,7 +13,7 @@ import torch
 from services.common.errors import InvalidArgument
 from services.rollout.backends.base import SamplingSpec
 from services.weightsync.buckets import PackedWeights, TensorWeights, pack
-from tests.support.rollout_server import SharedRollout, perturbed, reference_logprobs
+from tests.support.rollout_server import WORKER_CPU, SharedRollout, perturbed, reference_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +57,12 @@ def test_generate_returns_tokens_logprobs_and_version(server, hf):
     assert out.policy_version == served and out.generation.finish_reason in {"stop", "length"}
 
 
-def test_the_engine_core_and_worker_are_forked_from_the_server(server):
+def test_the_engine_core_and_worker_are_forked_from_the_server_and_the_worker_keeps_its_cpu(server):
     # spawned (vLLM's CPU default), each would import vLLM again: 11-16 s apiece on a 2-core machine
     assert "vLLM engine processes: fork (other threads here: " in server["log"].read_text()
+    processes = psutil.Process(server["proc"].pid).children(recursive=True)
+    workers = [p for p in processes if p.name().startswith("VLLM::Worker")]
+    assert [w.cpu_affinity() for w in workers] == [[WORKER_CPU]]  # as vLLM binds a spawned worker
 
 
 def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):

@@ -21,6 +21,9 @@ from services.common.tiny_model import build_tiny_model
 from services.launcher.processes import ServiceProcess, kill_group
 from services.rollout.client import GrpcRolloutClient
 
+WORKER_CPU = max(os.sched_getaffinity(0))
+"""The CPU the servers' vLLM workers are bound to."""
+
 CORPUS = [
     f"You are in cell {i}. The exit is to the {'left' if i % 2 else 'right'}. <action>left</action>" for i in range(30)
 ]
@@ -70,9 +73,9 @@ def start_rollout(tmp: Path, sets: Sequence[str] = (), model: Path | None = None
     args += ["--set", f"model.path={model}", "--set", f"run={run}"]
     for setting in sets:
         args += ["--set", setting]
-    service = ServiceProcess(
-        "rollout", args, log, f"127.0.0.1:{port}", {"VLLM_LOGGING_LEVEL": "WARNING", "OMRL_WEIGHT_TOKEN": token}
-    ).start()
+    # the engine's worker on one CPU, as on CI's 2-core machines, whatever this machine has
+    env = {"VLLM_LOGGING_LEVEL": "WARNING", "OMRL_WEIGHT_TOKEN": token, "VLLM_CPU_OMP_THREADS_BIND": str(WORKER_CPU)}
+    service = ServiceProcess("rollout", args, log, f"127.0.0.1:{port}", env).start()
     server = RolloutProcess(service.health_address, model, service.popen, log, run, token)
     try:  # fails at once on a server that died at start-up
         service.wait_healthy(240)

@@ -27,6 +27,8 @@ class SlowEnv(TextEnv):
     name = "slow"
     max_turns = 3
     closed = threading.Event()
+    gate = threading.Event()
+    """A step with the action "hold" returns once this is set."""
 
     def reset(self, task_index, options):
         if options.get("slow_reset"):
@@ -34,6 +36,9 @@ class SlowEnv(TextEnv):
         return "slow start"
 
     def step(self, action):
+        if action == "hold":
+            SlowEnv.gate.wait(30)
+            return StepResult("held")
         time.sleep(float(action))
         return StepResult(f"slept {action}")
 
@@ -113,29 +118,34 @@ def test_many_concurrent_episodes():
 
 def test_step_timeout_breaks_only_that_episode():
     SlowEnv.closed.clear()
-    client, metrics = make_client(step_timeout_s=0.2)
+    SlowEnv.gate.clear()
+    client, metrics = make_client(step_timeout_s=1.0)
 
     async def main():
         slow = await client.create("slow")
         other = await client.create("corridor", 0)
-        started = time.monotonic()
-        slow_step = asyncio.ensure_future(client.step(slow.episode_id, "0.6"))
+        slow_step = asyncio.ensure_future(client.step(slow.episode_id, "hold"))
         await asyncio.sleep(0.05)
         assert (await client.step(other.episode_id, "left")).episode_id == other.episode_id
-        assert time.monotonic() - started < 0.2, "a slow env must not block other episodes"
-        with pytest.raises(DeadlineExceeded, match="slow: env call timed out after 0.2s"):
+        assert not slow_step.done(), "a slow env must not block other episodes"
+        with pytest.raises(DeadlineExceeded, match="slow: env call timed out after 1s"):
             await slow_step
         with pytest.raises(FailedPrecondition, match="unusable"):
             await client.step(slow.episode_id, "0")
         with pytest.raises(FailedPrecondition, match="unusable"):
             await client.reset(slow.episode_id, 0)
         assert await client.close(slow.episode_id)
+        await asyncio.sleep(0.05)
         assert not SlowEnv.closed.is_set(), "closing waits for the abandoned call"
-        await asyncio.to_thread(SlowEnv.closed.wait, 2)
+        SlowEnv.gate.set()
+        await asyncio.to_thread(SlowEnv.closed.wait, 10)
         assert SlowEnv.closed.is_set()
         assert (await client.step(other.episode_id, "right")).info["turn"] == 2
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        SlowEnv.gate.set()  # a failed test must not leave the call holding
     assert metrics.get_sample_value("omrl_envs_errors_total", {"env": "slow", "kind": "DeadlineExceeded"}) == 1
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,7 +32,7 @@ from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 from services.rollout import engine_metrics
 from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
 from services.rollout.backends.vllm_args import engine_kwargs
-from services.rollout.backends.vllm_start import START_METHOD_ENV, cpu_start_method, other_threads
+from services.rollout.backends.vllm_start import FORKED_ENV, START_METHOD_ENV, cpu_start_method, other_threads
 from services.rollout.backends.vllm_weights import pack_tensor
 
 log = logging.getLogger(__name__)
@@ -172,10 +173,14 @@ class VllmBackend(RolloutBackend):
             config = self._engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
             threads = other_threads()
             requested = saved.get(START_METHOD_ENV, "")
-            self.start_method = cpu_start_method(current_platform.is_cpu(), threads, requested)
+            bind = saved.get("VLLM_CPU_OMP_THREADS_BIND", "")
+            self.start_method = cpu_start_method(
+                current_platform.is_cpu(), threads, requested, platform.machine(), bind
+            )
             log.info("vLLM engine processes: %s (other threads here: %s)", self.start_method or "vLLM's", threads)
             if self.start_method is not None:
                 os.environ[START_METHOD_ENV] = self.start_method  # the CPU config set `spawn`
+                os.environ[FORKED_ENV] = "1" if self.start_method == "fork" else "0"
             self._engine = AsyncLLM.from_vllm_config(
                 config,
                 stat_loggers=stat_loggers(self.vllm_metrics),

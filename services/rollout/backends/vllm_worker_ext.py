@@ -14,9 +14,11 @@ from typing import Any
 import torch
 
 from services.rollout.backends.vllm_idle import shorten_spin_from_env
+from services.rollout.backends.vllm_start import bind_forked_worker
 from services.rollout.backends.vllm_weights import refresh_output_heads, unpack_tensor
 
 shorten_spin_from_env()  # vLLM imports this module in the worker before it makes the worker's message queues
+bind_forked_worker()  # and before the worker binds its threads (init_device) or computes
 
 
 class WeightReloadExtension:
