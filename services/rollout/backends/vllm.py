@@ -3,9 +3,9 @@
 Token ids in, sampled token ids and their logprobs out. Weights are replaced in place through a
 worker extension (`vllm_worker_ext.WeightReloadExtension`) called with `collective_rpc`.
 
-vLLM starts its engine core and worker in child processes. On the CPU they are forked from a process that
-has one thread (the rollout server starts its engine before anything else), else spawned: any script that
-builds this backend needs an `if __name__ == "__main__":` guard.
+vLLM starts its engine core and worker in child processes: on the CPU forked where `vllm_start` finds it safe
+(a process with no other thread, a worker bound to one CPU: the rollout server), else spawned, so any script
+that builds this backend needs an `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
