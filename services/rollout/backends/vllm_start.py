@@ -19,7 +19,7 @@ from pathlib import Path
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 FORKED_ENV = "OMRL_VLLM_FORKED"
 """Set for the engine's processes when they are forked (`bind_forked_worker` reads it in the worker)."""
-FORK_MACHINES = frozenset({"x86_64", "AMD64"})
+FORK_MACHINES = frozenset({"x86_64"})
 """Where forked engine processes were run: vLLM's kernels there take OpenMP from torch's own libgomp either way."""
 FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 """Threads a fork may leave behind: jemalloc's fork hooks stop its background thread and the child starts its own."""
