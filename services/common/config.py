@@ -577,7 +577,8 @@ class ThreadsConfig(Section):
     """Torch/OpenMP threads of each learner process; 0: auto (local run: its share, every core but one when
     `max_staleness` is 0 and learner and engine take turns; alone: every core of the budget)."""
     engine: int = Field(0, ge=0, le=4096)
-    """vLLM CPU worker threads of a local run, one per bound core; 0: auto (the larger half of the cores)."""
+    """vLLM CPU worker threads of a local run, one per bound core; 0: auto (the larger half of the cores, the
+    last ones; a `VLLM_CPU_OMP_THREADS_BIND` in the launcher's environment names the cores instead)."""
     service: int = Field(1, ge=1, le=4096)
     """Threads of each small service of a local run (env, reward, the rollout front and vLLM engine core)."""
 

@@ -25,6 +25,8 @@ SPIN_ENV = "OMRL_VLLM_SPIN_S"
 ENGINE_SPIN_S = "0.005"
 """How long vLLM's CPU worker spins for the next message before it blocks (vLLM: 1 s); the launcher's own
 environment overrides it."""
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+"""vLLM's list of the cores its CPU worker binds one OpenMP thread to each ("3", "2,3", "4-7")."""
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -104,10 +106,12 @@ def thread_env(threads: int) -> dict[str, str]:
 
 def engine_env(budget: ThreadBudget) -> dict[str, str]:
     """The rollout process: one thread itself (its engine core inherits it), the vLLM CPU worker one
-    OpenMP thread bound to each of its cores (vLLM sets the worker's OMP_NUM_THREADS from the list)."""
+    OpenMP thread bound to each of its cores (vLLM sets the worker's OMP_NUM_THREADS from the list). A
+    `VLLM_CPU_OMP_THREADS_BIND` in the launcher's own environment wins over the split's cores: two runs side by
+    side on one machine (two test workers) would otherwise bind both workers to the same last core."""
     return {
         **thread_env(budget.service),
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, budget.engine_cpus)),
+        BIND_ENV: os.environ.get(BIND_ENV) or ",".join(map(str, budget.engine_cpus)),
         SPIN_ENV: os.environ.get(SPIN_ENV, ENGINE_SPIN_S),
     }
 
@@ -119,7 +123,7 @@ def alone_engine_env(cores: Cores) -> dict[str, str]:
     worker = max(1, cores.count - 1)
     return {
         **thread_env(1),
-        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores.ids[-worker:])),
+        BIND_ENV: ",".join(map(str, cores.ids[-worker:])),
         SPIN_ENV: ENGINE_SPIN_S,
     }
 

@@ -20,9 +20,10 @@ from services.common.grpc_server import free_port
 from services.common.tiny_model import build_tiny_model
 from services.launcher.processes import ServiceProcess, kill_group
 from services.rollout.client import GrpcRolloutClient
+from tests.support.engine_cpu import bind_engines_of_this_worker
 
-WORKER_CPU = max(os.sched_getaffinity(0))
-"""The CPU the servers' vLLM workers are bound to."""
+WORKER_CPU = bind_engines_of_this_worker()
+"""The CPU the servers' vLLM workers are bound to: this xdist worker's own."""
 
 CORPUS = [
     f"You are in cell {i}. The exit is to the {'left' if i % 2 else 'right'}. <action>left</action>" for i in range(30)

@@ -103,6 +103,7 @@ def children(config: TrainConfig, monkeypatch, cores: Cores) -> dict[str, dict[s
 
 def test_the_local_launcher_gives_each_child_its_share(monkeypatch):
     monkeypatch.delenv(cpu_budget.SPIN_ENV, raising=False)
+    monkeypatch.delenv(cpu_budget.BIND_ENV, raising=False)  # tests/conftest.py binds this test process's engines
     config = TrainConfig()
     config.env.replicas = 2
     config.algorithm.max_staleness = 1  # rollout and learner overlap: they split the cores
@@ -128,3 +129,11 @@ def test_without_a_budget_the_children_get_no_thread_environment(monkeypatch):
     env = children(config, monkeypatch, Cores((0, 1), 2))
     assert env["envs"] == {} and env["reward"] == {}
     assert set(env["learner"]) == {TOKEN_ENV}
+
+
+def test_a_bind_in_the_launchers_environment_wins_over_the_split(monkeypatch):
+    budget = split(Cores((0, 1), 2))
+    monkeypatch.delenv(cpu_budget.BIND_ENV, raising=False)
+    assert cpu_budget.engine_env(budget)[cpu_budget.BIND_ENV] == "1"
+    monkeypatch.setenv(cpu_budget.BIND_ENV, "0")
+    assert cpu_budget.engine_env(budget)[cpu_budget.BIND_ENV] == "0"
