@@ -4,11 +4,12 @@ import uuid
 import pytest
 
 import services.plugins  # noqa: F401  (configs parsed here are checked against every plugin registry, as the front ends do)
-from tests.support.engine_cpu import bind_engines_of_this_worker
 from tests.support.shared_build import build_once
+from tests.support.worker_cores import bind_engines_of_this_worker, share_torch_threads_among_workers
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 bind_engines_of_this_worker()
+share_torch_threads_among_workers()
 
 FIRST = ("e2e", "faults", "integration")
 """Folders whose tests run first: the longest tests, so that a parallel run (pytest-xdist, scripts/test.sh:

@@ -196,11 +196,12 @@ class Producer:
             await wait(seen, self.poll_s)
 
     async def _finished(self) -> bool:
-        """The learner marked the run done; or, without staleness drops (max_staleness 0), every step's
-        slots are claimed and none is still outstanding."""
+        """The learner marked the run done; or, without staleness drops (max_staleness 0) and without dynamic
+        sampling, every step's slots are claimed and none is still outstanding."""
         if await self.state.done():
             return True
-        if self.config.algorithm.max_staleness:
+        # dynamic sampling: the learner may yet filter a last-step group it has not read, which a new slot replaces
+        if self.config.algorithm.max_staleness or self.config.algorithm.dynamic_sampling:
             return False
         total = self.config.learner.steps * self.config.rollout.groups_per_step
         return await self.state.leases.remaining(total) == 0

@@ -3,6 +3,7 @@ until it is published (never abandoned), a slot out of attempts is replaced by a
 whose lease was taken over while it played publishes nothing."""
 
 import asyncio
+from types import SimpleNamespace
 
 import redis
 
@@ -110,3 +111,30 @@ def test_redis_connection_errors_pause_a_worker_instead_of_ending_it(run):
     producer.state.leases.claim = flaky_claim
     asyncio.run(asyncio.wait_for(play(producer), 30))
     assert len(failures) == 2 and producer.published == 1
+
+
+def test_with_dynamic_sampling_the_producer_replaces_a_last_step_group_the_learner_filters_late(run):
+    """Every slot of the last step published and no learner has read them: without dynamic sampling the producer is
+    done; with it, the learner may still filter one of them, so the producer keeps serving until the learner ends the
+    run (a CI run beside a busy process once timed out the last step of tests/integration/test_dynamic_sampling_run.py:
+    its producer had finished before the learner filtered a group)."""
+
+    async def main():
+        producer = run(ScriptedLoop(), FlakyRewards(), "a", steps=1)
+        producer.config.algorithm.dynamic_sampling = True
+        producer.core = SimpleNamespace(policy_version=0)  # the learner still collects step 1
+        playing = asyncio.create_task(play(producer))
+        view, stream = seen(producer), stream_of(producer)
+        while stream.length() < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # 20 of the producer's polls: it would have finished by now
+        assert not playing.done()
+        first = view.client.xrange(producer.state.trajectories_key)[0][0].decode()
+        assert view.leases.count_lost([first]) == 1  # the learner filtered it
+        while stream.length() < 3:
+            await asyncio.sleep(0.01)
+        view.mark_done()
+        await asyncio.wait_for(playing, 10)
+        assert sorted(b.batch_id for b in published(producer)) == ["g0", "g1", "g2"]
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -20,7 +20,7 @@ from services.common.grpc_server import free_port
 from services.common.tiny_model import build_tiny_model
 from services.launcher.processes import ServiceProcess, kill_group
 from services.rollout.client import GrpcRolloutClient
-from tests.support.engine_cpu import bind_engines_of_this_worker
+from tests.support.worker_cores import bind_engines_of_this_worker
 
 WORKER_CPU = bind_engines_of_this_worker()
 """The CPU the servers' vLLM workers are bound to: this xdist worker's own."""
