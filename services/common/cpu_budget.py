@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,20 @@ ENGINE_SPIN_S = "0.005"
 environment overrides it."""
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 """vLLM's list of the cores its CPU worker binds one OpenMP thread to each ("3", "2,3", "4-7")."""
+
+
+def bind_cpus(bind: str) -> set[int]:
+    """The CPUs a `VLLM_CPU_OMP_THREADS_BIND` list names ("1", "0,2", "4-7"); none for "auto", "nobind", several
+    ranks ("0-3|4-7") or anything else vLLM decides itself."""
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", bind):
+        return set()
+    cpus: set[int] = set()
+    for part in bind.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 

@@ -3,7 +3,7 @@ own torch threads."""
 
 import os
 
-from services.common.cpu_budget import BIND_ENV, available_cores
+from services.common.cpu_budget import BIND_ENV, available_cores, bind_cpus
 
 
 def engine_cpu(xdist_worker: str | None, cpus: list[int]) -> int:
@@ -15,10 +15,9 @@ def engine_cpu(xdist_worker: str | None, cpus: list[int]) -> int:
 
 def bind_engines_of_this_worker() -> int:
     """Sets `VLLM_CPU_OMP_THREADS_BIND` for every engine this test process starts (the local launcher and vLLM read
-    it) to this xdist worker's core, unless the caller set it; returns the core it names first."""
+    it) to this xdist worker's core, unless the caller set it; returns the lowest core it names."""
     cpu = engine_cpu(os.environ.get("PYTEST_XDIST_WORKER"), list(os.sched_getaffinity(0)))
-    bind = os.environ.setdefault(BIND_ENV, str(cpu))
-    return int(bind.split(",")[0].split("-")[0])
+    return min(bind_cpus(os.environ.setdefault(BIND_ENV, str(cpu))))
 
 
 def torch_threads_share(cores: int, xdist_workers: int) -> int:

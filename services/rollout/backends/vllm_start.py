@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from services.common.cpu_budget import bind_cpus
+
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 FORKED_ENV = "OMRL_VLLM_FORKED"
 """Set for the engine's processes when they are forked (`bind_forked_worker` reads it in the worker)."""
@@ -38,13 +40,7 @@ def other_threads() -> list[str]:
 def bound_cpus(bind: str) -> int:
     """How many CPUs `VLLM_CPU_OMP_THREADS_BIND` gives the worker ("1", "0,2", "4-7"); 0 for "auto", "nobind",
     several ranks ("0-3|4-7") or anything else vLLM decides itself."""
-    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", bind):
-        return 0
-    cpus: set[int] = set()
-    for part in bind.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return len(cpus)
+    return len(bind_cpus(bind))
 
 
 def cpu_start_method(
