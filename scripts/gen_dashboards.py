@@ -637,6 +637,27 @@ b.panel(
     [(rate("omrl_rollout_episode_retries_total"), "retries")],
     unit="ops",
 )
+b.panel(
+    "timeseries",
+    "AgentGym servers: restarts, lost episodes, stuck calls",
+    "Restarts seen per server (an episode created before one is failed, never stepped again), episode calls "
+    "refused for that, and calls given up with no reply (each may hold one of the server's threads).",
+    [
+        (f"sum by (server) (increase(omrl_envs_agentgym_restarts_total{R}[5m]))", "restarts {{server}}"),
+        (f"sum by (server) (increase(omrl_envs_agentgym_episodes_lost_total{R}[5m]))", "lost {{server}}"),
+        (f"max by (server) (omrl_envs_agentgym_stuck_calls{R})", "stuck {{server}}"),
+    ],
+)
+b.panel(
+    "timeseries",
+    "AgentGym servers in rotation, pending closes",
+    "1 while a server is in rotation (0: GET / unanswered, or recycling); closes that failed or were refused "
+    "and wait for a retry.",
+    [
+        (f"min by (server) (omrl_envs_agentgym_server_healthy{R})", "in rotation {{server}}"),
+        (f"sum by (server) (omrl_envs_agentgym_pending_closes{R})", "pending closes {{server}}"),
+    ],
+)
 b.row("Reward")
 b.panel(
     "timeseries",

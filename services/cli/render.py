@@ -105,6 +105,8 @@ def event_line(event: dict[str, Any], total_steps: int) -> str:
         )
     if kind == "state":
         return f"state: {data['state']}" + (f" ({data['error']})" if data.get("error") else "")
+    if kind == "alert":
+        return f"alert: {data.get('message', data)}"
     return f"  {data.get('message', data)}"
 
 
@@ -138,7 +140,7 @@ class LiveFollow:
             self.live.step(data)
         elif kind == "state":
             self.live.stage(f"state: {data['state']}" + (f" ({data['error']})" if data.get("error") else ""))
-        elif data.get("stage") in ("restarting", "restarted"):  # a local job's service restart
+        elif kind == "alert" or data.get("stage") in ("restarting", "restarted"):  # e.g. a task quarantined
             self.live.notice(str(data.get("message")))
         elif "stage" in data:
             self.live.stage(str(data.get("message")))

@@ -23,8 +23,11 @@ from pydantic import (
 
 from services.common import choices
 from services.common.config_layers import file_layer, merge_layers, set_layer
+from services.common.tiny_model import MODEL_SHAPE
 
 log = logging.getLogger(__name__)
+TINY_POSITIONS = MODEL_SHAPE["max_position_embeddings"]
+"""Positions of the tiny model the launcher builds when `model.path` is empty."""
 
 
 class Section(BaseModel):
@@ -154,13 +157,26 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype for rollout and learner (float32 on CPU keeps their logprobs identical)."""
     max_model_len: int = Field(512, ge=32, le=131072)
-    """Longest token context (prompt plus every turn) an episode may reach."""
+    """Longest token context (prompt plus every turn) an episode may reach; at most the model's positions (the
+    tiny model's: 1024)."""
     warmstart_steps: int = Field(150, ge=0, le=100000)
     """Supervised steps on the task format before RL, for the tiny model only (0 disables)."""
     warmstart_reads_observations: bool = True
     """Warm-start also trains next-token prediction on prompts and observations (the reading a pretrained
     model brings), while the actions it sees stay random: the starting success rate stays that of the
     random policy, and RL has words to key on (a hint) instead of spurious features."""
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _fits_the_tiny_model(cls, length: int, info: ValidationInfo) -> int:
+        """The tiny model's positions are known here; a local model's are checked when the launcher starts
+        (services.common.model_context)."""
+        if "path" in info.data and not info.data["path"] and length > TINY_POSITIONS:
+            raise ValueError(
+                f"{length} is more than the {TINY_POSITIONS} positions of the tiny model (built when model.path is "
+                f"empty); set it to {TINY_POSITIONS} or less, or set model.path"
+            )
+        return length
 
 
 class EnvConfig(Section):

@@ -11,6 +11,9 @@ import sys
 FORMAT_ENV = "OMRL_LOG_FORMAT"
 LEVEL_ENV = "OMRL_LOG_LEVEL"
 FORMATS = ("text", "json")
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore", "urllib3")
+"""Loggers of HTTP clients that write a line per request at INFO (a warm-start against an AgentGym server:
+thousands); at WARNING unless the level is DEBUG."""
 
 
 def log_format() -> str:
@@ -54,5 +57,7 @@ def setup_logging(service: str, level: str | int | None = None) -> str:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(str(level or os.environ.get(LEVEL_ENV, "INFO")).upper())
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)
     logging.captureWarnings(True)
     return fmt

@@ -166,6 +166,10 @@ class RunState:
     def clear_failure(self) -> None:
         self.client.delete(self.k("failed"))
 
+    def quarantined_tasks(self) -> dict[int, dict[str, Any]]:
+        """Tasks no rollout hands out again in this run (hash `quarantined_tasks`: task -> why, where, when)."""
+        return {int(k): json.loads(v) for k, v in self.client.hgetall(self.k("quarantined_tasks")).items()}
+
 
 class AsyncRunState:
     """The part of RunState a rollout server uses, over `redis.asyncio` (same keys; see RunState)."""
@@ -211,6 +215,13 @@ class AsyncRunState:
     async def done(self) -> str | None:
         value = await self.client.get(self.k("done"))
         return value.decode() if value else None
+
+    async def quarantine_task(self, task: int, record: dict[str, Any]) -> bool:
+        """Marks a task that cannot be played for the rest of the run; False when it was marked already."""
+        return bool(await self.client.hsetnx(self.k("quarantined_tasks"), str(task), json.dumps(record)))
+
+    async def quarantined_tasks(self) -> set[int]:
+        return {int(k) for k in await self.client.hkeys(self.k("quarantined_tasks"))}
 
 
 @dataclass(frozen=True)

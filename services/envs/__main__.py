@@ -60,7 +60,6 @@ def main() -> None:
     from services.envs.deadlines import env_deadlines
     from services.envs.service import EnvService
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per AgentGym call; ours are at DEBUG
     deadlines = env_deadlines(config, args.step_timeout_s)
     if deadlines.waves > 1:
         logging.getLogger("services.envs").info(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+UNSEEN_TASKS_FROM = 10**9
+"""Above every generated split (env.train_tasks and env.validation_tasks are at most 100_000_000 and 100_000)."""
 
 
 class InvalidTask(ValueError):
@@ -31,6 +35,21 @@ class TaskRejected(InvalidTask):
     def __init__(self, message: str, reason: str = "invalid"):
         super().__init__(message)
         self.reason = reason
+
+
+ABANDONED = re.compile(r"task abandoned \((\w+)\)")
+"""How an abandoned task is named in an error's text, across the env service's gRPC answer and the rollout's
+wrapping of it (services.rollout.producer quarantines the task)."""
+
+
+def abandoned_text(exc: TaskRejected) -> str:
+    return f"task abandoned ({exc.reason}): {exc}"
+
+
+def abandoned_reason(text: str) -> str | None:
+    """ "hung" or "invalid" where `text` tells of an abandoned task, else None."""
+    found = ABANDONED.search(text)
+    return found.group(1) if found else None
 
 
 class EnvOptions(BaseModel):
@@ -72,9 +91,28 @@ class TextEnv(abc.ABC):
         return None
 
     @classmethod
+    def first_unseen_task(cls, options: dict[str, Any] | None) -> int | None:
+        """The first of the task indices that no generated split reaches and this env still serves: the format
+        warm-start plays from here, so that it never plays an RL task. The default, for an env that makes each
+        task from its index (local, no task range), is UNSEEN_TASKS_FROM. None for an env whose tasks are a set
+        of its own or of a server, where an index outside the run's may not be served (an AgentGym BabyAI
+        server hangs on some): warm-start plays the run's train split instead (services.envs.demos)."""
+        if cls.offline_prompts and cls.task_range(options) is None:
+            return UNSEEN_TASKS_FROM
+        return None
+
+    @classmethod
     def call_capacity(cls, options: dict[str, Any] | None) -> int | None:
         """Calls the env's backend serves at once with these options (the rest queue in the env service);
         None: no limit. The env-call deadlines scale with it (`services.envs.deadlines`)."""
+        return None
+
+    @classmethod
+    def preflight(cls, options: dict[str, Any] | None) -> str | None:
+        """Checks the env's backends (the servers it plays on) before a run starts, so that one that is down
+        or of the wrong kind ends the launch at once: raises InvalidTask with one line naming what failed.
+        Returns a short line saying what was checked, for the launcher to show; None (the default, an env
+        with no backend): nothing to check."""
         return None
 
     @classmethod

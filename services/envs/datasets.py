@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,10 @@ def _stored_meta(path: Path) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+class NoTaskLeft(ValueError):
+    """Every task of a split is quarantined."""
+
+
 @dataclass
 class TaskSplit:
     """The task indices of one split, in file order."""
@@ -199,9 +204,16 @@ class TaskSplit:
             raise ValueError(f"{path}: task_index must be a non-negative integer in every row")
         return cls(split, indices)
 
-    def draw(self, key: str) -> int:
-        """A task drawn with a reproducible key (the same key always gives the same task)."""
-        return self.task_indices[random.Random(key).randrange(len(self.task_indices))]
+    def draw(self, key: str, excluded: Set[int] = frozenset()) -> int:
+        """A task drawn with a reproducible key (the same key and exclusions always give the same task); one in
+        `excluded` (quarantined) is drawn again, with the same key, among the others."""
+        task = self.task_indices[random.Random(key).randrange(len(self.task_indices))]
+        if task not in excluded:
+            return task
+        left = [t for t in self.task_indices if t not in excluded]
+        if not left:
+            raise NoTaskLeft(f"every {self.split} task is quarantined ({len(excluded)}): none is left to play")
+        return left[random.Random(key).randrange(len(left))]
 
 
 def main() -> None:

@@ -2,14 +2,24 @@
 warm-start. Every environment is closed once played. A task that cannot be played (a server that
 rejects it, a reset that never answers, a server error) is skipped and the next index is tried, so one
 bad task never ends a launch; a config that fails every task (a wrong option, a missing package, a
-server that is down) still fails, after `max_failures` skips in a row."""
+server that is down) still fails, after `max_failures` skips in a row.
+
+Which tasks they play (`warmstart_tasks`, `corpus_tasks`):
+- an env that makes each task from its index (the built-ins; `TextEnv.first_unseen_task`): warm-start plays
+  indices no split reaches, from that first one on (a stride apart per seed), so it never plays an RL task;
+  the tokenizer corpus reads tasks 0, 1, ..., the first of a generated train split.
+- any other env (a task set of its own or of a server, e.g. AgentGym): both play the run's own train split,
+  in file order, cycling. Those are the indices known to be served (an AgentGym server may hang on another:
+  BabyAI did on 1000000234), never a validation task; a random policy's actions carry nothing about which
+  action is right, and what warm-start reads there RL reads anyway."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from services.common.config import EnvConfig
@@ -35,6 +45,34 @@ class DemoStats:
     """Skipped tasks by reason: invalid, hung (TaskRejected) or the error class."""
 
 
+SEED_STRIDE = 100_000
+"""Warm-starts with different seeds play unseen tasks this far apart."""
+
+
+def warmstart_tasks(env_cfg: EnvConfig, seed: int) -> Iterator[int]:
+    """The tasks the format warm-start plays (see the module's docstring)."""
+    from services.envs.registry import ENVS
+
+    first = ENVS.get(env_cfg.name).first_unseen_task(dict(env_cfg.options))
+    return run_tasks(env_cfg) if first is None else itertools.count(first + seed * SEED_STRIDE)
+
+
+def corpus_tasks(env_cfg: EnvConfig) -> Iterator[int]:
+    """The tasks the tokenizer corpus reads (see the module's docstring); reads no dataset for an env that
+    makes each task from its index."""
+    from services.envs.registry import ENVS
+
+    first = ENVS.get(env_cfg.name).first_unseen_task(dict(env_cfg.options))
+    return run_tasks(env_cfg) if first is None else itertools.count(0)
+
+
+def run_tasks(env_cfg: EnvConfig) -> Iterator[int]:
+    """The run's train split in file order, cycling (generated on first use, as the launcher does)."""
+    from services.envs.datasets import TaskSplit
+
+    return itertools.cycle(TaskSplit.load(env_cfg, "train").task_indices)
+
+
 def task_indices(env_cfg: EnvConfig, first: int) -> Iterator[int]:
     """first, first + 1, ...; inside the env's task range where it has one (cycling through it)."""
     from services.envs.datasets import task_range
@@ -54,12 +92,15 @@ def random_episodes(
     max_failures: int = 20,
     stats: DemoStats | None = None,
     say: Callable[[str], None] | None = None,
+    tasks: Iterable[int] | None = None,
 ) -> Iterator[Demo]:
-    """`count` episodes of the env's `random_action` policy, each at most `env_cfg.max_turns` turns."""
+    """`count` episodes of the env's `random_action` policy, each at most `env_cfg.max_turns` turns, on `tasks`
+    in order (default: `first_task` on, inside the env's task range)."""
     from services.envs.registry import ENVS
 
     rng, stats = random.Random(seed), stats if stats is not None else DemoStats()
-    failures_in_a_row, indices = 0, task_indices(env_cfg, first_task)
+    failures_in_a_row = 0
+    indices = iter(tasks) if tasks is not None else task_indices(env_cfg, first_task)
     while stats.played < count:
         task_index = next(indices)
         env = ENVS.create(env_cfg.name)

@@ -5,10 +5,13 @@ service finds it without importing every env up front."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from services.common.registry import Registry
 from services.envs.base import TextEnv
+
+if TYPE_CHECKING:
+    from services.common.config import EnvConfig
 
 E = TypeVar("E", bound=type[TextEnv])
 
@@ -19,6 +22,11 @@ def _options(name: str) -> type:
 
 
 ENVS: Registry[TextEnv] = Registry("environment", choice="env", options=_options)
+
+
+def preflight(env: EnvConfig) -> str | None:
+    """The configured env's check of its backends before a run starts (`TextEnv.preflight`)."""
+    return ENVS.get(env.name).preflight(dict(env.options))
 
 
 def register_env(name: str) -> Callable[[E], E]:

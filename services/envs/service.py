@@ -28,7 +28,7 @@ from services.common.errors import (
     ServiceError,
 )
 from services.common.registry import Registry
-from services.envs.base import InvalidTask, StepResult, TaskRejected, TextEnv, call_deadline_at
+from services.envs.base import InvalidTask, StepResult, TaskRejected, TextEnv, abandoned_text, call_deadline_at
 from services.envs.messages import EnvInfo, EpisodeState
 from services.envs.registry import ENVS
 
@@ -314,7 +314,7 @@ class EnvService:
             self.abandoned_tasks += 1
             self._m_abandoned.labels(env_name, exc.reason).inc()
             log.warning("task abandoned (%s): %s", exc.reason, exc)
-            raise InvalidArgument(f"task abandoned ({exc.reason}): {exc}") from None
+            raise InvalidArgument(abandoned_text(exc)) from None
         except InvalidTask as exc:
             raise InvalidArgument(str(exc)) from None
         except ServiceError:

@@ -171,7 +171,9 @@ class JobManager:
         except Exception as exc:  # Redis away: the steps are read next time
             log.warning("job %s: progress not readable: %s", record.id, exc)
             return
-        events += [("step", m) for m in steps]
+        alerts = [m for m in steps if m.get("kind") == "alert"]  # a task quarantined: which, where, why
+        steps = [m for m in steps if m.get("kind") != "alert"]
+        events += [("alert", m) for m in alerts] + [("step", m) for m in steps]
         if steps:
             record.metrics = steps[-1]
             record.step = int(steps[-1].get("step") or record.step)

@@ -64,7 +64,8 @@ class Event(BaseModel):
     seq: int
     """Per-job sequence number, from 1; pass the last one seen as `after` to resume."""
     time: datetime
-    type: Literal["state", "step", "message"]
+    type: Literal["state", "step", "message", "alert"]
+    """`alert`: the run told of a problem (a task quarantined: which task, which server, why)."""
     data: dict[str, Any]
 
 

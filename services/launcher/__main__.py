@@ -12,6 +12,7 @@ import sys
 
 import services.plugins  # noqa: F401  (the whole run config is checked when it is parsed, as the launcher does)
 from services.common.config_cli import ConfigError, ConfigFlags, Parser, UsageError
+from services.common.model_context import check_local_model
 from services.launcher.restarts import RESTART_STAGES, add_restart_flags
 
 PROG = "python -m services.launcher"
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         config = flags.resolve(args).config
+        check_local_model(config.model)
     except (UsageError, ConfigError) as exc:  # one line naming the flag or field; nothing has started
         for line in getattr(exc, "lines", [str(exc)]):
             print(f"config error: {line}", file=sys.stderr)

@@ -38,8 +38,10 @@ from services.launcher.job_files import EXITED, PIDS, PREPARING, STATUS, read_js
 from services.launcher.job_files import STARTING as STARTING_PHASE
 from services.launcher.processes import ServiceProcess, kill_group, python_module
 from services.launcher.report import (
+    ALERT_MARK,
     DETAIL_MARK,
     PlainView,
+    alert_line,
     decode_stage,
     learning_summary,
     stage_record,
@@ -146,9 +148,17 @@ class LocalRun:
         return procs
 
     def start(self) -> None:
+        from services.common.model_context import check_local_model
         from services.envs.datasets import ensure
+        from services.envs.registry import preflight
 
-        self.say(f"task dataset: {ensure(self.config.env)}")  # first: a dataset the env cannot serve fails here
+        # first, in seconds: a context longer than the model's (the command line has said so already; a job's
+        # supervisor has not), env servers that are down or of another kind, a dataset the env cannot serve
+        check_local_model(self.config.model)
+        checked = preflight(self.config.env)
+        if checked:
+            self.say(checked)
+        self.say(f"task dataset: {ensure(self.config.env)}")
         self.prepare_model()
         ports = self._assign_addresses()
         self.metrics_ports = {name: ports[f"{name}_m"] for name in ("envs", "reward", "rollout", "learner")}
@@ -253,6 +263,9 @@ class LocalRun:
         if metrics.get("kind") == "validation":  # the rollout's validation runs share the metrics stream
             self.validations.append(metrics)
             self.say(validation_line(metrics))
+            return
+        if metrics.get("kind") == "alert":  # e.g. a task quarantined: which task, which server, why
+            self.say(alert_line(metrics))
             return
         history.append(metrics)
         self.view.step(metrics, self.config.learner.steps)
@@ -429,7 +442,7 @@ class LocalLauncher(Launcher):
 
     name = "local"
     # not repeated as messages: steps (the API reads them from the metrics stream) and progress bars
-    _NOISE = re.compile(r"^step\s+\d+/\d+ \||\d+%\||^" + re.escape(DETAIL_MARK))
+    _NOISE = re.compile(r"^step\s+\d+/\d+ \||\d+%\||^" + re.escape(DETAIL_MARK) + "|^" + re.escape(ALERT_MARK))
 
     def __init__(
         self,

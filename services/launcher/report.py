@@ -77,6 +77,15 @@ def step_line(m: dict[str, Any], total_steps: int) -> str:
     )
 
 
+ALERT_MARK = "alert: "
+
+
+def alert_line(m: dict[str, Any]) -> str:
+    """A `kind: alert` entry of the metrics stream as the line the live view shows (the job API keeps the
+    entry itself as an `alert` event, so a local job's launcher does not repeat the line as a message)."""
+    return ALERT_MARK + str(m.get("message", m))
+
+
 def validation_line(m: dict[str, Any]) -> str:
     rates = ", ".join(
         f"{env} success {100 * m[f'validation/{env}/success_rate']:.1f}%"

@@ -11,11 +11,12 @@ from services.common.config import TrainConfig
 
 def env_corpus(config: TrainConfig, episodes: int = 200, say: Callable[[str], None] | None = None) -> list[str]:
     """Text the tokenizer is trained on: what the env says and what a valid agent answers (random-policy
-    episodes; every env is closed, and a task the env cannot play is skipped)."""
-    from services.envs.demos import random_episodes
+    episodes on `corpus_tasks`, the run's train tasks; every env is closed, and a task the env cannot play
+    is skipped)."""
+    from services.envs.demos import corpus_tasks, random_episodes
 
     texts = []
-    for demo in random_episodes(config.env, episodes, seed=config.seed, say=say):
+    for demo in random_episodes(config.env, episodes, seed=config.seed, tasks=corpus_tasks(config.env), say=say):
         texts.append(demo.observation)
         for action, result in demo.steps:
             texts += [f"<action>{action}</action>", result.observation]

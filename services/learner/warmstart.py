@@ -16,14 +16,14 @@ from services.common.config import EnvConfig
 def demo_episodes(
     env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: int, say: Callable[[str], None] | None = None
 ) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) of `count` random-policy episodes, built exactly as the agent loop builds them."""
-    from services.envs.demos import random_episodes
+    """(token ids, loss mask) of `count` random-policy episodes, built exactly as the agent loop builds them, on
+    `warmstart_tasks`: tasks no split reaches where the env makes each task from its index, so warm-start never
+    plays an RL task; otherwise the run's own train split, the tasks known to be served."""
+    from services.envs.demos import random_episodes, warmstart_tasks
 
     out = []
     eos = formatter.stop_token_ids[0] if tokenizer.eos_token_id is None else tokenizer.eos_token_id
-    # task indices far above the training range (where the env has no fixed task set), so warm-start never
-    # sees an RL task
-    for demo in random_episodes(env_cfg, count, seed, first_task=10**9 + seed * 100_000, say=say):
+    for demo in random_episodes(env_cfg, count, seed, tasks=warmstart_tasks(env_cfg, seed), say=say):
         ids = formatter.initial(demo.observation)
         mask = [0] * len(ids)
         for action, result in demo.steps:

@@ -19,9 +19,10 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
@@ -31,7 +32,8 @@ from services.common.config import TrainConfig
 from services.common.errors import ServiceError
 from services.common.run_state import AsyncRunState, Lease, LeaseOutcome
 from services.common.stream import entry_fields
-from services.envs.datasets import TaskSplit
+from services.envs.base import abandoned_reason
+from services.envs.datasets import NoTaskLeft, TaskSplit
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
 from services.rollout.loop_stages import StageClock
 from services.rollout.supervision import TRANSIENT_REDIS
@@ -81,13 +83,13 @@ class Producer:
         self._reported: Counter[str] = Counter()
         self.clock: StageClock = getattr(loop, "clock", None) or StageClock()
 
-    def task_of(self, claim: int, attempt: int = 1) -> int:
+    def task_of(self, claim: int, attempt: int = 1, quarantined: Set[int] = frozenset()) -> int:
         """A train-split task; a group replaced after an infrastructure failure gets a fresh one, so one
-        task that breaks its environment cannot stall a learner step."""
+        task that breaks its environment cannot stall a learner step, and a quarantined task is never drawn."""
         if self._tasks is None:
             self._tasks = TaskSplit.load(self.config.env, "train")
         key = f"{self.config.seed}:{claim}" + (f":{attempt}" if attempt > 1 else "")
-        return self._tasks.draw(key)
+        return self._tasks.draw(key, quarantined)
 
     async def run(self) -> None:
         self._tasks = await asyncio.to_thread(TaskSplit.load, self.config.env, "train")
@@ -210,15 +212,19 @@ class Producer:
         renewal = asyncio.create_task(self._renew(lease))
         group_id = f"g{lease.slot}"
         try:
+            task = None
             try:
+                quarantined = await self._redis(self.state.quarantined_tasks)
+                task = self.task_of(lease.slot, lease.task, quarantined)
                 group = await self.loop.run_group(
-                    self.task_of(lease.slot, lease.task),
-                    group_id=group_id,
-                    seed=self.config.seed * 1_000_003 + lease.slot,
+                    task, group_id=group_id, seed=self.config.seed * 1_000_003 + lease.slot
                 )
                 with self.clock.time("reward"):
                     scores = await self.rewards.score(group)
-            except (EpisodeFailed, ServiceError) as exc:
+            except (EpisodeFailed, ServiceError, NoTaskLeft) as exc:
+                reason = abandoned_reason(str(exc))
+                if task is not None and reason is not None:
+                    await self._quarantine(lease, task, reason, exc)
                 await self._release(lease, exc)
                 return
             for traj, (total, components) in zip(group, scores):
@@ -237,6 +243,22 @@ class Producer:
             return
         self.published += 1
         await self._count(groups_published=1)
+
+    async def _quarantine(self, lease: Lease, task: int, reason: str, exc: Exception) -> None:
+        """A task its environment cannot play (a reset that never answered, an index its server rejects) is not
+        handed out again in this run, by any rollout: the first to see it marks it in Redis and tells the run's
+        metrics stream (`kind: alert`), which the launcher's live view and the job's events show."""
+        message = f"task {task} quarantined for the rest of the run ({reason}): {str(exc)[-500:]}"
+        record = {"reason": reason, "message": message, "time": time.time(), "holder": self.holder}
+        if not await self._redis(self.state.quarantine_task, task, record):
+            return
+        log.error("%s", message)
+        await self._count(tasks_quarantined=1)
+        alert = {"kind": "alert", "what": "task_quarantined", "task": task, "reason": reason, "message": message}
+        try:
+            await self.state.publish_metrics(lease.slot // self.config.rollout.groups_per_step, alert)
+        except Exception as exc:  # noqa: BLE001 - the quarantine holds; the alert is best effort
+            log.warning("could not publish the quarantine alert: %s", exc)
 
     async def _release(self, lease: Lease, exc: Exception) -> None:
         """A failed group is dropped whole, never scored; its slot is retried on a fresh task after a

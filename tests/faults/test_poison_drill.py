@@ -191,7 +191,9 @@ def test_foreign_poison_shifts_no_claims_so_the_producers_make_no_surplus_to_dro
     config.learner.steps = steps = 6
     per_step = config.rollout.groups_per_step
     monkeypatch.setattr(
-        producer_module.TaskSplit, "load", staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: 0))
+        producer_module.TaskSplit,
+        "load",
+        staticmethod(lambda env, split: SimpleNamespace(draw=lambda key, excluded=frozenset(): 0)),
     )
     core = ServedPolicy(state)
     service, done = learner(config, state, stream), {}

@@ -56,7 +56,9 @@ def produce(config, core, sync_state, stop):
 @pytest.fixture(autouse=True)
 def no_task_files(monkeypatch):
     monkeypatch.setattr(
-        producer_module.TaskSplit, "load", staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: 0))
+        producer_module.TaskSplit,
+        "load",
+        staticmethod(lambda env, split: SimpleNamespace(draw=lambda key, excluded=frozenset(): 0)),
     )
 
 

@@ -17,8 +17,12 @@ games 0..24 only (25: an empty error text, 26 and above: "The game N is not vali
 action but its four moves without a word; Wordle lists its filtered vocabulary; ALFWorld needs `game`
 and `world_type` at reset and has no /close; ALFWorld and SciWorld answer "list index out of range" for
 a task past their list. Switched on by environment variables: FAKE_HANG_TASKS
-(comma-separated BabyAI data_idx whose reset never answers, as 1000000234 did) and FAKE_SLOW_S (every
-request takes FAKE_SLOW_S x (requests in flight)^2 seconds: a server that slows down with concurrency)."""
+(comma-separated BabyAI data_idx whose reset never answers, as 1000000234 did, holding its worker thread),
+FAKE_SLOW_S (every request takes FAKE_SLOW_S x (requests in flight)^2 seconds: a server that slows down with
+concurrency), FAKE_THREADS (worker threads for the sync routes, default 40 as a real server has; `GET /` needs
+one too) and FAKE_CLOSE_FAILS (the first N /close calls fail with HTTP 500). BabyAI's /close answers false for
+an environment created but never reset, and keeps it, as the real one does. Ids count up from 0 in each
+process: a server killed and started again on its port hands out the same ids again, as a real one does."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import sys
 import time
 from typing import Any
 
+import anyio
 import uvicorn
 from fastapi import Body, FastAPI, Query, Request
 
@@ -36,6 +41,8 @@ MAZE_GAMES = 25
 MAZE_MOVES = ("move up", "move down", "move left", "move right")
 HANG_TASKS = {int(t) for t in os.environ.get("FAKE_HANG_TASKS", "").split(",") if t.strip()}
 SLOW_S = float(os.environ.get("FAKE_SLOW_S", "0"))
+THREADS = int(os.environ.get("FAKE_THREADS", "40"))
+"""Worker threads for the sync routes, as AnyIO gives a real server (40): a hung reset holds one for good."""
 
 ACTIONS = {
     "textcraft": "get 1 plank",
@@ -48,6 +55,7 @@ ACTIONS = {
 }
 WORDLE_VOCABULARY = ["crane", "frown", "light"]
 GAMES = int(os.environ.get("FAKE_GAMES", "13"))
+CLOSE_FAILS = int(os.environ.get("FAKE_CLOSE_FAILS", "0"))
 
 
 class Game:
@@ -86,10 +94,12 @@ def instrument(app: FastAPI) -> FastAPI:
     """Counts requests in flight (and the most at once); with FAKE_SLOW_S each one takes longer the more
     run at once, as a one-worker AgentGym server does."""
     app.state.in_flight, app.state.peak, app.state.steps, app.state.closes, app.state.resets = 0, 0, 0, 0, 0
+    app.state.hung_resets = 0
 
     @app.middleware("http")
     async def load(request: Request, call_next):
-        if request.url.path.startswith("/__"):
+        anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS  # the loop's own limiter
+        if request.url.path.startswith("/__") or request.url.path == "/":  # test hooks and health probes
             return await call_next(request)
         app.state.in_flight += 1
         app.state.peak = max(app.state.peak, app.state.in_flight)
@@ -110,6 +120,7 @@ def instrument(app: FastAPI) -> FastAPI:
             "steps": app.state.steps,
             "closes": app.state.closes,
             "resets": app.state.resets,
+            "hung_resets": app.state.hung_resets,
         }
 
     return app
@@ -135,6 +146,7 @@ def textcraft_style(family: str) -> FastAPI:
     @app.post("/reset")
     def reset(body: dict = Body(...)) -> Any:
         if family == "babyai" and body.get("data_idx") in HANG_TASKS:
+            app.state.hung_resets += 1
             time.sleep(3600)  # the real server spins on such a level until restarted
         try:
             envs[body["id"]] = game = Game(family, body["data_idx"] if family == "babyai" else body.get("data_idx", 0))
@@ -170,6 +182,11 @@ def textcraft_style(family: str) -> FastAPI:
 
         @app.post("/close")
         def close(body: dict = Body(...)) -> bool:
+            app.state.closes_asked = getattr(app.state, "closes_asked", 0) + 1
+            if app.state.closes_asked <= CLOSE_FAILS:
+                raise RuntimeError("close failed on request")  # HTTP 500
+            if family == "babyai" and envs.get(body.get("id"), "missing") is None:
+                return False  # created, never reset: BabyAI refuses to close it and keeps it
             return envs.pop(body.get("id"), "missing") != "missing"
 
     @app.get("/__live")

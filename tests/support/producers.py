@@ -76,7 +76,7 @@ def task_per_key(monkeypatch):
     monkeypatch.setattr(
         producer_module.TaskSplit,
         "load",
-        staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: sum(key.encode()))),
+        staticmethod(lambda env, split: SimpleNamespace(draw=lambda key, excluded=frozenset(): sum(key.encode()))),
     )
 
 

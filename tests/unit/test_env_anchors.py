@@ -13,6 +13,7 @@ from services.common.config import EnvConfig, RolloutConfig
 from services.common.registry import Registry
 from services.envs.agentgym import env as agentgym_env
 from services.envs.agentgym.servers import ServerPool
+from services.envs.agentgym.tasks import TaskGate
 from services.envs.client import InProcessEnvClient
 from services.envs.messages import EpisodeState
 from services.envs.registry import ENVS
@@ -90,7 +91,7 @@ def agentgym(monkeypatch):
 
     def pool_for(opts, profile):
         if opts.family not in pools:
-            pool = ServerPool(opts.urls, 5.0, family=opts.family)
+            pool = ServerPool(opts.urls, 5.0, family=opts.family, tasks=TaskGate())
             shape = "lmrl" if opts.family in ("maze", "wordle") else opts.family
             pool.servers[0].client = TestClient(build(shape), base_url=opts.urls[0])
             pools[opts.family] = pool

@@ -214,3 +214,19 @@ def test_recover_repairs_unreadable_finished_records_keeping_their_state(store, 
     manager.recover()
     record = store.list()[0][0]
     assert record.state == "succeeded" and "unreadable" in record.error
+
+
+def test_an_alert_on_the_metrics_stream_is_an_alert_event_not_a_step(store):
+    progress = ScriptedProgress()
+    manager = JobManager(store, FakeLauncher(("running", "running")), progress)
+    job = manager.submit(JobSpec.model_validate({"run": "demo", "learner": {"steps": 2}}))
+    manager.tick()
+    progress.steps[job.id] = [
+        {"step": 1, "reward_mean": 0.1, "policy_version": 1},
+        {"kind": "alert", "what": "task_quarantined", "task": 5, "reason": "hung", "message": "task 5 quarantined"},
+    ]
+    manager.tick()
+    alerts = [e.data for e in store.events(job.id) if e.type == "alert"]
+    assert [a["task"] for a in alerts] == [5] and "quarantined" in alerts[0]["message"]
+    record = manager.get(job.id)
+    assert record.step == 1 and record.metrics["reward_mean"] == 0.1, "the alert is not the latest step"

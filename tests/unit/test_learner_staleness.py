@@ -152,7 +152,9 @@ def run_state(redis_url, run_name):
 @pytest.fixture(autouse=True)
 def no_task_files(monkeypatch):
     monkeypatch.setattr(
-        producer_module.TaskSplit, "load", staticmethod(lambda env, split: SimpleNamespace(draw=lambda key: 0))
+        producer_module.TaskSplit,
+        "load",
+        staticmethod(lambda env, split: SimpleNamespace(draw=lambda key, excluded=frozenset(): 0)),
     )
 
 

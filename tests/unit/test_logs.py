@@ -1,12 +1,15 @@
 """One logging setup for every entry point: plain or JSON lines (OMRL_LOG_FORMAT), no progress bars."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from services.common.logs import HTTP_CLIENT_LOGGERS, setup_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
@@ -74,6 +77,7 @@ def test_an_unknown_format_stops_the_service_with_one_line():
         "services.rollout",
         "services.learner",
         "services.jobs",
+        "services.launcher",
         "services.launcher.supervisor",
     ],
 )
@@ -81,6 +85,27 @@ def test_every_entry_point_uses_the_shared_setup(module):
     path = ROOT / (module.replace(".", "/") + ("/__main__.py" if module.count(".") == 1 else ".py"))
     text = path.read_text()
     assert "setup_logging(" in text and "logging.basicConfig" not in text
+
+
+@pytest.fixture
+def restored_logging():
+    """setup_logging configures this process's root logger: put it back for the other tests."""
+    root, names = logging.getLogger(), ("", *HTTP_CLIENT_LOGGERS)
+    levels, handlers = {name: logging.getLogger(name).level for name in names}, root.handlers[:]
+    yield
+    root.handlers[:] = handlers
+    logging.captureWarnings(False)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_http_clients_log_a_line_per_request_only_at_debug(restored_logging, monkeypatch):
+    monkeypatch.delenv("OMRL_LOG_LEVEL", raising=False)
+    setup_logging("launcher")
+    assert all(logging.getLogger(name).getEffectiveLevel() == logging.WARNING for name in HTTP_CLIENT_LOGGERS)
+    assert logging.getLogger("services.envs").isEnabledFor(logging.INFO)
+    setup_logging("launcher", "debug")
+    assert all(logging.getLogger(name).isEnabledFor(logging.DEBUG) for name in HTTP_CLIENT_LOGGERS)
 
 
 def test_uvicorn_s_coloured_copy_of_a_message_is_left_out():

@@ -27,10 +27,13 @@ from pydantic import Field, field_validator
 
 from services.common import trust
 from services.common.errors import DeadlineExceeded, Internal, ServiceError
+from services.envs.agentgym.health import HealthWatch
+from services.envs.agentgym.preflight import check_servers
 from services.envs.agentgym.probe import known_range, probed_range
 from services.envs.agentgym.profiles import PROFILES, Profile
-from services.envs.agentgym.servers import ErrorReply, Server, ServerPool
-from services.envs.base import EnvOptions, StepResult, TaskRejected, TextEnv, action_format
+from services.envs.agentgym.servers import MARGIN_S, ErrorReply, Server, ServerPool
+from services.envs.agentgym.tasks import TaskGate
+from services.envs.base import EnvOptions, StepResult, TaskRejected, TextEnv, action_format, call_time_left
 from services.envs.registry import register_env
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,12 @@ class AgentGymOptions(EnvOptions):
     to set: the job API refuses it from a job spec and adds its own (`OMRL_API_ENV_OPTIONS`)."""
     recycle_wait_s: float = Field(120.0, gt=0)
     """How long a recycled server may take to answer GET / again."""
+    health_every_s: float = Field(0.5, ge=0, le=60)
+    """How often each server is asked GET / (0: never): a refused connection marks a restart, so episodes
+    created before it are failed; see services.envs.agentgym.health."""
+    stuck_after_s: float = Field(30.0, gt=0, le=3600)
+    """GET / unanswered this long: the server is out of rotation until it answers (recycled at once with a
+    recycle_command)."""
 
     @field_validator("family")
     @classmethod
@@ -101,6 +110,8 @@ def pool_for(opts: AgentGymOptions, profile: Profile) -> ServerPool:
             opts.recycle_command,
             opts.recycle_wait_s,
             opts.max_concurrent,
+            opts.health_every_s,
+            opts.stuck_after_s,
         ]
     )
     with _POOLS_LOCK:
@@ -114,8 +125,17 @@ def pool_for(opts: AgentGymOptions, profile: Profile) -> ServerPool:
                 profile.id_reuse_after,
                 family=opts.family,
                 max_concurrent=opts.max_concurrent,
+                profile=profile,
+                tasks=TaskGate(),
+                watch=_watch(opts),
             )
         return _POOLS[key]
+
+
+def _watch(opts: AgentGymOptions):
+    if not opts.health_every_s:
+        return None
+    return lambda pool: HealthWatch(pool, opts.health_every_s, min(opts.timeout_s, 2.0), opts.stuck_after_s)
 
 
 @register_env("agentgym")
@@ -127,6 +147,8 @@ class AgentGymEnv(TextEnv):
 
     server: Server | None = None
     remote_id: Any = None
+    epoch: int | None = None
+    """The server's epoch when this episode's environment was created (Server.epoch)."""
     task_index: int | None = None
 
     @classmethod
@@ -141,6 +163,12 @@ class AgentGymEnv(TextEnv):
         if opts.tasks() is not None or not profile.probe_range:
             return opts.tasks()
         return probed_range(opts.servers_key, pool_for(opts, profile).servers[0], profile)
+
+    @classmethod
+    def preflight(cls, options: dict | None) -> str:
+        """Every server answers GET /, and creates (and closes) an environment in the family's shape."""
+        opts = cls.parse_options(options)
+        return check_servers(opts.family, opts.urls, opts.timeout_s)
 
     @classmethod
     def call_capacity(cls, options: dict | None) -> int | None:
@@ -162,42 +190,50 @@ class AgentGymEnv(TextEnv):
                 f"({tasks.start}..{tasks.stop - 1})"
             )
         self.pool = pool_for(opts, p)
-        self.server, self.task_index = self.pool.acquire(), task_index
-        try:
-            kwargs = {} if p.create_body is None else {"json": p.create_body}
-            created = self.server.call("POST", p.route("create"), "create", **kwargs)
-            self.remote_id = _remote_id(created if p.create_returns == "bare" else _field(created, "id", "create"))
-            self.server.count_live(+1)
-            reply = self._reset_call(task_index)
-            observation = reply[0] if p.reset_returns == "pair" else _field(reply, "observation", "reset")
-        except BaseException:
-            self.close()
-            raise
+        left = call_time_left()
+        with self.pool.tasks.first_reset(task_index, None if left is None else left - MARGIN_S):
+            self.server, self.task_index = self.pool.acquire(), task_index
+            try:
+                kwargs = {} if p.create_body is None else {"json": p.create_body}
+                before = self.server.before_create()
+                created = self.server.call("POST", p.route("create"), "create", **kwargs)
+                self.remote_id = _remote_id(created if p.create_returns == "bare" else _field(created, "id", "create"))
+                self.epoch = self.server.note_created(self.remote_id, before)
+                self.server.count_live(+1)
+                reply = self._reset_call(task_index)
+                observation = reply[0] if p.reset_returns == "pair" else _field(reply, "observation", "reset")
+            except BaseException:
+                self.close()
+                raise
         self.last_observation = str(observation)
         return f"{observation}\n{p.action_help} {action_format(p.action_example)}"
 
     def _reset_call(self, task_index: int) -> Any:
         p, server = self.profile, self.server
+        tasks = self.pool.tasks
         try:
             reply = server.call(
                 "POST",
                 p.route("reset"),
                 f"reset env {self.remote_id}, task {task_index}",
+                epoch=self.epoch,
                 json={p.id_field: self.remote_id, p.task_field: task_index, **p.reset_extra},
             )
-            self.pool.reset_answered(task_index)
+            tasks.proved(task_index)
             return reply
         except ErrorReply as exc:
             if p.rejects_task(exc.text):
-                raise TaskRejected(
+                rejected = TaskRejected(
                     f"AgentGym {p.family} server {server.url} rejects task {task_index}: "
                     f"{exc.text.strip() or '(an empty error: a failed assertion)'}"
-                ) from exc
+                )
+                tasks.reject(task_index, rejected)
+                raise rejected from exc
             raise
         except DeadlineExceeded as exc:
             # after queueing the server had less than timeout_s: slow or hung, it cannot tell; the
             # episode is retried once, and a second such reset of the task counts as hung
-            if not getattr(exc, "full_wait", False) and self.pool.reset_timed_out(task_index) < 2:
+            if not getattr(exc, "full_wait", False) and tasks.cut_short(task_index) < 2:
                 raise
             log.warning(
                 "AgentGym %s server %s: reset of task %d did not answer (%s); task abandoned (the server "
@@ -207,9 +243,11 @@ class AgentGymEnv(TextEnv):
                 task_index,
                 "within timeout_s" if getattr(exc, "full_wait", False) else "twice, after queueing",
             )
-            raise TaskRejected(
+            hung = TaskRejected(
                 f"AgentGym {p.family} server {server.url}: reset of task {task_index} never answered ({exc})", "hung"
-            ) from exc
+            )
+            tasks.reject(task_index, hung)
+            raise hung from exc
 
     def anchor_observation(self) -> str:
         """The server's last observation, without the action help of the first one; an action refused
@@ -231,9 +269,26 @@ class AgentGymEnv(TextEnv):
         cleaned = p.clean_action(action)
         if p.valid_actions is not None and cleaned not in p.valid_actions:
             return self._not_understood(action)
-        reply = self.server.call(
-            "POST", p.route("step"), f"step env {self.remote_id}", json={p.id_field: self.remote_id, "action": cleaned}
-        )
+        try:
+            reply = self.server.call(
+                "POST",
+                p.route("step"),
+                f"step env {self.remote_id}, task {self.task_index}",
+                epoch=self.epoch,
+                json={p.id_field: self.remote_id, "action": cleaned},
+            )
+        except DeadlineExceeded as exc:
+            # the server had all of timeout_s; a second such step of the task and no episode plays it again
+            if getattr(exc, "full_wait", False) and self.pool.tasks.step_hung(self.task_index) >= 2:
+                self.pool.tasks.reject(
+                    self.task_index,
+                    TaskRejected(
+                        f"AgentGym {p.family} server {self.server.url}: steps of task {self.task_index} never "
+                        f"answered, twice (last: {exc})",
+                        "hung",
+                    ),
+                )
+            raise
         self.turn += 1
         observation = str(_field(reply, p.observation_key, "step"))
         reward, done = float(reply.get("reward") or 0.0), bool(reply.get("done"))
@@ -274,7 +329,11 @@ class AgentGymEnv(TextEnv):
         """The words the server still accepts in this episode (Wordle's filtered vocabulary)."""
         try:
             words = self.server.call(
-                "GET", self.profile.route(self.profile.vocabulary_route), "vocabulary", params={"id": self.remote_id}
+                "GET",
+                self.profile.route(self.profile.vocabulary_route),
+                "vocabulary",
+                epoch=self.epoch,
+                params={"id": self.remote_id},
             )
         except ServiceError as exc:
             log.info("AgentGym %s: no vocabulary (%s); random letters instead", self.profile.family, exc)
@@ -282,17 +341,19 @@ class AgentGymEnv(TextEnv):
         return [w.strip() for w in words if isinstance(w, str) and w.strip()] if isinstance(words, list) else None
 
     def close(self) -> None:
-        server, remote_id = self.server, self.remote_id
-        self.server = self.remote_id = None
+        """A close that fails or is refused is left to the pool's health watch to retry; one for an environment
+        of an earlier epoch (the server restarted since) is not sent: its id may be another episode's now."""
+        server, remote_id, epoch = self.server, self.remote_id, self.epoch
+        self.server = self.remote_id = self.epoch = None
         if server is None:
             return
         try:
             if remote_id is not None and self.profile.has_close:
                 if server.close_checked:
-                    server.close_env(self.profile.route("close"), remote_id)
+                    server.close_env(self.profile.route("close"), remote_id, epoch)
                 else:  # the first closes go one at a time, so a missing /close is called once, not by all
                     with server.close_probe:
-                        server.close_env(self.profile.route("close"), remote_id)
+                        server.close_env(self.profile.route("close"), remote_id, epoch)
         finally:
             self.pool.release(server)
 

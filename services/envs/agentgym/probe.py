@@ -35,12 +35,14 @@ def known_range(key: str) -> range | None:
 
 def _probe(server: Server, profile: Profile) -> range | None:
     p = profile
+    before = server.before_create()
     try:
         created = server.call("POST", p.route("create"), "create (task range probe)")
         remote_id = created["id"] if isinstance(created, dict) else created
     except (ServiceError, KeyError, TypeError) as exc:
         log.warning("AgentGym %s server %s: task range not probed (%s); set task_range", p.family, server.url, exc)
         return None
+    epoch = server.note_created(remote_id, before)
     server.count_live(+1)
     resets = 0
 
@@ -49,7 +51,9 @@ def _probe(server: Server, profile: Profile) -> range | None:
         resets += 1
         body = {p.id_field: remote_id, p.task_field: task, **p.reset_extra}
         try:
-            server.call("POST", p.route("reset"), f"reset env {remote_id}, task {task} (range probe)", json=body)
+            server.call(
+                "POST", p.route("reset"), f"reset env {remote_id}, task {task} (range probe)", epoch=epoch, json=body
+            )
         except ErrorReply as exc:
             if p.rejects_task(exc.text):
                 return False
@@ -73,6 +77,6 @@ def _probe(server: Server, profile: Profile) -> range | None:
         return None
     finally:
         if profile.has_close:
-            server.close_env(profile.route("close"), remote_id)
+            server.close_env(profile.route("close"), remote_id, epoch)
     log.info("AgentGym %s server %s serves tasks 0..%d (probed in %d resets)", p.family, server.url, served, resets)
     return range(0, rejected)

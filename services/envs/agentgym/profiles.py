@@ -107,6 +107,9 @@ class Profile:
     observation_key: str = "observation"
     """Key of the observation in /step replies ("state" for WebShop)."""
     has_close: bool = True
+    close_needs_reset: bool = False
+    """/close answers false for an environment that was never reset, and keeps it (BabyAI): a refused
+    close is retried after a reset on a task known to answer."""
     id_reuse_after: int | None = None
     """The server hands out ids again after this many environments (WebShop: 8000)."""
     recycle_after: int | None = None
@@ -150,6 +153,7 @@ PROFILES: dict[str, Profile] = {
             "turn left",
             success=lambda reward, done, body: done and reward > 0,
             random_action=_random_babyai,
+            close_needs_reset=True,
         ),
         Profile(
             "maze",

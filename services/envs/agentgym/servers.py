@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from services.common.errors import (
     ServiceError,
     Unavailable,
 )
+from services.envs.agentgym.profiles import Profile
 from services.envs.base import call_time_left
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,10 @@ MARGIN_S = 0.5
 """A call ends this long before its caller's deadline, so the caller gets our typed error, not its own."""
 MIN_CALL_S = 0.2
 """Less time than this left after queueing: fail at once rather than send a call that cannot finish."""
+CLOSE_RETRY_S = 2.0
+MAX_CLOSE_RETRY_S = 60.0
+"""A failed or refused close is retried after 2 s, then twice as long each time, up to a minute."""
+MAX_PENDING_CLOSES = 10_000
 
 REMOTE_OPEN = metrics.gauge(
     "envs",
@@ -50,6 +56,44 @@ QUEUE_WAIT = metrics.histogram(
     "agentgym_queue_wait_seconds",
     "Time a call waited for a free slot on an AgentGym server (failed waits included)",
     ["family", "server"],
+)
+RESTARTS = metrics.counter(
+    "envs",
+    "agentgym_restarts_total",
+    "Restarts of an AgentGym server seen by this process, by what showed it (ids: a create answered an id "
+    "at or below one it had handed out; unreachable: a connection was refused; recycled: recycle_command)",
+    ["family", "server", "signal"],
+)
+LOST = metrics.counter(
+    "envs",
+    "agentgym_episodes_lost_total",
+    "Episode calls refused because the episode's environment was created before its server restarted",
+    ["family", "server"],
+)
+STUCK = metrics.gauge(
+    "envs",
+    "agentgym_stuck_calls",
+    "Calls given up with no reply in timeout_s since the server's last restart: the server may still be "
+    "busy on each of them, holding one of its worker threads",
+    ["family", "server"],
+)
+HEALTHY = metrics.gauge(
+    "envs",
+    "agentgym_server_healthy",
+    "1 while an AgentGym server is in rotation, 0 while it is out (GET / unanswered, or recycling)",
+    ["family", "server"],
+)
+PENDING_CLOSES = metrics.gauge(
+    "envs",
+    "agentgym_pending_closes",
+    "Environments whose close failed or was refused, retried by the reaper",
+    ["family", "server"],
+)
+CLOSE_FAILURES = metrics.counter(
+    "envs",
+    "agentgym_close_failures_total",
+    "Closes that did not free an environment (refused: the server answered false; error: no answer)",
+    ["family", "server", "reason"],
 )
 
 
@@ -103,6 +147,13 @@ def no_reply(message: str, full_wait: bool) -> DeadlineExceeded:
     return exc
 
 
+@dataclass
+class PendingClose:
+    epoch: int
+    attempts: int = 0
+    due: float = 0.0
+
+
 @dataclass(eq=False)
 class Server:
     url: str
@@ -123,29 +174,132 @@ class Server:
     """/close answered 404/405 once: the server has none, so it is not called again."""
     close_checked: bool = False
     """/close has answered once (either way); until then closes go one at a time (see `close_probe`)."""
+    epoch: int = 0
+    """Restarts of the server seen so far: an environment created in an earlier epoch is gone, and its id may
+    now name another episode's environment, so no call for it is sent again."""
+    max_id: int = -1
+    """Highest id the server handed out in this epoch; every family counts ids up from 0 after a start."""
+    unreachable: bool = False
+    """A connection was refused and nothing has answered since (the restart is counted once)."""
+    stuck: int = 0
+    """Calls given up with no reply in the full timeout_s since the last restart."""
+    unanswered_since: float | None = None
+    """GET / has not answered since then (the health watch's probes time out)."""
+    unhealthy: str = ""
+    """Why the server is out of rotation until GET / answers again ("" while healthy)."""
+    pending: dict[Any, PendingClose] = field(default_factory=dict)
+    """Environments whose close failed or was refused: retried by the pool's reaper."""
     close_probe: threading.Lock = field(default_factory=threading.Lock)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     slots: FifoSlots = field(init=False)
 
     def __post_init__(self) -> None:
         self.slots = FifoSlots(self.max_concurrent)
-        self._open_gauge = REMOTE_OPEN.labels(self.family, self.url)
-        self._queued_gauge = QUEUED.labels(self.family, self.url)
-        self._queue_wait = QUEUE_WAIT.labels(self.family, self.url)
+        labels = (self.family, self.url)
+        self._open_gauge, self._queued_gauge = REMOTE_OPEN.labels(*labels), QUEUED.labels(*labels)
+        self._queue_wait, self._stuck_gauge = QUEUE_WAIT.labels(*labels), STUCK.labels(*labels)
+        self._healthy_gauge, self._pending_gauge = HEALTHY.labels(*labels), PENDING_CLOSES.labels(*labels)
+        self._lost = LOST.labels(*labels)
+        self._healthy_gauge.set(1)
 
     def count_live(self, change: int) -> None:
         with self.lock:
             self.live = max(0, self.live + change)
             self._open_gauge.set(self.live)
 
-    def close_env(self, route: str, remote_id: Any) -> None:
-        """POSTs `route` (the family's /close) for one environment. A 404/405 means this server has no /close
-        after all: it is never called again; another failure is logged and left (the reaper retries)."""
-        if self.close_missing:
+    def restarted(self, signal: str, detail: str) -> None:
+        """The server lost every environment: episodes created before fail at their next call, their closes
+        are not sent (the ids may be another episode's by now), and its counts start again."""
+        with self.lock:
+            self.epoch += 1
+            self.max_id, self.created, self.stuck = -1, 0, 0
+            self.pending.clear()
+            self.count_live(-self.live)
+            self._stuck_gauge.set(0)
+            self._pending_gauge.set(0)
+        RESTARTS.labels(self.family, self.url, signal).inc()
+        log.warning(
+            "AgentGym %s server %s restarted (%s): every episode created on it before is lost",
+            self.family,
+            self.url,
+            detail,
+        )
+
+    def before_create(self) -> tuple[int, int]:
+        """(epoch, highest id seen) just before a create is sent: the server's id counter only goes up, so
+        unless it restarted, the create answers an id above that."""
+        with self.lock:
+            return self.epoch, self.max_id
+
+    def note_created(self, remote_id: Any, before: tuple[int, int]) -> int:
+        """Records an id the server handed out to a create sent at `before` (before_create); returns the
+        epoch its environment belongs to: an id at or below one seen before the create was sent means the
+        server restarted (ids of concurrent creates may come back in any order). A create that overlapped a
+        restart seen some other way keeps the old epoch: it may have reached either process."""
+        epoch, floor = before
+        with self.lock:
+            if epoch != self.epoch:
+                return epoch
+            if isinstance(remote_id, int) and not isinstance(remote_id, bool):
+                if remote_id <= floor:
+                    self.restarted("ids", f"a create answered id {remote_id}; id {floor} was handed out before it")
+                self.max_id = max(self.max_id, remote_id)
+            return self.epoch
+
+    def check_epoch(self, epoch: int | None, what: str, count: bool = True) -> None:
+        if epoch is None or epoch == self.epoch:
             return
+        if count:
+            self._lost.inc()
+        raise Unavailable(
+            f"AgentGym {self.family} server {self.url} restarted after this episode's environment was created; "
+            f"the environment is gone and its id may be another's, so nothing more is sent for it ({what})"
+        )
+
+    def answered(self) -> None:
+        """Something answered: the server is up, and reachable again after a refused connection."""
+        with self.lock:
+            self.unreachable, self.unanswered_since, self.down_until = False, None, 0.0
+            if self.unhealthy:
+                log.warning("AgentGym %s server %s answers again: back in rotation", self.family, self.url)
+                self.unhealthy = ""
+                self._healthy_gauge.set(0 if self.draining else 1)
+
+    def refused(self, detail: str) -> None:
+        """Nothing listens at the address: the process is gone, and whatever answers next is a new one."""
+        with self.lock:
+            self.down_until = time.monotonic() + DOWN_S
+            first = not self.unreachable
+            self.unreachable = True
+        if first:
+            self.restarted("unreachable", f"connection refused: {detail}")
+
+    def unanswered(self, now: float, stuck_after_s: float) -> str:
+        """GET / timed out; past `stuck_after_s` of that the server leaves the rotation. Returns the new
+        reason when it just left, else ""."""
+        with self.lock:
+            if self.unanswered_since is None:
+                self.unanswered_since = now
+            if self.unhealthy or now - self.unanswered_since < stuck_after_s:
+                return ""
+            self.unhealthy = (
+                f"GET / unanswered for {now - self.unanswered_since:.0f}s; {self.stuck} call(s) given up with no "
+                f"reply since its last restart (its worker threads are all busy or stuck)"
+            )
+            self._healthy_gauge.set(0)
+            return self.unhealthy
+
+    def close_env(self, route: str, remote_id: Any, epoch: int | None = None, body: dict | None = None) -> bool:
+        """POSTs `route` (the family's /close) for one environment; True once the server confirmed it. A
+        404/405/501 means this server has no /close after all: it is never called again. A failed or refused
+        close is kept for the pool's reaper to retry (`pending`); one of an earlier epoch is not sent at all."""
+        if self.close_missing:
+            return False
         try:
-            self.call("POST", route, f"close env {remote_id}", json={"id": remote_id})
-            self.count_live(-1)
+            self.check_epoch(epoch, f"close env {remote_id}", count=False)
+            confirmed = self.call(
+                "POST", route, f"close env {remote_id}", epoch=epoch, json=body or {"id": remote_id}, close=True
+            )
         except InvalidArgument as exc:
             self.close_missing = True
             log.warning(
@@ -154,14 +308,48 @@ class Server:
                 self.url,
                 exc,
             )
+            return False
         except ServiceError as exc:
-            log.info("closing AgentGym env %s on %s failed: %s", remote_id, self.url, exc)
-            return
+            if epoch is not None and epoch != self.epoch:
+                return False  # it restarted: nothing of that epoch is left to close
+            self.close_checked = True
+            self._close_later(remote_id, epoch, "error", exc)
+            return False
         self.close_checked = True
+        if confirmed is False:
+            self._close_later(remote_id, epoch, "refused", "the server answered false")
+            return False
+        with self.lock:
+            if self.pending.pop(remote_id, None) is not None:
+                self._pending_gauge.set(len(self.pending))
+        self.count_live(-1)
+        return True
 
-    def call(self, method: str, route: str, what: str, **kwargs: Any) -> Any:
+    def _close_later(self, remote_id: Any, epoch: int | None, reason: str, why: Any) -> None:
+        CLOSE_FAILURES.labels(self.family, self.url, reason).inc()
+        with self.lock:
+            if epoch is not None and epoch != self.epoch:
+                return
+            entry = self.pending.setdefault(remote_id, PendingClose(self.epoch if epoch is None else epoch))
+            entry.attempts += 1
+            entry.due = time.monotonic() + min(CLOSE_RETRY_S * 2 ** (entry.attempts - 1), MAX_CLOSE_RETRY_S)
+            while len(self.pending) > MAX_PENDING_CLOSES:  # a server refusing every close must not grow this forever
+                dropped = next(iter(self.pending))
+                del self.pending[dropped]
+                log.warning("AgentGym %s server %s: close of env %s given up", self.family, self.url, dropped)
+            self._pending_gauge.set(len(self.pending))
+        log.info("closing AgentGym env %s on %s failed (%s: %s); retried later", remote_id, self.url, reason, why)
+
+    def due_closes(self, now: float) -> list[tuple[Any, int]]:
+        with self.lock:
+            return [(remote_id, e.epoch) for remote_id, e in self.pending.items() if e.due <= now]
+
+    def call(
+        self, method: str, route: str, what: str, epoch: int | None = None, close: bool = False, **kwargs: Any
+    ) -> Any:
         """One HTTP call, once one of the server's `max_concurrent` slots is free and within the
-        caller's deadline; every failure is a typed error naming the server and the route."""
+        caller's deadline; every failure is a typed error naming the server and the route. `epoch`: the
+        epoch of the environment the call is for; checked again once the call has its slot."""
         where = f"AgentGym {self.url}{route}"
         left = call_time_left()
         self._queued_gauge.inc()
@@ -177,6 +365,7 @@ class Server:
                 full_wait=False,
             )
         try:
+            self.check_epoch(epoch, what, count=not close)
             return self._send(method, route, what, where, **kwargs)
         finally:
             self.slots.release()
@@ -191,10 +380,18 @@ class Server:
         try:
             reply = self.client.request(method, route, timeout=budget, **kwargs)
         except httpx.TimeoutException as exc:
+            if budget >= full:
+                with self.lock:
+                    self.stuck += 1
+                    self._stuck_gauge.set(self.stuck)
             raise no_reply(f"{where}: no reply within {budget:.3g}s ({what})", full_wait=budget >= full) from exc
-        except httpx.TransportError as exc:  # refused, reset, closed mid-reply: the server is gone
+        except httpx.ConnectError as exc:
+            self.refused(str(exc))
+            raise Unavailable(f"{where}: {type(exc).__name__}: {exc} ({what})") from exc
+        except httpx.TransportError as exc:  # reset or closed mid-reply: the server may be gone
             self.down_until = time.monotonic() + DOWN_S
             raise Unavailable(f"{where}: {type(exc).__name__}: {exc} ({what})") from exc
+        self.answered()
         log.debug(
             "%s %s%s (%s): HTTP %d in %.3fs",
             method,
@@ -204,7 +401,7 @@ class Server:
             reply.status_code,
             time.perf_counter() - start,
         )
-        if reply.status_code in (404, 405, 422):
+        if reply.status_code in (404, 405, 422, 501):
             raise InvalidArgument(
                 f"{where}: HTTP {reply.status_code} {reply.text[:200]!r}; is this a server of the configured family?"
             )
@@ -217,7 +414,9 @@ class Server:
         try:
             body = reply.json()
         except ValueError:
-            raise Internal(f"{where}: reply is not JSON: {reply.text[:200]!r}") from None
+            raise InvalidArgument(
+                f"{where}: reply is not JSON: {reply.text[:200]!r}; is this an AgentGym server? ({what})"
+            ) from None
         if isinstance(body, dict) and body.get("error") is not None:
             raise ErrorReply(f"{where}: error reply: {str(body['error'])[:500]} ({what})", str(body["error"]))
         return body
@@ -227,7 +426,8 @@ class ServerPool:
     """The servers of one family. A new episode goes to the server with the fewest open episodes and
     stays there. A server that cannot free environments (no close call, WebShop) is taken out of
     rotation after `recycle_after` creations, and once its last episode ends `recycle_command` runs
-    (e.g. a restart of its container) and the pool waits for `GET /` before using it again."""
+    (e.g. a restart of its container) and the pool waits for `GET /` before using it again. With
+    `health_every_s`, a HealthWatch (services.envs.agentgym.health) probes the servers and retries failed closes."""
 
     def __init__(
         self,
@@ -239,8 +439,13 @@ class ServerPool:
         id_reuse_after: int | None = None,
         family: str = "",
         max_concurrent: int = 8,
+        profile: Profile | None = None,
+        tasks: Any = None,
+        watch: Callable[[ServerPool], Any] | None = None,
     ):
-        # the connection pool holds every slot's connection, so no call waits inside httpx
+        """`tasks`: the TaskGate of this server set (services.envs.agentgym.tasks); `watch`: starts the pool's
+        HealthWatch (services.envs.agentgym.health), called at the first acquire."""
+        # the connection pool holds every slot's connection and the health probe's, so no call waits inside httpx
         limits = httpx.Limits(max_connections=max_concurrent + 2, max_keepalive_connections=max_concurrent + 2)
         self.servers = [
             Server(
@@ -253,29 +458,24 @@ class ServerPool:
         ]
         self.recycle_after, self.recycle_command, self.recycle_wait_s = recycle_after, recycle_command, recycle_wait_s
         self.id_reuse_after = id_reuse_after
+        self.profile, self.tasks = profile, tasks
         self.recycles = 0
-        self._reset_timeouts: dict[int, int] = {}
         self._lock = threading.Lock()
-
-    def reset_timed_out(self, task_index: int) -> int:
-        """Counts a reset of this task that ran out of time after queueing; returns how many so far."""
-        with self._lock:
-            self._reset_timeouts[task_index] = self._reset_timeouts.get(task_index, 0) + 1
-            return self._reset_timeouts[task_index]
-
-    def reset_answered(self, task_index: int) -> None:
-        with self._lock:
-            self._reset_timeouts.pop(task_index, None)
+        self._start_watch, self._watch = watch, None
 
     def acquire(self) -> Server:
+        if self._watch is None and self._start_watch is not None:
+            with self._lock:
+                if self._watch is None:
+                    self._watch = self._start_watch(self)
         with self._lock:
-            usable = [s for s in self.servers if not s.draining]
+            usable = [s for s in self.servers if not s.draining and not s.unhealthy]
             now = time.monotonic()
             usable = [s for s in usable if s.down_until <= now] or usable  # all down: try anyway
             if not usable:
                 raise ResourceExhausted(
-                    "every AgentGym server is out of rotation (recycling, or out of ids with no "
-                    "recycle_command): " + ", ".join(s.url for s in self.servers)
+                    "every AgentGym server is out of rotation: "
+                    + "; ".join(f"{s.url} ({self._why_out(s)})" for s in self.servers)
                 )
             server = min(usable, key=lambda s: s.open)
             server.open += 1
@@ -283,6 +483,7 @@ class ServerPool:
             limit = self.recycle_after if self.recycle_command else self.id_reuse_after
             if limit is not None and server.created >= limit:
                 server.draining = True
+                server._healthy_gauge.set(0)
                 log.warning(
                     "AgentGym server %s created %d environments: out of rotation%s",
                     server.url,
@@ -293,12 +494,26 @@ class ServerPool:
                 )
             return server
 
+    def _why_out(self, server: Server) -> str:
+        if server.unhealthy:
+            return server.unhealthy
+        return "recycling" if self.recycle_command else "out of ids, no recycle_command"
+
     def release(self, server: Server) -> None:
         with self._lock:
             server.open -= 1
             recycle = server.draining and server.open == 0 and self.recycle_command is not None
         if recycle:
             threading.Thread(target=self.recycle, args=(server,), name=f"recycle {server.url}", daemon=True).start()
+
+    def recycle_stuck(self, server: Server) -> None:
+        """A server out of rotation because GET / goes unanswered: restarted at once with `recycle_command`
+        (its episodes are lost either way), else left out until it answers."""
+        with self._lock:
+            if self.recycle_command is None or server.draining:
+                return
+            server.draining = True
+        threading.Thread(target=self.recycle, args=(server,), name=f"recycle {server.url}", daemon=True).start()
 
     def recycle(self, server: Server) -> bool:
         command = self.recycle_command.format(url=server.url, port=server.url.rsplit(":", 1)[-1])
@@ -312,10 +527,13 @@ class ServerPool:
         while time.monotonic() < deadline:
             try:
                 if server.client.get("/").status_code == 200:
+                    server.restarted("recycled", f"recycle_command ran: {command}")
                     with self._lock:
-                        server.created, server.draining = 0, False
+                        server.draining = False
                         self.recycles += 1
-                    server.count_live(-server.live)  # a restarted server holds no environment
+                    server.unreachable = False
+                    server.answered()
+                    server._healthy_gauge.set(1)
                     log.info("AgentGym server %s is back after recycling", server.url)
                     return True
             except httpx.HTTPError:
@@ -324,6 +542,32 @@ class ServerPool:
         log.error("AgentGym server %s did not answer GET / within %.0fs of recycling", server.url, self.recycle_wait_s)
         return False
 
+    def retry_closes(self, server: Server) -> None:
+        """Sends again the closes that failed or were refused and are due. A family whose server refuses to
+        close an environment that was never reset (BabyAI answers false) gets it reset on a proven task first."""
+        if self.profile is None or self.tasks is None or server.close_missing:
+            return
+        for remote_id, epoch in server.due_closes(time.monotonic()):
+            if self.profile.close_needs_reset:
+                task = self.tasks.proven_task()
+                if task is None:
+                    continue
+                try:
+                    body = {self.profile.id_field: remote_id, self.profile.task_field: task, **self.profile.reset_extra}
+                    server.call(
+                        "POST",
+                        self.profile.route("reset"),
+                        f"reset env {remote_id} to close it",
+                        epoch=epoch,
+                        close=True,
+                        json=body,
+                    )
+                except ServiceError as exc:
+                    log.info("AgentGym env %s on %s: reset before close failed: %s", remote_id, server.url, exc)
+            server.close_env(self.profile.route("close"), remote_id, epoch, {self.profile.id_field: remote_id})
+
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         for server in self.servers:
             server.client.close()
