@@ -54,8 +54,19 @@ def main() -> None:
         metavar="ID=HOST:PORT",
         help="A peer replica's direct address (a static directory instead of Redis)",
     )
+    parser.add_argument(
+        "--alerts",
+        choices=["run", "none"],
+        default="run",
+        help="Where backend alerts (a server restarted, out of rotation) go besides the log: run (the run "
+        "config's metrics stream in Redis, shown by the launcher and the job's events) or none",
+    )
     args, config = parse_service_args(parser)
     setup_logging("envs")
+    if args.alerts == "run":
+        from services.envs.alerts import add_sink, run_stream_sink
+
+        add_sink(run_stream_sink(config))
 
     from services.envs.deadlines import env_deadlines
     from services.envs.service import EnvService

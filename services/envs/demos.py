@@ -45,6 +45,8 @@ class DemoStats:
     """Skipped tasks by reason: invalid, hung (TaskRejected) or the error class."""
 
 
+MAX_PASSED_OVER = 100_000
+"""Rejected tasks passed over in a row before giving up (a split of only rejected tasks would cycle forever)."""
 SEED_STRIDE = 100_000
 """Warm-starts with different seeds play unseen tasks this far apart."""
 
@@ -99,10 +101,16 @@ def random_episodes(
     from services.envs.registry import ENVS
 
     rng, stats = random.Random(seed), stats if stats is not None else DemoStats()
-    failures_in_a_row = 0
+    failures_in_a_row, rejected, passed_over = 0, set(), 0
     indices = iter(tasks) if tasks is not None else task_indices(env_cfg, first_task)
     while stats.played < count:
         task_index = next(indices)
+        if task_index in rejected:  # said once: the tasks cycle, and a rejected one stays rejected
+            passed_over += 1
+            if passed_over > MAX_PASSED_OVER:
+                raise RuntimeError(f"{env_cfg.name}: every task left is one the env rejected ({sorted(rejected)[:10]})")
+            continue
+        passed_over = 0
         env = ENVS.create(env_cfg.name)
         try:
             demo = Demo(task_index, env.reset(task_index, dict(env_cfg.options)), [])
@@ -114,6 +122,8 @@ def random_episodes(
                     break
         except (TaskRejected, ServiceError) as exc:
             reason = exc.reason if isinstance(exc, TaskRejected) else type(exc).__name__
+            if isinstance(exc, TaskRejected):
+                rejected.add(task_index)
             stats.skipped[reason] += 1
             failures_in_a_row += 1
             message = f"{env_cfg.name}: task {task_index} skipped ({reason}): {exc}"

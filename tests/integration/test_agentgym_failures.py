@@ -16,6 +16,7 @@ from services.common.config import load_config
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
+from services.envs import alerts
 from services.envs.agentgym.env import _POOLS
 from services.envs.agentgym.servers import HEALTHY, LOST, PENDING_CLOSES, REMOTE_OPEN, RESTARTS, STUCK
 from services.envs.client import InProcessEnvClient
@@ -37,6 +38,15 @@ def fresh_pools():
     _POOLS.clear()
 
 
+@pytest.fixture
+def alerted():
+    """The env alerts published while the test runs."""
+    seen = []
+    alerts.add_sink(seen.append)
+    yield seen
+    alerts.clear_sinks()
+
+
 def value(metric, *labels):
     return metric.labels(*labels)._value.get()
 
@@ -49,7 +59,7 @@ def eventually(read, want, timeout_s=15.0):
 
 
 @pytest.mark.parametrize("signal", ["ids", "unreachable"])
-def test_no_step_of_an_episode_from_before_a_restart_reaches_an_environment_created_after(tmp_path, signal):
+def test_no_step_of_an_episode_from_before_a_restart_reaches_an_environment_created_after(tmp_path, signal, alerted):
     """`ids`: the server is back before anything notices it was gone, so the first create after the restart (id 0
     again) shows it. `unreachable`: the health watch finds the port closed while the server is down."""
     server = FakeServer("textcraft", tmp_path)
@@ -80,6 +90,8 @@ def test_no_step_of_an_episode_from_before_a_restart_reaches_an_environment_crea
         asyncio.run(main())
         assert value(RESTARTS, "textcraft", server.url, signal) == 1
         assert value(LOST, "textcraft", server.url) == 1
+        assert eventually(lambda: [a["what"] for a in alerted], ["env_server_restarted"]) == ["env_server_restarted"]
+        assert alerted[0]["server"] == server.url and f"{server.url} restarted" in alerted[0]["message"]
         assert eventually(lambda: httpx.get(again.url + "/__live").json(), 0) == 0
         assert value(REMOTE_OPEN, "textcraft", server.url) == 0
     finally:
@@ -182,7 +194,7 @@ class SimpleCore:
     policy_version = 0
 
 
-def test_a_server_whose_threads_are_all_stuck_leaves_the_rotation(tmp_path, caplog):
+def test_a_server_whose_threads_are_all_stuck_leaves_the_rotation(tmp_path, caplog, alerted):
     """Two hung resets hold both worker threads of one server: GET / goes unanswered, the server leaves the
     rotation (reported), and new episodes go to the other server."""
     stuck = FakeServer("babyai", tmp_path, FAKE_HANG_TASKS="7,8", FAKE_THREADS="2")
@@ -211,6 +223,8 @@ def test_a_server_whose_threads_are_all_stuck_leaves_the_rotation(tmp_path, capl
         asyncio.run(main())
         assert any(f"{stuck.url} is out of rotation: GET / unanswered" in r.getMessage() for r in caplog.records)
         assert value(HEALTHY, "babyai", good.url) == 1
+        out = [a for a in alerted if a["what"] == "env_server_out_of_rotation"]
+        assert len(out) == 1 and out[0]["server"] == stuck.url
     finally:
         stuck.kill()
         good.kill()
@@ -236,3 +250,15 @@ def test_failed_and_refused_closes_are_retried_until_the_server_holds_nothing(tm
         assert value(PENDING_CLOSES, "textcraft", server.url) == 0
     finally:
         server.kill()
+
+
+def test_env_alerts_reach_the_runs_metrics_stream(redis_url, run_name):
+    config = load_config(None, [f"run={run_name}", f"stream.redis_url={redis_url}"])
+    state = RunState.connect(config)
+    try:
+        alerts.run_stream_sink(config)({"kind": "alert", "what": "env_server_restarted", "message": "m"})
+        assert [m for _, m in state.read_metrics()] == [
+            {"kind": "alert", "what": "env_server_restarted", "message": "m"}
+        ]
+    finally:
+        state.reset()

@@ -45,3 +45,32 @@ def test_a_built_in_env_warms_up_on_tasks_no_split_reaches():
     assert played == [UNSEEN_TASKS_FROM + 200_000 + i for i in range(3)]
     assert min(played) >= split_range(corridor, "validation").stop
     assert list(islice(corpus_tasks(corridor), 3)) == [0, 1, 2]  # no dataset read: none is written
+
+
+def test_a_rejected_task_of_the_cycle_is_said_once_and_passed_over(monkeypatch):
+    from itertools import cycle
+
+    from services.envs import demos
+    from services.envs.base import TaskRejected
+
+    class Env:
+        def reset(self, task_index, options):
+            if task_index == 1:
+                raise TaskRejected(f"reset of task {task_index} never answered", "hung")
+            return "start"
+
+        def random_action(self, rng):
+            return "go"
+
+        def step(self, action):
+            return demos.StepResult("end", done=True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("services.envs.registry.ENVS.create", lambda name: Env())
+    said, stats = [], demos.DemoStats()
+    env_cfg = EnvConfig(name="corridor", max_turns=2)
+    played = list(demos.random_episodes(env_cfg, 6, seed=0, tasks=cycle([0, 1, 2]), stats=stats, say=said.append))
+    assert [d.task_index for d in played] == [0, 2, 0, 2, 0, 2]
+    assert len(said) == 1 and "task 1 skipped (hung)" in said[0] and stats.skipped == {"hung": 1}

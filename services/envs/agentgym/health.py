@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from services.envs.alerts import alert
+
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +58,9 @@ class HealthWatch:
         except httpx.TimeoutException:
             why = server.unanswered(time.monotonic(), self.stuck_after_s)
             if why:
-                log.error("AgentGym %s server %s is out of rotation: %s", server.family, server.url, why)
+                message = f"AgentGym {server.family} server {server.url} is out of rotation: {why}"
+                log.error("%s", message)
+                alert("env_server_out_of_rotation", message, family=server.family, server=server.url)
                 self.pool.recycle_stuck(server)
         except httpx.HTTPError:
             return  # reset mid-reply: the next round tells

@@ -27,6 +27,7 @@ from services.common.errors import (
     Unavailable,
 )
 from services.envs.agentgym.profiles import Profile
+from services.envs.alerts import alert
 from services.envs.base import call_time_left
 
 log = logging.getLogger(__name__)
@@ -218,12 +219,11 @@ class Server:
             self._stuck_gauge.set(0)
             self._pending_gauge.set(0)
         RESTARTS.labels(self.family, self.url, signal).inc()
-        log.warning(
-            "AgentGym %s server %s restarted (%s): every episode created on it before is lost",
-            self.family,
-            self.url,
-            detail,
+        message = (
+            f"AgentGym {self.family} server {self.url} restarted ({detail}): every episode created on it before is lost"
         )
+        log.warning("%s", message)
+        alert("env_server_restarted", message, family=self.family, server=self.url, signal=signal)
 
     def before_create(self) -> tuple[int, int]:
         """(epoch, highest id seen) just before a create is sent: the server's id counter only goes up, so
@@ -261,7 +261,9 @@ class Server:
         with self.lock:
             self.unreachable, self.unanswered_since, self.down_until = False, None, 0.0
             if self.unhealthy:
-                log.warning("AgentGym %s server %s answers again: back in rotation", self.family, self.url)
+                message = f"AgentGym {self.family} server {self.url} answers again: back in rotation"
+                log.warning("%s", message)
+                alert("env_server_back", message, family=self.family, server=self.url)
                 self.unhealthy = ""
                 self._healthy_gauge.set(0 if self.draining else 1)
 
