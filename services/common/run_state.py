@@ -166,6 +166,11 @@ class RunState:
     def clear_failure(self) -> None:
         self.client.delete(self.k("failed"))
 
+    def last_group_failure(self) -> dict[str, Any] | None:
+        """Why a rollout last dropped a group ({"message", "time"}), or None: what a learner left waiting says."""
+        value = self.client.get(self.k("last_group_failure"))
+        return json.loads(value) if value else None
+
     def quarantined_tasks(self) -> dict[int, dict[str, Any]]:
         """Tasks no rollout hands out again in this run (hash `quarantined_tasks`: task -> why, where, when)."""
         return {int(k): json.loads(v) for k, v in self.client.hgetall(self.k("quarantined_tasks")).items()}
@@ -215,6 +220,11 @@ class AsyncRunState:
     async def done(self) -> str | None:
         value = await self.client.get(self.k("done"))
         return value.decode() if value else None
+
+    async def note_group_failure(self, message: str) -> None:
+        await self.client.set(
+            self.k("last_group_failure"), json.dumps({"message": message, "time": time.time()}), ex=24 * 3600
+        )
 
     async def quarantine_task(self, task: int, record: dict[str, Any]) -> bool:
         """Marks a task that cannot be played for the rest of the run; False when it was marked already."""

@@ -61,12 +61,19 @@ def main() -> None:
         help="Where backend alerts (a server restarted, out of rotation) go besides the log: run (the run "
         "config's metrics stream in Redis, shown by the launcher and the job's events) or none",
     )
+    parser.add_argument(
+        "--skip-server-check",
+        action="store_true",
+        help="Do not check the env's servers at start-up (the local launcher has checked them already)",
+    )
     args, config = parse_service_args(parser)
     setup_logging("envs")
     if args.alerts == "run":
         from services.envs.alerts import add_sink, run_stream_sink
 
         add_sink(run_stream_sink(config))
+    if not args.skip_server_check:
+        check_servers(config)
 
     from services.envs.deadlines import env_deadlines
     from services.envs.service import EnvService
@@ -91,6 +98,25 @@ def main() -> None:
         idle_ttl_s=args.idle_ttl_s,
     )
     asyncio.run(run(args, config, service, deadlines.routed_s))
+
+
+def check_servers(config) -> None:
+    """The env's backends checked once at start-up (`TextEnv.preflight`), where no launcher did (a pod on
+    Kubernetes): a failure is logged and published as an alert (the job's events show it), and the service
+    starts anyway, as the servers may come up after it; episodes on them fail, named, until they do."""
+    from services.envs.alerts import alert
+    from services.envs.base import InvalidTask
+    from services.envs.registry import preflight
+
+    log = logging.getLogger("services.envs")
+    try:
+        checked = preflight(config.env)
+    except InvalidTask as exc:
+        log.error("env servers failed their start-up check: %s", exc)
+        alert("env_server_check_failed", f"env servers failed their start-up check: {exc}")
+        return
+    if checked:
+        log.info("%s", checked)
 
 
 async def run(args, config, service, forward_timeout_s: float) -> None:

@@ -141,7 +141,7 @@ class LocalRun:
         procs = []
         for name in self._env_names():
             direct = f"127.0.0.1:{ports[name]}"
-            args = [*cfg, "--port", str(ports[name]), "--metrics-port", str(ports[f"{name}_m"])]
+            args = [*cfg, "--port", str(ports[name]), "--metrics-port", str(ports[f"{name}_m"]), "--skip-server-check"]
             if self.config.env.replicas > 1:
                 args += ["--replica-id", name, "--advertise", direct, "--registry", "redis"]
             procs.append(ServiceProcess(name, python_module("services.envs", *args), logs / f"{name}.log", direct))

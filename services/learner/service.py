@@ -162,7 +162,7 @@ class LearnerService:
     def _collect(self) -> CollectedStep:
         cfg, out = self.config, CollectedStep()
         want = cfg.rollout.groups_per_step
-        deadline = time.monotonic() + cfg.learner.step_timeout_s
+        deadline, waiting_since = time.monotonic() + cfg.learner.step_timeout_s, time.time()
         next_report = time.monotonic() + WAIT_REPORT_EVERY_S
         oldest_ok, stale = self.step - cfg.algorithm.max_staleness, 0
         while len(out.groups) < want:
@@ -214,7 +214,7 @@ class LearnerService:
                 raise StepTimeout(
                     f"step {self.step + 1}: {len(out.groups)}/{want} groups after "
                     f"{cfg.learner.step_timeout_s:.0f}s ({stale} stale trajectories dropped; {filtered}"
-                    f"{self._servers_line()}); raise learner.step_timeout_s to wait longer"
+                    f"{self._servers_line(waiting_since)}); raise learner.step_timeout_s to wait longer"
                 )
             if now > next_report:
                 next_report = now + WAIT_REPORT_EVERY_S
@@ -223,7 +223,7 @@ class LearnerService:
                     self.step + 1,
                     len(out.groups),
                     want,
-                    self._servers_line(),
+                    self._servers_line(waiting_since),
                     deadline - now,
                 )
         return out
@@ -245,13 +245,22 @@ class LearnerService:
         out.filtered_groups.add(group_id)
         out.filtered_trajectories += len(members)
 
-    def _servers_line(self) -> str:
+    def _servers_line(self, since: float | None = None) -> str:
+        """The rollout servers registered and their versions; and why a rollout last dropped a group, where that
+        happened after `since` (time.time(): when this step began to wait)."""
         try:
             servers = self.state.rollout_servers()
         except redis.RedisError as exc:
             return f"Redis unreachable: {exc}"
         versions = ", ".join(f"{a} v{info.get('policy_version')}" for a, info in sorted(servers.items()))
-        return f"{len(servers)} rollout server(s) registered{': ' + versions if versions else ''}"
+        line = f"{len(servers)} rollout server(s) registered{': ' + versions if versions else ''}"
+        try:
+            failure = self.state.last_group_failure()
+        except redis.RedisError:
+            failure = None
+        if failure and since is not None and failure["time"] >= since:
+            line += f"; last group dropped {time.time() - failure['time']:.0f}s ago: {failure['message']}"
+        return line
 
     def _reclaim_lost_deliveries(self, out: CollectedStep) -> None:
         """A read whose reply never arrived (Redis restarted mid-read and the client retried) left its

@@ -265,6 +265,7 @@ class Producer:
         back-off, by whichever worker is free then, until it runs out of attempts."""
         backoff = min(self.config.rollout.group_retry_backoff_s * 2 ** (lease.task - 1), MAX_BACKOFF_S)
         outcome = await self._redis(self.state.leases.release, lease, backoff, self.max_attempts)
+        await self._redis(self.state.note_group_failure, f"group slot {lease.slot}: {str(exc)[-600:]}")
         log.warning("group slot %d attempt %d/%d dropped: %s", lease.slot, lease.attempt, self.max_attempts, exc)
         if outcome is LeaseOutcome.DEAD:
             log.error("group slot %d dropped after %d attempts; a new slot replaces it", lease.slot, lease.attempt)

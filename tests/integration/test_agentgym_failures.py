@@ -178,6 +178,7 @@ def test_a_run_over_a_hanging_task_quarantines_it_after_one_reset_and_the_server
         assert list(state.quarantined_tasks()) == [hanging]
         assert state.quarantined_tasks()[hanging]["reason"] == "hung"
         assert state.rollout_counters()["tasks_quarantined"] == 1
+        assert server.url in state.last_group_failure()["message"]
         alerts = [m for _, m in state.read_metrics() if m.get("kind") == "alert"]
         assert len(alerts) == 1 and alerts[0]["task"] == hanging and server.url in alerts[0]["message"]
         assert httpx.get(server.url + "/__stats", timeout=5).json()["hung_resets"] == 1

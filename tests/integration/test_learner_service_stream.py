@@ -1,7 +1,9 @@
 """LearnerService's stream contract on the real Redis, with a recording stand-in for the trainer:
 groups per step, checkpoint-then-ack, and exactly-once application across a crash."""
 
+import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -110,7 +112,24 @@ def test_crash_before_the_checkpoint_trains_the_pending_entries_again(setup):
 def test_missing_groups_time_out_with_a_clear_error(setup):
     config, state, stream = setup
     config.learner.steps, config.learner.step_timeout_s = 4, 0.3
-    with pytest.raises(Exception, match="step 4: 0/2 groups"):
+    with pytest.raises(Exception, match="step 4: 0/2 groups") as err:
+        service(config, state, stream, RecordingTrainer()).run()
+    assert "last group dropped" not in str(err.value)
+
+
+def test_a_learner_left_waiting_says_why_the_rollout_last_dropped_a_group(setup, monkeypatch):
+    """Only a failure since the step began to wait: an older one may have been fixed since."""
+    config, state, stream = setup
+    config.learner.steps, config.learner.step_timeout_s = 4, 0.3
+    why = "group slot 7: env service: Unavailable: AgentGym http://10.0.0.7:8000/create: ConnectError"
+    state.client.set(state.k("last_group_failure"), json.dumps({"message": "long ago", "time": time.time() - 3600}))
+    with pytest.raises(Exception, match="step 4: 0/2 groups") as err:
+        service(config, state, stream, RecordingTrainer()).run()
+    assert "long ago" not in str(err.value)
+    monkeypatch.setattr(type(state), "last_group_failure", lambda self: {"message": why, "time": time.time()})
+    with pytest.raises(
+        Exception, match=r"step 4: 0/2 groups.*last group dropped \d+s ago: group slot 7: .*10\.0\.0\.7"
+    ):
         service(config, state, stream, RecordingTrainer()).run()
 
 

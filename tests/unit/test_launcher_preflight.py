@@ -67,3 +67,25 @@ def test_a_passed_check_is_said_before_the_model_is_built(checks, tmp_path):
     with pytest.raises(Built):
         local.LocalRun(config, say=lines.append).start()
     assert lines[0] == checks.answer and lines[1].startswith("task dataset: ")
+
+
+def test_an_env_service_started_without_a_launcher_checks_its_servers_and_alerts_on_failure(monkeypatch, caplog):
+    """On Kubernetes no launcher checks: the env service does at start-up, logs the line, publishes it as an
+    alert (the job's events), and serves anyway (the servers may come up after it)."""
+    from services.envs import __main__ as envs_main
+    from services.envs import alerts
+
+    caplog.set_level("INFO", logger="services.envs")
+    checks, sent = Checks(), []
+    monkeypatch.setattr(registry, "preflight", checks)
+    monkeypatch.setattr(alerts, "alert", lambda what, message, **fields: sent.append((what, message)))
+    config = load_config(None, ["env.name=agentgym", "env.options={family: textcraft, base_url: 'http://s:1'}"])
+    checks.answer = InvalidTask(DOWN)
+    envs_main.check_servers(config)
+    assert checks.seen == ["agentgym"] and sent == [
+        ("env_server_check_failed", f"env servers failed their start-up check: {DOWN}")
+    ]
+    assert any(DOWN in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    checks.answer, sent[:] = "env servers: http://s:1 (textcraft) ok", []
+    envs_main.check_servers(config)
+    assert sent == [] and any("(textcraft) ok" in r.getMessage() for r in caplog.records)
