@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.config import EnvConfig, RolloutConfig, TrainConfig, load_config
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
-from services.common.run_state import AsyncRunState, RunState
+from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.envs.agentgym.env import _POOLS, AgentGymEnv
 from services.envs.agentgym.profiles import PROFILES
@@ -33,10 +33,9 @@ from services.envs.registry import ENVS
 from services.envs.service import EnvService
 from services.rollout.action_parsers import PARSERS
 from services.rollout.agent_loop import AgentLoop, EpisodeFailed
-from services.rollout.producer import Producer
 from services.rollout.prompting import ChatFormatter
-from tests.support.agentgym_process import FakeServer, follow_next
-from tests.support.producers import FlakyRewards, LearnerPace, play
+from tests.support.agentgym_process import FakeServer, follow_next, scripted_producer
+from tests.support.producers import play
 from tests.support.scripted_policy import ScriptedPolicy, tokenizer  # noqa: F401 - fixture
 
 
@@ -658,18 +657,7 @@ def test_a_restart_of_the_only_server_does_not_end_the_run(tokenizer, tmp_path, 
     state = RunState.connect(config)
     try:
         stream = TrajectoryStream(state.client, state.trajectories_key)
-        loop = AgentLoop(
-            ScriptedPolicy(tokenizer, reply),
-            InProcessEnvClient(EnvService()),
-            ChatFormatter(tokenizer),
-            PARSERS.create("xml_action"),
-            config.rollout,
-            config.env,
-            max_model_len=4096,
-        )
-        producer = Producer(
-            config, loop, FlakyRewards(), AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.05, holder="a"
-        )
+        producer = scripted_producer(config, tokenizer, reply, EnvService(), stream)
         asyncio.run(asyncio.wait_for(play(producer), 90))
         counters = state.rollout_counters()
         assert restarted, "the server was restarted"

@@ -14,19 +14,16 @@ from prometheus_client import CollectorRegistry
 
 from services.common.config import load_config
 from services.common.errors import InvalidArgument, Unavailable
-from services.common.run_state import AsyncRunState, RunState
+from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.envs import alerts
 from services.envs.agentgym.env import _POOLS
 from services.envs.agentgym.servers import HEALTHY, LOST, PENDING_CLOSES, REMOTE_OPEN, RESTARTS, STUCK
 from services.envs.client import InProcessEnvClient
 from services.envs.service import EnvService
-from services.rollout.action_parsers import PARSERS
-from services.rollout.agent_loop import AgentLoop
 from services.rollout.producer import Producer
-from services.rollout.prompting import ChatFormatter
-from tests.support.agentgym_process import FakeServer, follow_next
-from tests.support.producers import FlakyRewards, LearnerPace, play
+from tests.support.agentgym_process import FakeServer, follow_next, scripted_producer
+from tests.support.producers import play
 from tests.support.scripted_policy import ScriptedPolicy, tokenizer  # noqa: F401 - fixture
 
 
@@ -161,18 +158,7 @@ def test_a_run_over_a_hanging_task_quarantines_it_after_one_reset_and_the_server
     state = RunState.connect(config)
     try:
         stream = TrajectoryStream(state.client, state.trajectories_key)
-        loop = AgentLoop(
-            ScriptedPolicy(tokenizer, follow_next),
-            InProcessEnvClient(EnvService(step_timeout_s=5)),
-            ChatFormatter(tokenizer),
-            PARSERS.create("xml_action"),
-            config.rollout,
-            config.env,
-            max_model_len=4096,
-        )
-        producer = Producer(
-            config, loop, FlakyRewards(), AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.05, holder="a"
-        )
+        producer = scripted_producer(config, tokenizer, follow_next, EnvService(step_timeout_s=5), stream)
         asyncio.run(asyncio.wait_for(play(producer), 90))
         assert stream.length() == 6, "every step got all its groups"
         assert list(state.quarantined_tasks()) == [hanging]

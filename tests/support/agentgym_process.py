@@ -54,3 +54,29 @@ class FakeServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def scripted_producer(config, tokenizer, reply, env_service, stream):
+    """The real producer (leases in the run's Redis) over the agent loop, a scripted policy answering `reply` for
+    each observation, `env_service` in process, flaky-free rewards, and a learner stand-in reading `stream`."""
+    from services.common.run_state import AsyncRunState
+    from services.envs.client import InProcessEnvClient
+    from services.rollout.action_parsers import PARSERS
+    from services.rollout.agent_loop import AgentLoop
+    from services.rollout.producer import Producer
+    from services.rollout.prompting import ChatFormatter
+    from tests.support.producers import FlakyRewards, LearnerPace
+    from tests.support.scripted_policy import ScriptedPolicy
+
+    loop = AgentLoop(
+        ScriptedPolicy(tokenizer, reply),
+        InProcessEnvClient(env_service),
+        ChatFormatter(tokenizer),
+        PARSERS.create("xml_action"),
+        config.rollout,
+        config.env,
+        max_model_len=4096,
+    )
+    return Producer(
+        config, loop, FlakyRewards(), AsyncRunState.connect(config), LearnerPace(stream, 2), poll_s=0.05, holder="a"
+    )

@@ -533,7 +533,6 @@ class ServerPool:
                     with self._lock:
                         server.draining = False
                         self.recycles += 1
-                    server.unreachable = False
                     server.answered()
                     server._healthy_gauge.set(1)
                     log.info("AgentGym server %s is back after recycling", server.url)
