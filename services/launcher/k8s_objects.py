@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from services.common.config import TrainConfig, dump_config
+from services.common.cpu_budget import OPENMP_IDLE
 from services.common.grpc_server import LIVENESS
 from services.common.logs import FORMAT_ENV, log_format
 from services.jobs.spec import ComponentResources, JobSpec
@@ -220,8 +221,8 @@ class JobObjects:
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 # the services bind 127.0.0.1 unless told otherwise; in a pod, peers come over the pod IP
                 {"name": "OMRL_BIND_HOST", "value": "0.0.0.0"},
-                # idle OpenMP threads sleep; pools are sized by the container's CPU limit (cpu_budget.py)
-                {"name": "OMP_WAIT_POLICY", "value": "PASSIVE"},
+                # idle OpenMP threads spin briefly, then sleep; pools are sized by the container's CPU limit
+                *({"name": k, "value": v} for k, v in OPENMP_IDLE.items()),
                 {"name": FORMAT_ENV, "value": self.options.log_format},
                 *env,
             ],

@@ -27,6 +27,7 @@ from services.common.config import TrainConfig, config_digest
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.learner import collectives, full_weights
+from services.learner.determinism import canonical_order
 from services.learner.poison_guard import PoisonGuard
 from services.learner.prometheus_metrics import DROPPED, export_summary
 
@@ -121,6 +122,9 @@ class LearnerService:
         self._pushed = None
         """The weights of the last push, kept for servers that come back (rank 0)."""
         self._catch_up_after: dict[str, float] = {}
+        self._applied: dict[str, tuple[int, Any]] = {}
+        """Rollout server -> (the version a push of this learner applied there, the server's registry entry's
+        heartbeat time when that push began): until its next heartbeat, the registry shows the version before."""
         self._pending: Any = None
         """(checkpoint being written in the background, the entry ids it covers)"""
         self.guard = PoisonGuard(config, trainer, state, stream)  # see its module for the poison-input policy
@@ -226,6 +230,7 @@ class LearnerService:
                     self._servers_line(waiting_since),
                     deadline - now,
                 )
+        out.trajectories = canonical_order(out.trajectories)
         return out
 
     def _uninformative(self, group_id: str, members: list, out: CollectedStep) -> bool:
@@ -291,7 +296,9 @@ class LearnerService:
         behind = [
             a
             for a, info in servers.items()
-            if int(info.get("policy_version", -1)) < self.version and now >= self._catch_up_after.get(a, 0.0)
+            if int(info.get("policy_version", -1)) < self.version
+            and not self._holds_current(a, info)
+            and now >= self._catch_up_after.get(a, 0.0)
         ]
         if not behind:
             return
@@ -304,6 +311,12 @@ class LearnerService:
                 log.warning(
                     "rollout %s is behind and the push of v%d failed: %s", result.address, self.version, result.error
                 )
+
+    def _holds_current(self, address: str, info: dict[str, Any]) -> bool:
+        """Our push applied the current version there and the registry has not heard from the server since: its
+        entry is a heartbeat older than the push, not a server that lost the version (a restart beats anew)."""
+        version, beat = self._applied.get(address, (-1, None))
+        return version >= self.version and info.get("ts") == beat
 
     def _rebuild_run_state(self, partial: CollectedStep) -> CollectedStep:
         """Redis lost the run's state (its consumer group is gone). The learner's own step and version are
@@ -350,7 +363,8 @@ class LearnerService:
             full_weights.walk_for_push(weights)
             return 0.0, "", []
         start = time.perf_counter()
-        addresses = sorted(self.state.rollout_servers())
+        servers = self.state.rollout_servers()
+        addresses = sorted(servers)
         # Catch-up pushes re-read the model, which holds this version until the next step trains it. With
         # several ranks that read is a collective rank 0 cannot run alone: it keeps a spool of the push.
         sharded = collectives.world_size() > 1
@@ -373,6 +387,8 @@ class LearnerService:
                     result.checksum[:12],
                     sent[:12],
                 )
+            else:
+                self._applied[result.address] = (self.version, servers.get(result.address, {}).get("ts"))
         self.state.publish_version(self.version)
         return time.perf_counter() - start, sent, [vars(r) for r in results]
 

@@ -26,6 +26,7 @@ from services.learner.advantages import build_estimator
 from services.learner.advantages.base import AdvantageInputs
 from services.learner.batch import TrainBatch, baseline_scores, collate, split_baselines, turns_of
 from services.learner.critic import Critic
+from services.learner.determinism import use_deterministic_kernels
 from services.learner.kl import build_kl_controller, kl_estimate
 from services.learner.losses import aggregate, k3_kl, masked_mean
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
@@ -91,6 +92,8 @@ class PolicyTrainer:
         self.device = collectives.resolve_device(config.learner.device)
         self.rank, self.world_size = collectives.init_distributed(self.device)
         torch.manual_seed(config.seed)
+        if config.deterministic:
+            use_deterministic_kernels(self.device.type)
         algo = config.algorithm
         mixed = config.model.dtype != "float32" and self.device.type == "cuda"
         load_dtype = "float32" if mixed else config.model.dtype

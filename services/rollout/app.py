@@ -24,11 +24,19 @@ SHUTDOWN_DEADLINE_S = 30.0
 
 
 async def heartbeat(state: AsyncRunState, address: str, core, every_s: float = 2.0) -> None:
+    """Registers the server's state every `every_s`, and at once when a weight push lands: the learner catches up
+    the servers its registry shows behind, and a registry a heartbeat late would have it push the same version
+    again to a server that holds it (a push the server then applies while its requests wait)."""
+    reported = [-1]
+
     async def beat():
+        reported[0] = core.policy_version
         info = {**core.status(), "version": core.policy_version, "serving": core.serving}
         await state.register_rollout(address, info)
 
-    await retrying(beat, "rollout registry heartbeat", every_s)
+    await retrying(
+        beat, "rollout registry heartbeat", every_s, pause=lambda: core.wait_for_new_version(reported[0], every_s)
+    )
 
 
 def build_backend(config: TrainConfig):
@@ -48,6 +56,7 @@ def build_backend(config: TrainConfig):
         engine_args=r.engine_args,
         vllm_metrics=r.vllm_metrics,
         weight_staging=r.weight_staging,
+        deterministic=config.deterministic,
     )
 
 

@@ -83,9 +83,16 @@ def exit_after(seconds: float, reason: str) -> threading.Timer:
 TRANSIENT_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
-async def retrying(call: Callable[[], Awaitable], what: str, every_s: float, max_backoff_s: float = 30.0) -> None:
-    """Runs `call` every `every_s` forever; a transient Redis error is retried after 2, 4, 8, ... times
-    `every_s` (at most `max_backoff_s`), anything else ends the loop (and, supervised, the server)."""
+async def retrying(
+    call: Callable[[], Awaitable],
+    what: str,
+    every_s: float,
+    max_backoff_s: float = 30.0,
+    pause: Callable[[], Awaitable] | None = None,
+) -> None:
+    """Runs `call` every `every_s` forever (`pause`: after each call awaits that instead, which may end sooner); a
+    transient Redis error is retried after 2, 4, 8, ... times `every_s` (at most `max_backoff_s`), anything else
+    ends the loop (and, supervised, the server)."""
 
     def warn(state: RetryCallState) -> None:
         log.warning(
@@ -100,7 +107,7 @@ async def retrying(call: Callable[[], Awaitable], what: str, every_s: float, max
         ):
             with attempt:
                 await call()
-        await asyncio.sleep(every_s)
+        await (pause() if pause else asyncio.sleep(every_s))
 
 
 async def watch_engine(

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from services.common.config import load_config
+from services.common.cpu_budget import OPENMP_IDLE
 from tests.support import redis_start_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,7 +223,7 @@ def test_services_bind_all_addresses_and_rollout_and_learner_share_the_weight_to
     for name in OUR_SERVICES:
         env = compose["services"][name]["environment"]
         assert env["OMRL_BIND_HOST"] == "0.0.0.0", name
-        assert env["OMP_WAIT_POLICY"] == "PASSIVE", name
+        assert env["GOMP_SPINCOUNT"] == OPENMP_IDLE["GOMP_SPINCOUNT"], name
         assert env.get("OMRL_WEIGHT_TOKEN") == ("weight-token-1" if name in ("rollout", "learner") else None), name
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.common.config import load_config
+from services.common.cpu_budget import OPENMP_IDLE
 from services.common.grpc_server import LIVENESS
 from tests.support import redis_start_script
 from tests.support.helm_chart import (
@@ -637,7 +638,7 @@ def test_every_service_container_binds_all_addresses(values):
         if component != "redis":
             env = {e["name"]: e.get("value") for e in main_container(pod)["env"]}
             assert env["OMRL_BIND_HOST"] == "0.0.0.0", component
-            assert env["OMP_WAIT_POLICY"] == "PASSIVE", component
+            assert env["GOMP_SPINCOUNT"] == OPENMP_IDLE["GOMP_SPINCOUNT"], component
 
 
 def test_the_job_api_gives_its_jobs_policies_like_the_charts_and_confines_their_paths():

@@ -72,10 +72,10 @@ def test_fixed_shares_and_a_quota_smaller_than_the_mask():
     assert split(Cores(tuple(range(8)), 2)).engine_cpus == (7,)  # 2 CPUs of quota on 8 visible ones
 
 
-def test_thread_env_keeps_idle_openmp_threads_asleep():
+def test_thread_env_lets_idle_openmp_threads_spin_briefly_then_sleep():
     env = cpu_budget.thread_env(3)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["GOMP_SPINCOUNT"] == "10000" and "OMP_WAIT_POLICY" not in env
 
 
 def test_torch_threads_prefers_config_then_the_launchers_share_then_the_budget(tmp_path, monkeypatch):
@@ -115,7 +115,7 @@ def test_the_local_launcher_gives_each_child_its_share(monkeypatch):
     assert env["rollout"][cpu_budget.SPIN_ENV] == cpu_budget.ENGINE_SPIN_S
     for name in ("envs", "envs-1", "reward"):
         assert env[name]["OMP_NUM_THREADS"] == "1"
-    assert all(e["OMP_WAIT_POLICY"] == "PASSIVE" for e in env.values())
+    assert all(e["GOMP_SPINCOUNT"] == cpu_budget.OPENMP_IDLE["GOMP_SPINCOUNT"] for e in env.values())
     assert env["learner"][TOKEN_ENV] == env["rollout"][TOKEN_ENV]  # the push token stays
     config.algorithm.max_staleness = 0  # they take turns: the learner gets every core but the spare one
     assert children(config, monkeypatch, Cores(tuple(range(8)), 8))["learner"]["OMP_NUM_THREADS"] == "7"

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from services.common.config import TrainConfig, load_config
+from services.common.cpu_budget import OPENMP_IDLE
 from services.jobs import launchers
 from services.jobs.manager import JobManager
 from services.jobs.spec import JobSpec
@@ -421,7 +422,7 @@ def test_rollout_and_learner_share_a_weight_token_of_their_own_job_and_every_ser
         container = obj["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e for e in container["env"]}
         assert env["OMRL_BIND_HOST"]["value"] == "0.0.0.0"
-        assert env["OMP_WAIT_POLICY"]["value"] == "PASSIVE"
+        assert env["GOMP_SPINCOUNT"]["value"] == OPENMP_IDLE["GOMP_SPINCOUNT"]
         component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
         if component in ("rollout", "learner"):
             assert env["OMRL_WEIGHT_TOKEN"]["valueFrom"]["secretKeyRef"] == {

@@ -2,6 +2,7 @@
 dying quietly; a transient Redis error in the heartbeat is retried."""
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -84,6 +85,9 @@ def test_the_heartbeat_survives_a_redis_outage_and_reports_the_served_version():
         def status(self):
             return {"policy_version": 3, "waiting_for_version": 5}
 
+        async def wait_for_new_version(self, seen, timeout_s):
+            await asyncio.sleep(timeout_s)
+
     class State:
         def __init__(self):
             self.calls, self.registered = 0, asyncio.Event()
@@ -105,6 +109,49 @@ def test_the_heartbeat_survives_a_redis_outage_and_reports_the_served_version():
     address, info = run(scenario())
     assert address == "10.0.0.1:50051"
     assert (info["version"], info["serving"], info["waiting_for_version"]) == (3, False, 5)
+
+
+def test_the_heartbeat_reports_a_landed_push_at_once_not_a_beat_later():
+    """The learner pushes the servers its registry shows behind: a registry still showing the version before a push
+    that landed would have it push that version again."""
+    from services.rollout.app import heartbeat
+
+    class Core:
+        serving = True
+
+        def __init__(self):
+            self.policy_version, self.landed = 3, asyncio.Event()
+
+        def status(self):
+            return {"policy_version": self.policy_version}
+
+        async def wait_for_new_version(self, seen, timeout_s):  # RolloutCore's: until the version is not `seen`
+            if self.policy_version == seen:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.landed.wait(), timeout_s)
+                self.landed.clear()
+
+    class State:
+        def __init__(self):
+            self.versions = []
+
+        async def register_rollout(self, address, info):
+            self.versions.append(info["version"])
+
+    async def scenario():
+        core, state = Core(), State()
+        task = asyncio.create_task(heartbeat(state, "10.0.0.1:50051", core, every_s=60.0))
+        await asyncio.sleep(0.05)
+        core.policy_version = 4
+        core.landed.set()
+        pushed = time.monotonic()
+        while state.versions[-1] != 4 and time.monotonic() - pushed < 5.0:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        return state.versions, time.monotonic() - pushed
+
+    versions, seconds = run(scenario())
+    assert versions == [3, 4] and seconds < 1.0  # one beat at start, the next when v4 landed, not 60 s on
 
 
 HUNG_CLEANUP = """

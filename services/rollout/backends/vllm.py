@@ -95,6 +95,13 @@ def stat_loggers(vllm_metrics: bool) -> list[type[StatLoggerBase]]:
     return [EngineStatsLogger] if vllm_metrics else [EngineStatsLogger, SilentPrometheusStatLogger]
 
 
+def engine_environment(deterministic: bool, on_cpu: bool) -> dict[str, str]:
+    """vLLM settings the run's config implies. `deterministic` on a GPU: batch-invariant kernels, so a request's
+    tokens do not depend on which others share its batch (vLLM's CPU kernels compute each row alone already:
+    a seeded request gave the same logprobs, bit for bit, alone and in batches of 8 here)."""
+    return {"VLLM_BATCH_INVARIANT": "1"} if deterministic and not on_cpu else {}
+
+
 @BACKENDS.register("vllm")
 class VllmBackend(RolloutBackend):
     """One vLLM `AsyncLLM` engine. Build it, `await start()` inside the event loop that will call
@@ -131,6 +138,7 @@ class VllmBackend(RolloutBackend):
         engine_args: dict[str, Any] | None = None,
         vllm_metrics: bool = True,
         weight_staging: str = "file",
+        deterministic: bool = False,
     ):
         self.model = str(model)
         self.dtype = dtype
@@ -140,6 +148,7 @@ class VllmBackend(RolloutBackend):
         self.engine_args = dict(engine_args or {})
         self.vllm_metrics = vllm_metrics
         self.weight_staging = weight_staging
+        self.environment = engine_environment(deterministic, current_platform.is_cpu())
         kwargs = engine_kwargs(
             model=self.model,
             dtype=dtype,
@@ -169,6 +178,8 @@ class VllmBackend(RolloutBackend):
         # this returns, so put it back rather than leak it into processes this one starts later.
         saved = dict(os.environ)
         vllm_envs.disable_envs_cache()  # another engine's cache must not hide what this start sets
+        os.environ.update(self.environment)
+        saved.update(self.environment)  # this process's input and output processing reads them too
         try:
             config = self._engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
             threads = other_threads()

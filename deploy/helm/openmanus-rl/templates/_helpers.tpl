@@ -63,12 +63,13 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 
 {{/* Environment of every service container: the services bind 127.0.0.1 unless told otherwise (in a pod
      their callers come over the pod IP), and log in the chart's format (services/common/logs.py). Idle
-     OpenMP threads sleep; each service sizes its pools by the container's CPU limit (cpu_budget.py) */}}
+     OpenMP threads spin briefly, then sleep (cpu_budget.OPENMP_IDLE); each service sizes its pools by the
+     container's CPU limit (cpu_budget.py) */}}
 {{- define "omrl.serviceEnv" -}}
 - name: OMRL_BIND_HOST
   value: 0.0.0.0
-- name: OMP_WAIT_POLICY
-  value: PASSIVE
+- name: GOMP_SPINCOUNT
+  value: "10000"
 - name: OMRL_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
 {{- end -}}
