@@ -46,8 +46,8 @@ def bind_cpus(bind: str) -> set[int]:
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 OPENMP_IDLE = {"GOMP_SPINCOUNT": "10000"}
 """How long an idle OpenMP thread of torch's GNU runtime spins before it sleeps (libgomp's default: 300,000 spins;
-OMP_WAIT_POLICY=PASSIVE: none). The tiny model's learner update on 2 threads (bench/learner_cpu.py, 4x8 vs_trl
-batch): 0.089-0.091 s a step with PASSIVE, 0.043-0.045 s with 3,000 to 300,000 spins; 1 thread took 0.058 s."""
+OMP_WAIT_POLICY=PASSIVE: none). The tiny model's learner step on 2 threads (bench/learner_cpu.py, the 4x8 vs_trl
+batch): 0.089-0.092 s with PASSIVE, 0.045-0.062 s with 3,000 to 300,000 spins (docs/benchmarks.md)."""
 
 
 def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
