@@ -12,7 +12,7 @@ RUN pip install --no-cache-dir "grpcio-tools>=1.60" \
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HOME=/tmp
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
+RUN pip install --no-cache-dir "$(ls /wheels/*.whl)[reward]" && rm -rf /wheels \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin omrl
 USER 10001:10001
 EXPOSE 50053 9103

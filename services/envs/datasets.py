@@ -16,7 +16,6 @@ outside the set is rejected before anything uses it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -30,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from services.common.config import EnvConfig
+from services.common.dataset_paths import SPLITS, dataset_dir
 from services.envs.base import MissingDependency
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "validation")
 FORMAT = 1
 """Bumped when generated files change shape; older generated files are rewritten."""
 SCHEMA = pa.schema(
@@ -48,15 +47,6 @@ SCHEMA = pa.schema(
         ("extra_info", pa.struct([("index", pa.int64()), ("options", pa.string())])),
     ]
 )
-
-
-def dataset_dir(env: EnvConfig) -> Path:
-    if env.dataset:
-        return Path(env.dataset)
-    name = env.name
-    if env.options:
-        name += "-" + hashlib.sha256(json.dumps(env.options, sort_keys=True).encode()).hexdigest()[:8]
-    return Path(env.data_dir) / name
 
 
 def _meta(env: EnvConfig, split: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """python -m services.reward --port 50053 --metrics-port 9103 [--config file.yaml]: the reward service; its
-run-config section is `reward` (`--set reward.components.goal.weight=2`, or a flag per field)."""
+run-config section is `reward` (`--set reward.components.goal.weight=2`, or a flag per field), and `env` names the
+task dataset whose reference answers the rule scorers (exact_match, math_equiv, ...) read."""
 
 import asyncio
 import sys
@@ -27,7 +28,7 @@ def main() -> None:
 
     config = run_config.reward
     try:
-        composer = RewardComposer.from_config(config)
+        composer = RewardComposer.from_config(config, run_config.env)
     except ValueError as exc:
         print(f"{parser.prog}: config error: {'; '.join(error_lines(exc))}", file=sys.stderr)
         raise SystemExit(2) from None

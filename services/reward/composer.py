@@ -5,18 +5,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from services.common.config import RewardComponentConfig, RewardConfig
+from prometheus_client import CollectorRegistry
+
+from services.common.config import EnvConfig, RewardComponentConfig, RewardConfig
 from services.common.protos import trajectory_pb2
 from services.common.registry import Registry
 from services.reward.base import RewardFunction
+from services.reward.reference_scorer import ReferenceScorer
+from services.reward.references import References
 from services.reward.registry import REWARDS
 
 
 class RewardComposer:
     def __init__(
-        self, components: Mapping[str, RewardComponentConfig | dict], registry: Registry[RewardFunction] = REWARDS
+        self,
+        components: Mapping[str, RewardComponentConfig | dict],
+        registry: Registry[RewardFunction] = REWARDS,
+        references: References | None = None,
     ):
-        """Fails here (ValueError) on unknown names or bad params, never at scoring time."""
+        """Fails here (ValueError) on unknown names or bad params, never at scoring time. `references`: the task
+        dataset's reference answers, which the rule scorers (ReferenceScorer) score against."""
         if not components:
             raise ValueError(f"no reward components configured; known: {', '.join(registry.names())}")
         unknown = sorted(set(components) - set(registry.names()))
@@ -29,11 +37,22 @@ class RewardComposer:
                 fn = registry.create(name, **spec.params)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"reward component {name!r}: bad params {spec.params}: {exc}") from None
+            if isinstance(fn, ReferenceScorer):
+                if references is None:
+                    raise ValueError(
+                        f"reward component {name!r} scores against the task dataset's reference answers: "
+                        "build the composer with the run's env config"
+                    )
+                fn.bind(references, name)
             self.components.append((name, spec.weight, fn))
 
     @classmethod
-    def from_config(cls, config: RewardConfig) -> RewardComposer:
-        return cls(config.components)
+    def from_config(
+        cls, config: RewardConfig, env: EnvConfig | None = None, *, metrics_registry: CollectorRegistry | None = None
+    ) -> RewardComposer:
+        """`env`: the run's env config, whose task dataset holds the reference answers (read on first need)."""
+        references = References.from_config(env, metrics_registry=metrics_registry) if env is not None else None
+        return cls(config.components, references=references)
 
     @property
     def names(self) -> list[str]:

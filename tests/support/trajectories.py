@@ -10,3 +10,13 @@ def traj(group, versions):
         b.add_model_turn([7], [-0.5], policy_version=v, text="", action="", action_valid=True, finish_reason="stop")
         b.add_observation([8], env_reward=0.0)
     return b.finish(env_return=0.0, success=False, stop_reason="done")
+
+
+def answered(task_index, action, text=None, env="reasoning", trajectory_id="t"):
+    """A one-turn episode of task `task_index` whose model turn parsed to `action` (`text`: the turn's text, by
+    default the action in its tags)."""
+    b = TrajectoryBuilder(env=env, task_index=task_index, group_id="g", prompt_ids=[5], trajectory_id=trajectory_id)
+    text = f"<action>{action}</action>" if text is None else text
+    valid = bool(action)
+    b.add_model_turn([7], [-0.5], policy_version=0, text=text, action=action, action_valid=valid, finish_reason="stop")
+    return b.finish(env_return=0.0, success=False, stop_reason="done")

@@ -44,7 +44,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "reward.components={goall: {}}",
             ("reward", "components", "goall", "[key]"),
-            "'goall' is not one of: env_return, format, goal, length_penalty, overlong_penalty",
+            "'goall' is not one of: bleu, chrf, env_return, exact_match, format, goal, length_penalty, math_equiv,",
         ),
         (
             "env.options={lenght: 5}",

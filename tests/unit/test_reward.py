@@ -81,7 +81,8 @@ def test_unknown_components_fail_at_construction():
     with pytest.raises(
         ValueError,
         match=r"unknown reward component\(s\) bogus, nope; "
-        r"known: env_return, format, goal, length_penalty, overlong_penalty",
+        r"known: bleu, chrf, env_return, exact_match, format, goal, length_penalty, math_equiv, overlong_penalty, "
+        r"token_f1",
     ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):
@@ -93,7 +94,18 @@ def test_unknown_components_fail_at_construction():
 
 
 def test_builtin_registry():
-    assert REWARDS.names() == ["env_return", "format", "goal", "length_penalty", "overlong_penalty"]
+    assert REWARDS.names() == [
+        "bleu",
+        "chrf",
+        "env_return",
+        "exact_match",
+        "format",
+        "goal",
+        "length_penalty",
+        "math_equiv",
+        "overlong_penalty",
+        "token_f1",
+    ]
     assert isinstance(REWARDS.create("goal"), GoalReward)
 
 
