@@ -675,6 +675,26 @@ b.panel(
     unit="ops",
     w=12,
 )
+b.panel(
+    "timeseries",
+    "Reward-model batches",
+    "Episodes per reward-model forward pass (concurrent Score calls share one, up to the component's max_batch) "
+    "and the pass's duration, median per component.",
+    [
+        (quantile(0.5, "omrl_reward_model_batch_size", by="component"), "batch {{component}}"),
+        (quantile(0.5, "omrl_reward_model_forward_seconds", by="component"), "seconds {{component}}"),
+    ],
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "Scored without a reference answer",
+    "Trajectories per second a rule scorer (exact_match, math_equiv, ...) found no reference answer for in the "
+    "task dataset and scored by its `missing` fallback.",
+    [(rate("omrl_reward_reference_missing_total", by="component"), "{{component}}")],
+    unit="ops",
+    w=12,
+)
 b.row("Trajectory stream and learner")
 b.panel(
     "timeseries",

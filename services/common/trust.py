@@ -7,6 +7,7 @@ data says so with a marker, `Field(..., json_schema_extra=trust.OPERATOR)`:
   API refuses it from a caller and sets it from its own settings (`OMRL_API_ENV_OPTIONS`).
 - `URL`: a server the job calls. The job API takes only hosts its operator allows.
 - `PATH`: a file or folder. The job API takes only paths inside the folders its operator allows.
+- `MODEL`: a model, as `model.path` names one: a folder (inside the allowed folders) or a Hugging Face id.
 
 Unmarked fields are data. The job API applies the markers (`services.jobs.spec_policy`); the CLI and
 the services, run by the operator, honour every field as given."""
@@ -20,10 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-Trust = Literal["operator", "url", "path"]
+Trust = Literal["operator", "url", "path", "model"]
 OPERATOR: dict[str, Any] = {"trust": "operator"}
 URL: dict[str, Any] = {"trust": "url"}
 PATH: dict[str, Any] = {"trust": "path"}
+MODEL: dict[str, Any] = {"trust": "model"}
 
 
 def trust_of(model: type[BaseModel], name: str) -> Trust | None:

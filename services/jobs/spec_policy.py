@@ -4,8 +4,8 @@ or a file to import; commands and plugins come from the operator's deployment (t
 paths only from what the operator allows. Every check refuses with SpecNotAllowed naming the field (422).
 
 - Paths (`env.data_dir`, `env.dataset`, a local `model.path`, `output_dir`, `learner.checkpoint_dir`,
-  `learner.export_dir`, and plugin options marked `trust.PATH`) must stay inside the allowed folders
-  (symlinks and `..` resolved).
+  `learner.export_dir`, and plugin options marked `trust.PATH`, or `trust.MODEL` when not a Hugging Face id) must
+  stay inside the allowed folders (symlinks and `..` resolved).
 - Plugin options (`env.options`, reward `params`) go through the plugin's schema markers
   (`services.common.trust`): a `trust.OPERATOR` option (a command) is refused unless it repeats the
   deployment's own value, a `trust.URL` option must name an allowed host.
@@ -177,7 +177,7 @@ class SpecPolicy:
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 if kind == "url":
                     self._check_url(at, item)
-                else:
+                elif kind == "path" or not (isinstance(item, str) and _is_hub_id(item)):
                     self._check_path(at, item)
 
     def _check_url(self, loc: tuple[str, ...], url: Any) -> None:

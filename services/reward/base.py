@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # configs name reward functions and are parsed where no generated code is needed
@@ -21,3 +22,7 @@ class RewardFunction(abc.ABC):
 
     @abc.abstractmethod
     def __call__(self, traj: trajectory_pb2.Trajectory) -> float: ...
+
+    def score_batch(self, trajs: Sequence[trajectory_pb2.Trajectory]) -> list[float]:
+        """The scores of several trajectories, in order; a model-backed function runs them together."""
+        return [self(traj) for traj in trajs]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -60,16 +60,28 @@ class RewardComposer:
 
     def score(self, traj: trajectory_pb2.Trajectory) -> tuple[float, dict[str, float]]:
         """(total, {component: weight * value}); the total is the sum of the parts."""
-        parts: dict[str, float] = {}
+        return self.score_many([traj])[0]
+
+    def score_many(self, trajs: Sequence[trajectory_pb2.Trajectory]) -> list[tuple[float, dict[str, float]]]:
+        """`score` of each trajectory, each component given them all at once (`RewardFunction.score_batch`)."""
+        parts: list[dict[str, float]] = [{} for _ in trajs]
         for name, weight, fn in self.components:
-            try:
-                value = float(fn(traj))
-            except Exception as exc:
-                raise RuntimeError(
-                    f"reward component {name!r} failed on trajectory {traj.trajectory_id!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            if not math.isfinite(value):
-                raise ValueError(f"reward component {name!r} gave {value} for trajectory {traj.trajectory_id!r}")
-            parts[name] = weight * value
-        return sum(parts.values()), parts
+            batched = type(fn).score_batch is not RewardFunction.score_batch
+            values = _values(name, fn, trajs) if batched else [v for t in trajs for v in _values(name, fn, [t])]
+            if len(values) != len(trajs):
+                raise RuntimeError(f"reward component {name!r} gave {len(values)} scores for {len(trajs)} trajectories")
+            for traj, value, out in zip(trajs, values, parts):
+                if not math.isfinite(value):
+                    raise ValueError(f"reward component {name!r} gave {value} for trajectory {traj.trajectory_id!r}")
+                out[name] = weight * value
+        return [(sum(p.values()), p) for p in parts]
+
+
+def _values(name: str, fn: RewardFunction, trajs: Sequence[trajectory_pb2.Trajectory]) -> list[float]:
+    """The component's scores of `trajs`; its failure names it and the trajectories (a batch: the first few)."""
+    try:
+        return [float(v) for v in fn.score_batch(trajs)]
+    except Exception as exc:
+        ids = ", ".join(repr(t.trajectory_id) for t in trajs[:3]) + (", ..." if len(trajs) > 3 else "")
+        which = f"trajectory {ids}" if len(trajs) == 1 else f"{len(trajs)} trajectories ({ids})"
+        raise RuntimeError(f"reward component {name!r} failed on {which}: {type(exc).__name__}: {exc}") from exc

@@ -72,4 +72,4 @@ class RewardService:
         return scores
 
     def _score_all(self, trajectories: list[trajectory_pb2.Trajectory]) -> list[Score]:
-        return [self.composer.score(traj) for traj in trajectories]
+        return self.composer.score_many(trajectories)

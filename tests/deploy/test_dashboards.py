@@ -123,13 +123,15 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
 def exported_series() -> set[str]:
     """What the services define: module-level metrics (rollout, learner) register on import; the env
     and reward services, the gRPC layer and the job API build theirs; the stream collector reads Redis."""
+    import services.envs.agentgym.servers  # noqa: F401
     import services.learner.prometheus_metrics as learner_metrics
+    import services.reward.reward_model  # noqa: F401
     import services.rollout.agent_loop  # noqa: F401
     import services.rollout.core  # noqa: F401
     import services.rollout.engine_metrics  # noqa: F401
     import services.rollout.evaluation  # noqa: F401
     import services.rollout.producer  # noqa: F401
-    from services.common.config import RewardConfig
+    from services.common.config import EnvConfig, RewardConfig
     from services.common.grpc_server import ErrorInterceptor
     from services.envs.service import EnvService
     from services.jobs.app import ApiMetrics
@@ -140,7 +142,8 @@ def exported_series() -> set[str]:
         ErrorInterceptor(service)
     own = CollectorRegistry()
     EnvService(metrics_registry=own)
-    reward = RewardService(RewardComposer.from_config(RewardConfig()), metrics_registry=own)
+    composer = RewardComposer.from_config(RewardConfig(), EnvConfig(), metrics_registry=own)  # + the references' count
+    reward = RewardService(composer, metrics_registry=own)
     for observed in (reward._m_component.labels("goal"), reward._m_latency, reward._m_total):
         observed.observe(0.5)  # labelled children exist once used; their samples show what is exported
 

@@ -37,8 +37,9 @@ RATE_WINDOW = "3m"
 TOKEN = "prometheus-e2e-token"
 
 
-ABSENT_HERE = ("DCGM_", "omrl_envs_agentgym_")
-"""Series of backends this run does not have: NVIDIA's DCGM exporter (no GPU) and AgentGym servers (a built-in env)."""
+ABSENT_HERE = ("DCGM_", "omrl_envs_agentgym_", "omrl_reward_model_", "omrl_reward_reference_missing")
+"""Series of backends this run does not have: NVIDIA's DCGM exporter (no GPU), AgentGym servers (a built-in env), a
+reward model and rule scorers (the default reward components)."""
 
 
 def dashboard_queries(absent: bool = False) -> list[tuple[str, str, str]]:

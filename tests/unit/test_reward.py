@@ -82,7 +82,7 @@ def test_unknown_components_fail_at_construction():
         ValueError,
         match=r"unknown reward component\(s\) bogus, nope; "
         r"known: bleu, chrf, env_return, exact_match, format, goal, length_penalty, math_equiv, overlong_penalty, "
-        r"token_f1",
+        r"reward_model, token_f1",
     ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):
@@ -104,6 +104,7 @@ def test_builtin_registry():
         "length_penalty",
         "math_equiv",
         "overlong_penalty",
+        "reward_model",
         "token_f1",
     ]
     assert isinstance(REWARDS.create("goal"), GoalReward)

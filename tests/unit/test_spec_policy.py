@@ -91,6 +91,11 @@ REVIEWED_PLUGIN_TEXT = {
     ("env", "reasoning", "dataset"): "a reasoning-gym dataset name, looked up in its registry",
     ("env", "reasoning", "config"): "its dataset's config fields (sizes, ranges, word lists); bounded FreeForm; the "
     "keys that name a file reasoning-gym reads are bare names of its own files (ReasoningOptions)",
+    ("reward", "reward_model", "device"): "a torch device name (torch.device parses it)",
+    **{
+        ("reward", scorer, "key"): "a field name looked up in the task's ground-truth JSON"
+        for scorer in ("exact_match", "token_f1", "bleu", "chrf", "math_equiv")
+    },
 }
 """Unmarked text options, each read and found to be data: a name looked up in a fixed table, or numbers."""
 
@@ -360,6 +365,17 @@ def test_reward_params_are_walked_too_and_an_open_schema_takes_only_what_it_decl
     assert error.loc == ("reward", "components", "policy_open", "params", "command")
 
 
+def test_a_reward_model_is_a_folder_inside_the_allowed_ones_or_a_hub_id(roots):
+    def spec(path):
+        return {"reward": {"components": {"reward_model": {"params": {"path": path, "policy_tokenizer": path}}}}}
+
+    policy = SpecPolicy(roots)
+    assert policy.apply(JobSpec.model_validate(spec(str(roots[0] / "rm"))))
+    assert policy.apply(JobSpec.model_validate(spec("OpenAssistant/reward-model-deberta-v3-large")))
+    for path in ("/etc", str(roots[0] / ".." / "rm")):
+        assert refused(policy, spec(path)).loc == ("reward", "components", "reward_model", "params", "path")
+
+
 # -- engine arguments, images, volumes, addresses ----------------------------------------------------------------
 def test_engine_args_on_the_allow_list_pass_and_the_operator_widens_it(roots):
     args = {"max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8", "enable_prefix_caching": False}
@@ -425,4 +441,6 @@ def test_the_local_cli_keeps_every_engine_argument_and_option():
 
 
 def test_every_string_marker_is_one_the_policy_knows():
-    assert {m["trust"] for m in (trust.OPERATOR, trust.URL, trust.PATH)} == set(typing.get_args(trust.Trust))
+    assert {m["trust"] for m in (trust.OPERATOR, trust.URL, trust.PATH, trust.MODEL)} == set(
+        typing.get_args(trust.Trust)
+    )

@@ -1,0 +1,141 @@
+"""A reward model: a Hugging Face sequence-classification model with one label (verl's discriminative RM, OpenRLHF's
+reward model) scores each episode, its batches shared by the concurrent Score calls (services.reward.batcher).
+
+What the model reads (`input`):
+- `tokens`: the episode's own token ids, as the policy saw and wrote them (its chat template, its observations):
+  for a reward model trained on the policy's tokenizer, the usual setup; the last `max_length` tokens when longer;
+- `text`: the conversation re-rendered under the reward model's own chat template: the prompt and each observation
+  decoded with the policy's tokenizer (`policy_tokenizer`, a path or id), each model turn's text, as user and
+  assistant messages."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from services.common import metrics, trust
+from services.reward.base import RewardFunction
+from services.reward.batcher import Batcher
+
+log = logging.getLogger(__name__)
+
+Input = Literal["tokens", "text"]
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_SIZE = metrics.histogram(
+    "reward", "model_batch_size", "Trajectories per reward-model forward", ["component"], buckets=SIZE_BUCKETS
+)
+FORWARD_SECONDS = metrics.histogram("reward", "model_forward_seconds", "Reward-model forward", ["component"])
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def load_classifier(path: str, dtype: str, device: str) -> tuple[Any, Any]:
+    """(tokenizer, model) of a one-label sequence classifier; ValueError naming what is wrong with `path`."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as exc:
+        local = "a folder without a model" if Path(path).is_dir() else "no such folder, and not a reachable model id"
+        raise ValueError(f"reward model {path!r}: {local}: {exc}") from None
+    labels = model.config.num_labels
+    _check(labels == 1, f"reward model {path!r} has {labels} labels; a reward model scores with one")
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else tokenizer.pad_token_id
+    _check(pad is not None, f"reward model {path!r} names no pad token: batches need one to find each last token")
+    model.config.pad_token_id = pad
+    return tokenizer, model.to(device).eval()
+
+
+class RewardModel(RewardFunction):
+    name = "reward_model"
+
+    def __init__(
+        self,
+        path: Annotated[str, Field(json_schema_extra=trust.MODEL)],
+        input: Input = "tokens",
+        policy_tokenizer: Annotated[str, Field(json_schema_extra=trust.MODEL)] = "",
+        max_batch: Annotated[int, Field(ge=1, le=4096)] = 32,
+        max_wait_ms: Annotated[float, Field(ge=0, le=10_000)] = 5.0,
+        max_length: Annotated[int, Field(ge=8, le=1_048_576)] = 4096,
+        device: str = "auto",
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+    ):
+        _check(isinstance(path, str) and bool(path), f"path must name a model folder or id, got {path!r}")
+        _check(input in ("tokens", "text"), f"input must be tokens or text, got {input!r}")
+        _check(
+            input == "tokens" or bool(policy_tokenizer),
+            "input text decodes with the policy's tokenizer: set policy_tokenizer",
+        )
+        for param, value, low in (("max_batch", max_batch, 1), ("max_length", max_length, 8)):
+            _check(
+                isinstance(value, int) and not isinstance(value, bool) and value >= low,
+                f"{param} must be an int >= {low}",
+            )
+        _check(isinstance(max_wait_ms, (int, float)) and max_wait_ms >= 0, "max_wait_ms must be a number >= 0")
+        import torch
+
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.tokenizer, self.model = load_classifier(path, dtype, self.device)
+        self.input, self.max_length = input, max_length
+        self.policy = None
+        if input == "text":
+            from transformers import AutoTokenizer
+
+            self.policy = AutoTokenizer.from_pretrained(policy_tokenizer)
+        self.pad_id = int(self.model.config.pad_token_id)
+        self.vocab = int(self.model.config.vocab_size)
+        self.batcher = Batcher(self._forward, max_batch, max_wait_ms / 1000, self._observe)
+
+    def _observe(self, size: int, seconds: float) -> None:
+        BATCH_SIZE.labels(self.name).observe(size)
+        FORWARD_SECONDS.labels(self.name).observe(seconds)
+
+    def __call__(self, traj) -> float:
+        return self.score_batch([traj])[0]
+
+    def score_batch(self, trajs) -> list[float]:
+        return self.batcher.submit([self.input_ids(t) for t in trajs])
+
+    def input_ids(self, traj) -> list[int]:
+        ids = list(traj.token_ids) if self.input == "tokens" else self._rendered(traj)
+        ids = ids[-self.max_length :]
+        beyond = max(ids, default=0)
+        _check(
+            beyond < self.vocab,
+            f"token id {beyond} is outside the reward model's vocabulary ({self.vocab}): input text",
+        )
+        return ids
+
+    def _rendered(self, traj) -> list[int]:
+        ids, decode = list(traj.token_ids), lambda part: self.policy.decode(part, skip_special_tokens=True).strip()
+        messages = [{"role": "user", "content": decode(ids[: traj.prompt_length])}]
+        for turn in traj.turns:
+            messages.append({"role": "assistant", "content": turn.text})
+            if turn.env_tokens:
+                after = turn.start + turn.model_tokens
+                messages.append({"role": "user", "content": decode(ids[after : after + turn.env_tokens])})
+        if self.tokenizer.chat_template:
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=True)
+            return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+        return self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
+
+    def _forward(self, batch: list[list[int]]) -> list[float]:
+        import torch
+
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):  # right padding: the head reads each row's last non-pad token
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            mask[row, : len(ids)] = 1
+        with torch.inference_mode():
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        return logits[:, 0].float().cpu().tolist()

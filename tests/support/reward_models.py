@@ -1,0 +1,28 @@
+"""Tiny reward models for the tests: a one-label Llama sequence classifier on the demo policy's tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CORPUS = ["You are in a corridor. The exit is to the left.", "<action>left</action>", "<action>right</action>"]
+
+
+def build_tiny_policy(out: Path) -> Path:
+    from services.common.tiny_model import build_tiny_model
+
+    return build_tiny_model(out, CORPUS)
+
+
+def build_tiny_reward_model(out: Path, policy: Path, *, seed: int = 0, num_labels: int = 1) -> Path:
+    """The policy's shape, tokenizer and chat template, a fresh score head of `num_labels`, random weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(policy)
+    config.num_labels = num_labels
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(policy).save_pretrained(out)
+    return Path(out)
