@@ -4,46 +4,18 @@ checksums, bit for bit. The groups of a step reach the learner in whatever order
 differs between the two runs; before the learner put them in slot order, two such runs pushed different weights
 from the first step on (the losses differed in the last bits) and their rewards parted after ~25 steps."""
 
-import uuid
-from pathlib import Path
-
 import pytest
 
-from services.common.config import load_config
-from services.common.run_state import RunState
-from services.launcher.local import LocalRun
-from tests.support.learner import LEARNING_TASK
+from tests.support.short_run import short_run
 
 pytestmark = [pytest.mark.e2e]
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_model_rl.yaml")
 STEPS = 6
 SAME = ("reward_mean", "success_rate", "loss", "pg_loss", "kl_loss", "grad_norm", "entropy", "weights_checksum")
 
 
-def train(model: str, tmp_path: Path) -> list[dict]:
-    config = load_config(
-        RECIPE,
-        [
-            *LEARNING_TASK,
-            "deterministic=true",
-            "seed=7",
-            f"model.path={model}",
-            f"output_dir={tmp_path}",
-            f"run=det-{uuid.uuid4().hex[:6]}",
-            f"learner.steps={STEPS}",
-            "rollout.groups_per_step=4",
-            "rollout.group_size=4",
-            "learner.checkpoint_every=1000",
-        ],
-    )
-    lines: list[str] = []
-    try:
-        history = LocalRun(config, say=lines.append).run().history
-    finally:
-        RunState.connect(config).reset()
-    assert [m["step"] for m in history] == list(range(1, STEPS + 1)), "\n".join(lines[-20:])
-    return history
+def train(model: str, out) -> list[dict]:
+    return short_run(model, out, "det", STEPS, "deterministic=true", "seed=7")[1]
 
 
 def test_two_runs_of_one_seed_train_alike_bit_for_bit(learning_tiny_model, tmp_path):

@@ -8,19 +8,13 @@ the step's requests waited; and an idle vLLM worker that missed its wake-up slep
 Counted per step: the learner's wait for the step's groups (`collect_seconds`) and its catch-up pushes."""
 
 import statistics
-import uuid
-from pathlib import Path
 
 import pytest
 
-from services.common.config import load_config
-from services.common.run_state import RunState
-from services.launcher.local import LocalRun
-from tests.support.learner import LEARNING_TASK
+from tests.support.short_run import short_run
 
 pytestmark = [pytest.mark.e2e]
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_model_rl.yaml")
 STEPS = 8
 STALL_S = 1.0
 """A step may wait this much longer than 3x the median step's wait (a loaded machine's noise); the stalls it catches
@@ -28,26 +22,7 @@ were 5 s."""
 
 
 def test_the_learner_waits_for_its_groups_only_and_pushes_each_version_once(learning_tiny_model, tmp_path):
-    config = load_config(
-        RECIPE,
-        [
-            *LEARNING_TASK,
-            f"model.path={learning_tiny_model}",
-            f"output_dir={tmp_path}",
-            f"run=wait-{uuid.uuid4().hex[:6]}",
-            f"learner.steps={STEPS}",
-            "rollout.groups_per_step=4",
-            "rollout.group_size=4",
-            "learner.checkpoint_every=1000",
-            "stream.read_block_ms=50",
-        ],
-    )
-    lines: list[str] = []
-    try:
-        history = LocalRun(config, say=lines.append).run().history
-    finally:
-        RunState.connect(config).reset()
-    assert [m["step"] for m in history] == list(range(1, STEPS + 1)), "\n".join(lines[-20:])
+    config, history = short_run(learning_tiny_model, tmp_path, "wait", STEPS, "stream.read_block_ms=50")
     waits = [m["collect_seconds"] for m in history]
     print("learner wait per step (s):", [round(w, 3) for w in waits])
     log = (config.run_dir / "logs" / "learner.log").read_text()

@@ -15,10 +15,11 @@ import yaml
 
 from services.common.config import load_config
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, Unavailable
-from services.common.grpc_server import free_port, wait_for_health
+from services.common.grpc_server import free_port
 from services.reward.client import GrpcRewardClient
 from services.reward.composer import RewardComposer
 from services.reward.registry import REWARDS
+from tests.support.reward_server import kill, wait_healthy
 from tests.support.service_fakes import trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,25 +79,6 @@ def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
             stderr=subprocess.STDOUT,
         )
     return proc, f"127.0.0.1:{port}", log
-
-
-def wait_healthy(proc: subprocess.Popen, address: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            kill(proc)
-            pytest.fail(f"reward server did not come up:\n{log.read_text()}")
-        try:
-            asyncio.run(wait_for_health(address, 1.0, service="openmanus.reward.v1.RewardService"))
-            return
-        except TimeoutError:
-            pass
-
-
-def kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
 
 
 def terminate(proc: subprocess.Popen, log: Path) -> tuple[int, float]:

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -15,9 +14,10 @@ import pytest
 import yaml
 
 from services.common.config import EnvConfig
-from services.common.grpc_server import free_port, wait_for_health
+from services.common.grpc_server import free_port
 from services.envs.datasets import ensure
 from services.reward.client import GrpcRewardClient
+from tests.support.reward_server import wait_healthy
 from tests.support.trajectories import answered
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,15 +46,7 @@ def server(tmp_path_factory):
         )
     address = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"reward server did not come up:\n{log.read_text()}")
-            try:
-                asyncio.run(wait_for_health(address, 1.0, service="openmanus.reward.v1.RewardService"))
-                break
-            except TimeoutError:
-                pass
+        wait_healthy(proc, address, log)
         yield address, metrics_port, log, answers
     finally:
         proc.terminate()
