@@ -51,7 +51,7 @@ def stat_logger_switch(backend, vllm_metrics: bool):
     the backend's `stat_loggers`, and put in place as vLLM's own elastic scale-up replaces it."""
     from vllm.v1.metrics.loggers import StatLoggerManager, load_stat_logger_plugin_factories
 
-    from services.rollout.backends.vllm import stat_loggers
+    from services.engines.vllm import stat_loggers
 
     engine = backend._engine
     managers = {vllm_metrics: engine.logger_manager}
@@ -77,7 +77,7 @@ async def run(args: argparse.Namespace) -> dict:
     from vllm import SamplingParams
     from vllm import envs as vllm_envs
 
-    import services.rollout.backends.vllm as vllm_backend
+    import services.engines.vllm as vllm_backend
     from services.envs import service as env_service
     from services.envs.client import InProcessEnvClient
     from services.envs.registry import ENVS

@@ -104,6 +104,8 @@ def main() -> int:
         batched = RewardModel(path, max_batch=args.batch, max_wait_ms=args.wait_ms, **common)
     trajs = episodes(args.episodes, args.tokens, vocab)
     ids = [batched.input_ids(t) for t in trajs]
+    sizes: list[int] = []  # the batched side's pass sizes: far under --batch when the callers cannot keep it full
+    batched.batcher.on_batch = lambda size, seconds: sizes.append(size)
 
     def bare() -> float:
         start = time.perf_counter()
@@ -128,11 +130,14 @@ def main() -> int:
                 f"round {round_}{' (warm-up)' if not round_ else ''} {name:8s} {args.episodes / took:9.1f} episodes/s",
                 flush=True,
             )
+        if not round_:
+            sizes.clear()
     rate = {name: args.episodes / statistics.median(s) for name, s in seconds.items()}
     for name, r in rate.items():
         print(f"median {name:8s} {r:9.1f} episodes/s")
     ratios = rate["batched"] / rate["single"], rate["batched"] / rate["bare"]
     print(f"batched / single {ratios[0]:.2f}x; batched / bare {ratios[1]:.2f}x")
+    print(f"batched passes {len(sizes)}, mean size {statistics.mean(sizes):.1f} of {args.batch}")
     out = result_path(args.out, f"reward_model_{args.shape}")
     out.write_text(
         json.dumps(
@@ -141,6 +146,8 @@ def main() -> int:
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "device": batched.device,
+                "gpu": torch.cuda.get_device_name() if batched.device.startswith("cuda") else None,
+                "batched_mean_batch": statistics.mean(sizes),
                 "episodes_per_s": rate,
                 "seconds": seconds,
             },

@@ -100,9 +100,9 @@ def bare_side(config, groups, passes: int) -> list[dict]:
     from vllm import LLM, SamplingParams, TokensPrompt
     from vllm.platforms import current_platform
 
+    from services.engines.vllm import WORKER_EXTENSION
+    from services.engines.vllm_args import engine_kwargs
     from services.envs.builtin.corridor import Corridor
-    from services.rollout.backends.vllm import WORKER_EXTENSION
-    from services.rollout.backends.vllm_args import engine_kwargs
     from services.rollout.prompting import ChatFormatter
 
     m, r = config.model, config.rollout

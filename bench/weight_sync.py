@@ -174,7 +174,7 @@ async def rollout_side(args, model_dir: Path) -> dict:
     import psutil
 
     from services.common.grpc_server import serve
-    from services.rollout.backends.vllm import VllmBackend
+    from services.engines.vllm import VllmBackend
     from services.rollout.core import RolloutCore
     from services.rollout.server import add_to_server
     from services.weightsync.buckets import TensorWeights

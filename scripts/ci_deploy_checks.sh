@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Deployment checks that need no cluster and no Docker engine (CI runs this through
 # tests/deploy/test_deploy_checks.py): values.schema.json and the chart README up to date; helm lint --strict
-# and helm template for the default values, the GPU values, Kueue with a Job and with a JobSet, and other
-# representative value sets; every rendered object against Kubernetes' schemas (the chart's oldest and
-# newest supported versions) and the custom resources against theirs (scripts/check_manifests.py); the
-# compose files against the Compose specification; the Prometheus config and alert rules with promtool.
+# and helm template for the default values, the GPU values, Kueue with a Job and with a JobSet, reward servers
+# of their own, and other representative value sets; every rendered object against Kubernetes' schemas (the
+# chart's oldest and newest supported versions) and the custom resources against theirs
+# (scripts/check_manifests.py); the compose files against the Compose specification; the Prometheus config and
+# alert rules with promtool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -25,6 +26,7 @@ cases=(
   "multinode|-f $CHART/values-gpu.yaml --set learner.nodes=2 --set learner.persistence.accessModes={ReadWriteMany} --set networkPolicy.enabled=false --set jobsApi.enabled=false"
   "kueue-job|-f $CHART/values-gpu.yaml --set kueue.queueName=omrl-gpu --set kueue.clusterQueue=gpu-cluster --set gpu.resourceName=nvidia.com/mig-3g.40gb --set gpu.runtimeClassName=nvidia --set rollout.gpus=2"
   "kueue-jobset|-f $CHART/values-gpu.yaml --set learner.workload=JobSet --set learner.nodes=2 --set kueue.queueName=omrl-gpu --set kueue.priorityClass=training"
+  "reward-servers|-f $CHART/values-gpu.yaml --set reward.servers.rm.components.reward_model.params.path=/models/rm --set reward.servers.rm.gpus=1 --set reward.servers.judge.components.reward_model.params.path=/models/judge --set reward.servers.judge.image.component=rollout --set modelVolume.persistentVolumeClaim.claimName=models --set metrics.serviceMonitor.enabled=true"
 )
 for case in "${cases[@]}"; do
   name=${case%%|*}

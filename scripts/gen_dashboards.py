@@ -669,9 +669,13 @@ b.panel(
 )
 b.panel(
     "timeseries",
-    "Trajectories scored per second",
-    "Trajectories the reward service scored.",
-    [(rate("omrl_reward_trajectories_total"), "scored")],
+    "Trajectories scored, Score calls failed",
+    "Trajectories the reward service scored per second, and per component the Score calls per second it failed "
+    "(it raised, or gave a non-finite score or the wrong number of them).",
+    [
+        (rate("omrl_reward_trajectories_total"), "scored"),
+        (rate("omrl_reward_component_failures_total", by="component"), "failed {{component}}"),
+    ],
     unit="ops",
     w=12,
 )
@@ -692,6 +696,28 @@ b.panel(
     "Trajectories per second a rule scorer (exact_match, math_equiv, ...) found no reference answer for in the "
     "task dataset and scored by its `missing` fallback.",
     [(rate("omrl_reward_reference_missing_total", by="component"), "{{component}}")],
+    unit="ops",
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "LLM judge: latency and verdicts",
+    "Seconds from a Score call to each judge request's answer (p50, p95), and the median verdict that parsed "
+    "(0-1), per component.",
+    [
+        (quantile(0.5, "omrl_reward_judge_request_seconds", by="component"), "p50 {{component}}"),
+        (quantile(0.95, "omrl_reward_judge_request_seconds", by="component"), "p95 {{component}}"),
+        (quantile(0.5, "omrl_reward_judge_verdict", by="component"), "verdict {{component}}"),
+    ],
+    w=12,
+)
+b.panel(
+    "timeseries",
+    "LLM judge fallbacks",
+    "Judge verdicts per second replaced by the component's fallback score: timeout (past its timeout_s), "
+    "unparsable (no number in range, or neither yes nor no among the first token's top logprobs), error (the "
+    "engine failed the request), too_long (the prompt exceeds the judge's max_model_len).",
+    [(rate("omrl_reward_judge_fallbacks_total", by="component, reason"), "{{component}} {{reason}}")],
     unit="ops",
     w=12,
 )

@@ -88,6 +88,29 @@ def probe_timing(period_min: int = 1) -> dict:
     )
 
 
+def reward_servers() -> dict:
+    """`reward.servers` (name -> a server: its reward components and pod settings) and `reward.serverDefaults`."""
+    pod = {k: v for k, v in component(grpc=False, gpu=True)["properties"].items() if k != "metricsPort"}
+    pod.update(
+        replicas=count(1),
+        flavor={"enum": ["", "cpu", "cuda"]},
+        image=obj({"component": {"enum": ["", "reward", "rollout"]}, "repository": STRING, "tag": STRING}),
+        modelVolume=OBJECT,
+        startupProbe=probe_timing(),
+    )
+    # the same components as config.reward.components, at least one
+    components = {"allOf": [{"$ref": "#/$defs/RewardConfig/properties/components"}], "minProperties": 1}
+    server = obj({**pod, "components": components}, ("components",))
+    # a DNS label once prefixed <release>-reward-
+    name = {"pattern": "^[a-z]([-a-z0-9]{0,13}[a-z0-9])?$"}
+    return {
+        "servers": {"type": "object", "propertyNames": name, "additionalProperties": server},
+        "serversWeight": {"type": "number", "minimum": -1000, "maximum": 1000},
+        "serversTimeoutSeconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        "serverDefaults": obj(pod),
+    }
+
+
 def train_config_schema() -> tuple[dict, dict]:
     """(schema of `config`, its $defs): pydantic's schema with every default made optional, as the
     services fill in defaults themselves; plugin names, env options and reward params constrained to
@@ -240,7 +263,7 @@ def build() -> dict:
                     }
                 ),
                 "envs": component(grpc=True),
-                "reward": component(grpc=True),
+                "reward": component(grpc=True, extra=reward_servers()),
                 "rollout": component(grpc=True, gpu=True, extra={"startupProbe": probe_timing()}),
                 "learner": component(
                     grpc=False,

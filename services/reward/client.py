@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import math
 from collections.abc import Sequence
 
 import grpc
 
 from services.common.errors import Internal, rpc_errors
 from services.common.protos import reward_pb2, reward_pb2_grpc, trajectory_pb2
+from services.reward.composer import Scored
 from services.reward.service import RewardService, Score
 
 MAX_REQUEST_BYTES = 32 * 2**20
@@ -18,7 +20,7 @@ MAX_REQUEST_BYTES = 32 * 2**20
 class RewardClient(abc.ABC):
     @abc.abstractmethod
     async def score(self, trajectories: Sequence[trajectory_pb2.Trajectory]) -> list[Score]:
-        """One (total, {component: weighted value}) per trajectory, in order."""
+        """One Scored (total, {component: weighted value}, per-turn process rewards) per trajectory, in order."""
 
     async def aclose(self) -> None:
         """Releases the client's own resources."""
@@ -61,7 +63,7 @@ class GrpcRewardClient(RewardClient):
             reply = await self.stub.Score(reward_pb2.ScoreRequest(trajectories=trajectories), timeout=self.timeout_s)
         if len(reply.rewards) != len(trajectories):
             raise Internal(f"sent {len(trajectories)} trajectories, got {len(reply.rewards)} scores")
-        return [(r.total, dict(r.components)) for r in reply.rewards]
+        return [_checked(r, traj) for r, traj in zip(reply.rewards, trajectories)]
 
     def _chunks(self, trajectories: Sequence[trajectory_pb2.Trajectory]) -> list[list[trajectory_pb2.Trajectory]]:
         chunks: list[list[trajectory_pb2.Trajectory]] = [[]]
@@ -79,3 +81,14 @@ class GrpcRewardClient(RewardClient):
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub = None
+
+
+def _checked(breakdown: reward_pb2.RewardBreakdown, traj: trajectory_pb2.Trajectory) -> Scored:
+    """The reply's score of `traj`, refused (Internal) unless it is finite and has none or one turn reward per turn."""
+    turns = list(breakdown.turn_rewards)
+    values = [breakdown.total, *breakdown.components.values(), *turns]
+    if turns and len(turns) != len(traj.turns):
+        raise Internal(f"{len(turns)} turn rewards for trajectory {traj.trajectory_id!r} of {len(traj.turns)} turns")
+    if not all(math.isfinite(v) for v in values):
+        raise Internal(f"a non-finite reward for trajectory {traj.trajectory_id!r}")
+    return Scored(breakdown.total, dict(breakdown.components), turns)

@@ -6,7 +6,10 @@ What the model reads (`input`):
   for a reward model trained on the policy's tokenizer, the usual setup; the last `max_length` tokens when longer;
 - `text`: the conversation re-rendered under the reward model's own chat template: the prompt and each observation
   decoded with the policy's tokenizer (`policy_tokenizer`, a path or id), each model turn's text, as user and
-  assistant messages."""
+  assistant messages.
+
+With `per_turn` it is a process reward model: it scores each turn by what the model reads up to the end of that
+turn's model tokens (the observation after it not included), every turn of the batch in the same passes."""
 
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ class RewardModel(RewardFunction):
         max_length: Annotated[int, Field(ge=8, le=1_048_576)] = 4096,
         device: str = "auto",
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        per_turn: bool = False,
     ):
         _check(isinstance(path, str) and bool(path), f"path must name a model folder or id, got {path!r}")
         _check(input in ("tokens", "text"), f"input must be tokens or text, got {input!r}")
@@ -80,6 +84,8 @@ class RewardModel(RewardFunction):
                 f"{param} must be an int >= {low}",
             )
         _check(isinstance(max_wait_ms, (int, float)) and max_wait_ms >= 0, "max_wait_ms must be a number >= 0")
+        _check(isinstance(per_turn, bool), f"per_turn must be true or false, got {per_turn!r}")
+        self.per_turn = per_turn
         import torch
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -99,13 +105,32 @@ class RewardModel(RewardFunction):
         FORWARD_SECONDS.labels(self.name).observe(seconds)
 
     def __call__(self, traj) -> float:
-        return self.score_batch([traj])[0]
+        return sum(self.score_turns(traj)) if self.per_turn else self.score_batch([traj])[0]
 
     def score_batch(self, trajs) -> list[float]:
+        if self.per_turn:
+            return [sum(scores) for scores in self.score_turns_batch(trajs)]
         return self.batcher.submit([self.input_ids(t) for t in trajs])
 
-    def input_ids(self, traj) -> list[int]:
-        ids = list(traj.token_ids) if self.input == "tokens" else self._rendered(traj)
+    def score_turns(self, traj) -> list[float]:
+        return self.score_turns_batch([traj])[0]
+
+    def score_turns_batch(self, trajs) -> list[list[float]]:
+        inputs = [self.input_ids(t, turns=k + 1) for t in trajs for k in range(len(t.turns))]
+        flat, out = iter(self.batcher.submit(inputs)), []
+        for traj in trajs:
+            out.append([next(flat) for _ in traj.turns])
+        return out
+
+    def input_ids(self, traj, turns: int | None = None) -> list[int]:
+        """What the model reads of `traj`; with `turns`, of its prompt and first `turns` turns' model tokens."""
+        if self.input == "tokens":
+            ids = list(traj.token_ids)
+            if turns is not None:
+                last = traj.turns[turns - 1]
+                ids = ids[: last.start + last.model_tokens]
+        else:
+            ids = self._rendered(traj, turns)
         ids = ids[-self.max_length :]
         beyond = max(ids, default=0)
         _check(
@@ -114,12 +139,12 @@ class RewardModel(RewardFunction):
         )
         return ids
 
-    def _rendered(self, traj) -> list[int]:
+    def _rendered(self, traj, turns: int | None = None) -> list[int]:
         ids, decode = list(traj.token_ids), lambda part: self.policy.decode(part, skip_special_tokens=True).strip()
         messages = [{"role": "user", "content": decode(ids[: traj.prompt_length])}]
-        for turn in traj.turns:
+        for k, turn in enumerate(traj.turns[:turns]):
             messages.append({"role": "assistant", "content": turn.text})
-            if turn.env_tokens:
+            if turn.env_tokens and (turns is None or k + 1 < turns):
                 after = turn.start + turn.model_tokens
                 messages.append({"role": "user", "content": decode(ids[after : after + turn.env_tokens])})
         if self.tokenizer.chat_template:
@@ -128,14 +153,15 @@ class RewardModel(RewardFunction):
         return self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
 
     def _forward(self, batch: list[list[int]]) -> list[float]:
+        import numpy as np
         import torch
 
         width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        rows = np.full((len(batch), width), self.pad_id, dtype=np.int64)
         for row, ids in enumerate(batch):  # right padding: the head reads each row's last non-pad token
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            mask[row, : len(ids)] = 1
+            rows[row, : len(ids)] = ids  # numpy takes a list of ints ~15x faster than torch.tensor per row
+        input_ids = torch.from_numpy(rows)
+        mask = (torch.arange(width) < torch.tensor([len(ids) for ids in batch])[:, None]).long()
         with torch.inference_mode():
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
         return logits[:, 0].float().cpu().tolist()

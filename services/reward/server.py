@@ -18,8 +18,10 @@ class RewardServicer(reward_pb2_grpc.RewardServiceServicer):
         scores = await self.service.score(request.trajectories)
         return reward_pb2.ScoreResponse(
             rewards=[
-                reward_pb2.RewardBreakdown(trajectory_id=traj.trajectory_id, total=total, components=parts)
-                for traj, (total, parts) in zip(request.trajectories, scores)
+                reward_pb2.RewardBreakdown(
+                    trajectory_id=traj.trajectory_id, total=total, components=parts, turn_rewards=turns
+                )
+                for traj, (total, parts, turns) in zip(request.trajectories, scores)
             ]
         )
 

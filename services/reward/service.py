@@ -13,10 +13,10 @@ from services.common import metrics
 from services.common.errors import DeadlineExceeded, Internal, InvalidArgument
 from services.common.protos import trajectory_pb2
 from services.common.trajectory import RecordError, check_invariants
-from services.reward.composer import RewardComposer
+from services.reward.composer import ComponentFailed, RewardComposer, Scored
 
 log = logging.getLogger(__name__)
-Score = tuple[float, dict[str, float]]
+Score = Scored
 SCORE_BUCKETS = (-2, -1, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 0.75, 1, 2)
 
 
@@ -36,12 +36,15 @@ class RewardService:
             registry=reg,
             buckets=SCORE_BUCKETS,
         )
+        self._m_failures = metrics.counter(
+            "reward", "component_failures_total", "Score calls a component failed", ["component"], registry=reg
+        )
         self._m_total = metrics.histogram(
             "reward", "total_score", "Total score per trajectory", registry=reg, buckets=SCORE_BUCKETS
         )
 
     async def score(self, trajectories: Sequence[trajectory_pb2.Trajectory]) -> list[Score]:
-        """One (total, {component: weighted value}) per trajectory, in order."""
+        """One Scored (total, {component: weighted value}, per-turn process rewards) per trajectory, in order."""
         for traj in trajectories:
             if not isinstance(traj, trajectory_pb2.Trajectory):
                 raise InvalidArgument(f"expected Trajectory messages, got {type(traj).__name__}")
@@ -61,11 +64,13 @@ class RewardService:
         try:
             scores = task.result()
         except Exception as exc:  # noqa: BLE001 - a reward bug fails this batch only
+            if isinstance(exc, ComponentFailed):
+                self._m_failures.labels(exc.component).inc()
             log.exception("scoring failed")
             raise Internal(str(exc)) from exc
         self._m_latency.observe(time.perf_counter() - start)
         self._m_scored.inc(len(scores))
-        for total, parts in scores:
+        for total, parts, _ in scores:
             self._m_total.observe(total)
             for name, value in parts.items():
                 self._m_component.labels(name).observe(value)

@@ -16,9 +16,9 @@ from services.common import metrics
 from services.common.config import EnvConfig, RolloutConfig
 from services.common.errors import InvalidArgument, ServiceError
 from services.common.trajectory import Trajectory, TrajectoryBuilder
+from services.engines.base import SamplingSpec
 from services.envs.messages import EpisodeState
 from services.rollout.action_parsers import ActionParser
-from services.rollout.backends.base import SamplingSpec
 from services.rollout.loop_stages import StageClock
 from services.rollout.prompting import ChatFormatter
 

@@ -14,7 +14,7 @@ import logging
 from services.common.config import TrainConfig
 from services.common.grpc_server import bind_host, serve
 from services.common.run_state import AsyncRunState
-from services.rollout.backends.base import BACKENDS
+from services.engines.base import BACKENDS
 from services.rollout.supervision import TaskSupervisor, retrying, watch_engine
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import grpc
 
 from services.common.errors import rpc_errors
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.rollout.backends.base import Generation, SamplingSpec
+from services.engines.base import Generation, SamplingSpec
 from services.rollout.core import PushHeader, RolloutCore, UpdateResult, VersionedGeneration
 from services.weightsync.buckets import Bucket, MiB, WeightSet
 from services.weightsync.grpc import send as grpc_send

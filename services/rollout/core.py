@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from services.common import metrics
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
-from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
+from services.engines.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.loop_stages import LOOP_STAGE_SECONDS
 from services.rollout.rwlock import ReadWriteLock
 from services.weightsync.grpc.receive import BucketReceiver

@@ -227,9 +227,8 @@ class Producer:
                     await self._quarantine(lease, task, reason, exc)
                 await self._release(lease, exc)
                 return
-            for traj, (total, components) in zip(group, scores):
-                traj.reward = total
-                traj.reward_components.update(components)
+            for traj, scored in zip(group, scores):
+                scored.apply_to(traj)
             with self.clock.time("publish"):
                 fields = entry_fields(group, group_id)
                 entry_id = await self._redis(

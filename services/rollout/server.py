@@ -8,7 +8,7 @@ import uuid
 
 from services.common.errors import InvalidArgument, ServiceError, Unauthenticated
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.rollout.backends.base import SamplingSpec
+from services.engines.base import SamplingSpec
 from services.rollout.core import PUSHES_REFUSED, PushHeader, RolloutCore
 from services.weightsync.credential import PushAuthenticator
 from services.weightsync.wire import CHUNK_BYTES, TensorSpec

@@ -22,7 +22,7 @@ by side:
 - `none`: offline training, nothing pushed.
 
 The vLLM side (the weight-transfer engines every vLLM worker runs) stays with the backend,
-`services/rollout/backends/vllm_*_engine.py`: it imports vLLM, nothing here does. Importing this package
+`services/engines/vllm_*_engine.py`: it imports vLLM, nothing here does. Importing this package
 loads only the registry: torch, grpc and torch.distributed load with the modules that use them."""
 
 from services.weightsync.base import PUSHERS, PushResult, WeightPusher

@@ -96,11 +96,11 @@ def test_interpolation_follows_compose_rules():
 
 def test_every_service_is_healthchecked_and_waits_for_healthy_dependencies(compose):
     services = compose["services"]
-    assert set(services) == OUR_SERVICES | {"redis", "prometheus", "grafana"}
+    assert {n for n, s in services.items() if "profiles" not in s} == OUR_SERVICES | {"redis", "prometheus", "grafana"}
     for name, service in services.items():
         assert service["healthcheck"]["test"], name
         for dependency in (service.get("depends_on") or {}).values():
-            assert dependency == {"condition": "service_healthy"}, name
+            assert dependency["condition"] == "service_healthy", name
     assert set(services["rollout"]["depends_on"]) == {"redis", "envs", "reward"}
     assert set(services["learner"]["depends_on"]) == {"redis", "rollout"}
     for name in OUR_SERVICES:
@@ -236,3 +236,51 @@ def test_the_nccl_weight_push_is_one_variable_away(tmp_path):
     for name in ("rollout", "learner"):
         env = compose["services"][name]["environment"]
         assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_the_reward_servers_are_off_by_default_and_their_configs_and_the_remote_example_load(compose, tmp_path):
+    """`COMPOSE_PROFILES=reward-model` / `judge`: reward services of their own scoring with `reward_model`
+    (OMRL_REWARD_MODEL) and `llm_judge` (OMRL_JUDGE_MODEL, on the rollout image for its vLLM); the main reward service
+    waits for them only when their profiles are on (`required: false`), and reaches them once config.yaml's commented
+    `remote` component is uncommented."""
+    services = compose["services"]
+    assert {n: s["profiles"] for n, s in services.items() if "profiles" in s} == {
+        "reward-model": ["reward-model"],
+        "judge": ["judge"],
+    }
+    optional = {"condition": "service_healthy", "required": False}
+    assert services["reward"]["depends_on"] == {"reward-model": optional, "judge": optional}
+    server, judge = services["reward-model"], services["judge"]
+    config = command_config(server, tmp_path)
+    assert list(config.reward.components) == ["reward_model"]
+    assert config.reward.components["reward_model"].params["path"] == "/models/reward-model"
+    judge_config = command_config(judge, tmp_path).reward
+    params = judge_config.components["llm_judge"].params
+    assert (params["model"], params["policy_tokenizer"]) == ("/models/judge", ENV["OMRL_MODEL"])
+    assert params["timeout_s"] < judge_config.timeout_s == config.reward.timeout_s  # late verdicts: the fallback
+    assert judge["build"]["dockerfile"] == "docker/rollout.Dockerfile"
+    assert judge["entrypoint"] == ["python", "-m", "services.reward"]
+    chosen = check_compose().interpolate(
+        yaml.safe_load(COMPOSE.read_text()), {**ENV, "OMRL_REWARD_MODEL": "/models/rm", "OMRL_JUDGE_MODEL": "/models/j"}
+    )
+    assert (
+        command_config(chosen["services"]["reward-model"], tmp_path).reward.components["reward_model"].params["path"]
+        == "/models/rm"
+    )
+    assert command_config(chosen["services"]["judge"], tmp_path).reward.components["llm_judge"].params["model"] == (
+        "/models/j"
+    )
+    for service in (server, judge):
+        assert "./models:/models:ro" in service["volumes"] and service["environment"]["HF_HOME"] == "/cache/hf"
+    text = (ROOT / "deploy/compose/config.yaml").read_text()
+    example = re.sub(r"^  # (components:|  \w+: \{)", r"  \1", text, flags=re.M)
+    assert example != text
+    path = tmp_path / "config.yaml"
+    path.write_text(example)
+    main = load_config(str(path)).reward
+    remote = main.components["remote"].params
+    assert remote["servers"] == {"rm": config.reward.address} and config.reward.address == "reward-model:50053"
+    assert remote["timeout_s"] == config.reward.timeout_s < main.timeout_s
+    assert judge_config.address == "judge:50053"
+    for service, address in ((server, config.reward.address), (judge, judge_config.address)):
+        assert f"--port={address.split(':')[1]}" in service["command"]

@@ -123,12 +123,13 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
 def exported_series() -> set[str]:
     """What the services define: module-level metrics (rollout, learner) register on import; the env
     and reward services, the gRPC layer and the job API build theirs; the stream collector reads Redis."""
+    import services.engines.engine_metrics  # noqa: F401
     import services.envs.agentgym.servers  # noqa: F401
     import services.learner.prometheus_metrics as learner_metrics
+    import services.reward.judge  # noqa: F401
     import services.reward.reward_model  # noqa: F401
     import services.rollout.agent_loop  # noqa: F401
     import services.rollout.core  # noqa: F401
-    import services.rollout.engine_metrics  # noqa: F401
     import services.rollout.evaluation  # noqa: F401
     import services.rollout.producer  # noqa: F401
     from services.common.config import EnvConfig, RewardConfig

@@ -22,9 +22,19 @@ def test_ci_deploy_checks_pass():
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    for case in ("default", "gpu", "external-redis", "monitoring", "multinode", "kueue-job", "kueue-jobset"):
+    cases = (
+        "default",
+        "gpu",
+        "external-redis",
+        "monitoring",
+        "multinode",
+        "kueue-job",
+        "kueue-jobset",
+        "reward-servers",
+    )
+    for case in cases:
         assert f"helm lint + template ({case})" in proc.stdout
-    assert proc.stdout.count("objects valid against Kubernetes") == 14
+    assert proc.stdout.count("objects valid against Kubernetes") == 2 * len(cases)
     assert "compose OK: docker-compose.yml + docker-compose.gpu.yml" in proc.stdout
     assert proc.stdout.rstrip().endswith("deploy checks passed")
 

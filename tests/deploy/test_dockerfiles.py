@@ -92,3 +92,18 @@ def test_installed_extras_exist(name):
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     for wanted in re.findall(r"\.whl\)\[([a-z0-9,]+)\]", (DOCKER / name).read_text()):
         assert set(wanted.split(",")) <= extras, wanted
+
+
+def test_the_reward_image_has_cpu_torch_and_transformers_for_the_reward_model():
+    import tomllib
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = (DOCKER / "reward.Dockerfile").read_text()
+    (installed,) = re.findall(r"\.whl\)\[([a-z0-9,]+)\]", text)
+    packages = {Requirement(dep).name for extra in installed.split(",") for dep in extras[extra]}
+    assert {"torch", "transformers", "sacrebleu", "math-verify"} <= packages
+    torch_pin = re.compile(r'--index-url https://download\.pytorch\.org/whl/cpu "torch==([0-9.]+)"')
+    # torch from the CPU index before the extras (PyPI's default wheel carries CUDA), the learner image's version
+    assert torch_pin.findall(text) == torch_pin.findall((DOCKER / "learner.Dockerfile").read_text()) != []
+    assert text.index("whl/cpu") < text.index(".whl)[")

@@ -723,3 +723,136 @@ def test_nccl_weight_push_values_under_their_old_names_still_work(tmp_path):
     both = ("--set", "config.learner.weight_dist_port=29700", "--set", "config.learner.weight_nccl_port=29700")
     proc = run_helm("template", "omrl", str(CHART), *nccl, *both)
     assert proc.returncode != 0 and re.search(r"config[./]learner", proc.stderr), proc.stderr
+
+
+# -- reward servers (reward.servers): a reward model or a judge on pods of their own ----------------------
+JUDGE = {"model": "/models/judge", "policy_tokenizer": "/models/policy", "prompt": "Solved? {conversation}"}
+SERVERS = (
+    "--set-json",
+    "reward.servers="
+    + json.dumps(
+        {
+            "rm": {"components": {"reward_model": {"params": {"path": "/models/rm"}}}, "gpus": 1, "replicas": 2},
+            "prm": {"components": {"reward_model": {"params": {"path": "/models/prm"}}}},
+            "judge": {
+                "components": {"llm_judge": {"params": {**JUDGE, "timeout_s": 10}}},
+                "image": {"component": "rollout"},
+            },
+        }
+    ),
+    "--set-json",
+    'config.reward.components={"goal": {"weight": 1.0}}',
+    "--set",
+    "reward.serversWeight=2",
+    "--set",
+    "reward.serversTimeoutSeconds=15",
+    "--set",
+    "modelVolume.persistentVolumeClaim.claimName=models",
+)
+SERVER_ADDRESSES = {name: f"omrl-openmanus-rl-reward-{name}:50053" for name in ("rm", "prm", "judge")}
+SERVER_MODELS = {"rm": ("reward_model", "path"), "prm": ("reward_model", "path"), "judge": ("llm_judge", "model")}
+
+
+def server_config_of(docs, component: str, tmp_path: Path):
+    """The config a reward server loads: the ConfigMap file its --config names."""
+    args = main_container(workloads(docs)[component])["args"]
+    (name,) = [a.removeprefix("--config=/etc/openmanus-rl/") for a in args if a.startswith("--config=")]
+    configmap = next(d for d in objects(docs, "ConfigMap").values() if component_of(d) == "config")
+    path = tmp_path / name
+    path.write_text(configmap["data"][name])
+    return load_config(str(path))
+
+
+def test_each_reward_server_is_a_deployment_and_service_the_reward_service_reaches_through_remote(tmp_path):
+    docs = render(*SERVERS)
+    main = run_config_of(docs, "reward", tmp_path).reward.components
+    assert set(main) == {"goal", "remote"}
+    assert main["remote"].weight == 2 and main["remote"].params == {"servers": SERVER_ADDRESSES, "timeout_s": 15}
+    services = objects(docs, "Service")
+    for name, address in SERVER_ADDRESSES.items():
+        component = f"reward-{name}"
+        service = services[address.split(":")[0]]
+        assert service["spec"]["selector"]["app.kubernetes.io/component"] == component
+        assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 50053, "metrics": 9103}
+        config = server_config_of(docs, component, tmp_path)
+        assert config.reward.address == address and config.reward.timeout_s == 15
+        function, model_param = SERVER_MODELS[name]
+        assert list(config.reward.components) == [function]
+        assert config.reward.components[function].params[model_param] == f"/models/{name}"
+        container = main_container(workloads(docs)[component])
+        assert container["command"] == ["python", "-m", "services.reward"]
+        assert container["readinessProbe"]["grpc"] == {"port": 50053}
+        for probe in ("startupProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": 50053, "service": LIVENESS}
+        assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 900
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/models"]["readOnly"] and {"/cache", "/dev/shm"} <= set(mounts)
+        assert container["securityContext"]["readOnlyRootFilesystem"]
+        volumes = {v["name"]: v for v in workloads(docs)[component]["spec"]["volumes"]}
+        assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "models"}
+
+
+def test_gpu_servers_request_gpus_on_the_cuda_rollout_image_cpu_ones_the_reward_image_a_judge_the_rollout_one():
+    deployments = objects(render(*SERVERS), "Deployment")
+    pods = {name: deployments[f"omrl-openmanus-rl-reward-{name}"] for name in SERVER_ADDRESSES}
+    assert {name: d["spec"]["replicas"] for name, d in pods.items()} == {"rm": 2, "prm": 1, "judge": 1}
+    containers = {name: main_container(d["spec"]["template"]) for name, d in pods.items()}
+    images = {name: c["image"].rsplit("/", 1)[1] for name, c in containers.items()}
+    assert images == {"rm": "rollout:0.1.0-cuda", "prm": "reward:0.1.0-cpu", "judge": "rollout:0.1.0-cpu"}
+    gpus = {name: c["resources"].get("limits", {}).get("nvidia.com/gpu", 0) for name, c in containers.items()}
+    assert gpus == {"rm": 1, "prm": 0, "judge": 0}
+    assert pods["rm"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}  # no spare GPU
+    assert "strategy" not in pods["prm"]["spec"]
+    tolerations = {c: p["spec"].get("tolerations", []) for c, p in workloads(render(*SERVERS, *GPU)).items()}
+    assert tolerations["reward-rm"] and not tolerations["reward-prm"] and not tolerations["reward"]
+
+
+def test_only_the_reward_service_reaches_the_reward_servers_and_they_are_scraped_and_health_checked():
+    docs = render(*SERVERS, "--set", "metrics.serviceMonitor.enabled=true")
+    for server in (f"reward-{name}" for name in SERVER_ADDRESSES):
+        for caller in ("envs", "reward", "rollout", "learner", "redis", "jobs-api"):
+            assert allowed(docs, caller, server, 50053) == (caller == "reward"), (caller, server)
+            assert not allowed(docs, server, caller, 50053), (server, caller)
+        assert not allowed(docs, "reward", server, 50053, src_namespace="elsewhere")
+    monitor = objects(docs, "ServiceMonitor")["omrl-openmanus-rl"]
+    assert {f"reward-{name}" for name in SERVER_ADDRESSES} <= set(
+        monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+    )
+    health = next(d for d in docs if d["kind"] == "Pod" and component_of(d) == "health-test")
+    script = main_container(health)["args"][0]
+    assert all(f"services.common.healthcheck {address};" in script for address in SERVER_ADDRESSES.values())
+    assert not any(component_of(d).startswith("reward-") for d in render() if "labels" in d["metadata"])
+
+
+@pytest.mark.parametrize(
+    "settings, error",
+    [
+        (
+            (
+                "--set",
+                "reward.servers.rm.components.reward_model.params.path=/m",
+                "--set",
+                "reward.servers.rm.flavor=cpu",
+                "--set",
+                "reward.servers.rm.gpus=1",
+            ),
+            "reward.servers.rm: 1 GPUs need flavor cuda",
+        ),
+        (
+            (
+                "--set",
+                "reward.servers.rm.components.reward_model.params.path=/m",
+                "--set",
+                "config.reward.components.remote.params.servers.x=a:1",
+            ),
+            "comes from reward.servers",
+        ),
+        (("--set", "reward.servers.RM.components.goal.weight=1"), "RM"),
+        (("--set", "reward.servers.rm.components.reward_modle.weight=1"), "reward_modle"),
+        (("--set", "reward.servers.rm.gpus=1"), "components"),
+    ],
+    ids=["gpus-on-cpu", "remote-twice", "bad-name", "unknown-component", "no-components"],
+)
+def test_bad_reward_server_values_fail_the_render_naming_the_problem(settings, error):
+    proc = run_helm("template", "omrl", str(CHART), *settings)
+    assert proc.returncode != 0 and error in proc.stderr, proc.stderr

@@ -37,9 +37,16 @@ RATE_WINDOW = "3m"
 TOKEN = "prometheus-e2e-token"
 
 
-ABSENT_HERE = ("DCGM_", "omrl_envs_agentgym_", "omrl_reward_model_", "omrl_reward_reference_missing")
+ABSENT_HERE = (
+    "DCGM_",
+    "omrl_envs_agentgym_",
+    "omrl_reward_model_",
+    "omrl_reward_reference_missing",
+    "omrl_reward_judge_",
+    "omrl_reward_component_failures",
+)
 """Series of backends this run does not have: NVIDIA's DCGM exporter (no GPU), AgentGym servers (a built-in env), a
-reward model and rule scorers (the default reward components)."""
+reward model, rule scorers and an LLM judge (the default reward components), and a reward component that fails."""
 
 
 def dashboard_queries(absent: bool = False) -> list[tuple[str, str, str]]:

@@ -16,7 +16,7 @@ import pytest
 
 from services.common.config import MAX_FREE_FORM_BYTES, MAX_FREE_FORM_DEPTH
 from services.common.grpc_server import free_port
-from services.rollout.backends.vllm_args import JOB_SPEC_ENGINE_ARGS, engine_fields
+from services.engines.vllm_args import JOB_SPEC_ENGINE_ARGS, engine_fields
 from tests.support.api_process import JobApiProcess
 
 pytestmark = pytest.mark.faults

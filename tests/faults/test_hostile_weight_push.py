@@ -12,7 +12,7 @@ import torch
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from services.common.protos import rollout_pb2, rollout_pb2_grpc
-from services.rollout.backends.base import SamplingSpec
+from services.engines.base import SamplingSpec
 from services.weightsync.buckets import pack
 from services.weightsync.credential import auth_metadata
 from tests.support.rollout_server import SharedRollout

@@ -19,6 +19,7 @@ from services.common.trajectory import TrajectoryBuilder
 from services.learner import poison_guard
 from services.learner.service import LearnerService
 from services.learner.trainer import PolicyTrainer
+from services.reward.composer import Scored
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
 from services.weightsync.none import NoPush
@@ -181,7 +182,7 @@ class ServedPolicy:
 
 class Rewards:
     async def score(self, trajs):
-        return [(0.5 * i, {"goal": 0.5 * i}) for i in range(len(trajs))]
+        return [Scored(0.5 * i, {"goal": 0.5 * i}, []) for i in range(len(trajs))]
 
 
 def test_foreign_poison_shifts_no_claims_so_the_producers_make_no_surplus_to_drop_as_stale(run, monkeypatch):

@@ -12,6 +12,7 @@ from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.learner.service import LearnerService, StepTimeout
+from services.reward.composer import Scored
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
 from services.weightsync import PushResult, WeightPusher
@@ -23,7 +24,7 @@ class SlotRewards:
 
     async def score(self, group):
         slot = int(group[0].group_id[1:])
-        return [(1.0 if slot % 3 == 0 else float(i), {"goal": 0.0}) for i in range(len(group))]
+        return [Scored(1.0 if slot % 3 == 0 else float(i), {"goal": 0.0}, []) for i in range(len(group))]
 
 
 class CorePusher(WeightPusher):

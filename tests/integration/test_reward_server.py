@@ -47,6 +47,7 @@ CONFIG = {
             "format": {"weight": 0.5},
             "length_penalty": {"weight": 0.2, "params": {"max_tokens": 4}},
             "tripwire": {"weight": 2.0},
+            "hinted_action": {"weight": 0.5, "params": {"hints": {"go left": "left"}, "mismatch": -1.0}},
         },
     }
 }
@@ -120,9 +121,14 @@ def test_scores_match_the_in_process_composer(server, tmp_path):
         trajectory((9, True), trajectory_id="b"),
         trajectory(trajectory_id="c"),
     ]
+    for turn in batch[0].turns:
+        turn.anchor = "You are in cell 2: go left."
     scores = score(address, batch)
-    assert scores[0][1] == pytest.approx({"goal": 1.0, "format": 0.25, "length_penalty": -0.15, "tripwire": 0.5})
+    assert scores[0][1] == pytest.approx(
+        {"goal": 1.0, "format": 0.25, "length_penalty": -0.15, "tripwire": 0.5, "hinted_action": 0.0}
+    )
     assert scores[0][0] == pytest.approx(1.6)
+    assert [s.turns for s in scores] == [[0.5, -0.5], [0.0], []]  # the process reward of each turn
     sys.path.insert(0, str(log.parent))
     try:
         import omrl_test_rewards  # noqa: F401  (registers "tripwire" here too)
@@ -133,15 +139,15 @@ def test_scores_match_the_in_process_composer(server, tmp_path):
         sys.modules.pop("omrl_test_rewards", None)
         REWARDS.unregister("tripwire")
     expected = [composer.score(traj) for traj in batch]
-    for (total, parts), (want_total, want_parts) in zip(scores, expected):
-        assert total == pytest.approx(want_total) and parts == pytest.approx(want_parts)
+    for (total, parts, turns), (want_total, want_parts, want_turns) in zip(scores, expected):
+        assert total == pytest.approx(want_total) and parts == pytest.approx(want_parts) and turns == want_turns
     assert score(address, []) == []
 
 
 def test_large_batches_are_split(server):
     batch = [trajectory((200, True), trajectory_id=str(i)) for i in range(20)]
     scores = score(server[0], batch, max_request_bytes=2000)
-    assert len(scores) == 20 and all(parts["format"] == 0.5 for _, parts in scores)
+    assert len(scores) == 20 and all(s.components["format"] == 0.5 for s in scores)
 
 
 def test_error_status_codes(server):

@@ -75,13 +75,13 @@ def test_right_wrong_and_missing_references(server):
         answered(99, "7", trajectory_id="missing"),
     ]
     scores = score(address, batch)
-    assert [parts for _, parts in scores] == [
+    assert [s.components for s in scores] == [
         {"exact_match": 1.0, "math_equiv": 2.0},
         {"exact_match": 0.0, "math_equiv": 2.0},
         {"exact_match": 0.0, "math_equiv": 0.0},
         {"exact_match": 0.0, "math_equiv": 0.0},
     ]
-    assert [total for total, _ in scores] == [3.0, 2.0, 0.0, 0.0]
+    assert [s.total for s in scores] == [3.0, 2.0, 0.0, 0.0]
     score(address, [answered(98, "7")])
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     for component in ("exact_match", "math_equiv"):

@@ -11,7 +11,7 @@ import redis
 import torch
 
 from services.common.errors import InvalidArgument
-from services.rollout.backends.base import SamplingSpec
+from services.engines.base import SamplingSpec
 from services.weightsync.buckets import PackedWeights, TensorWeights, pack
 from tests.support.rollout_server import WORKER_CPU, SharedRollout, perturbed, reference_logprobs
 

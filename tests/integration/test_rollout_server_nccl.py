@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from services.common.grpc_server import free_port
-from services.rollout.backends.base import SamplingSpec
+from services.engines.base import SamplingSpec
 from services.weightsync.buckets import TensorWeights
 from services.weightsync.digest import bucket_digest
 from services.weightsync.nccl.pack import DeviceBucket

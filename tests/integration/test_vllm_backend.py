@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 from services.common.grpc_server import free_port  # noqa: E402
 from services.common.tiny_model import build_tiny_model  # noqa: E402
-from services.rollout.backends.base import BACKENDS, SamplingSpec  # noqa: E402
+from services.engines.base import BACKENDS, SamplingSpec  # noqa: E402
 from services.weightsync.buckets import TensorWeights  # noqa: E402
 from services.weightsync.spool import SpoolWriter  # noqa: E402
 

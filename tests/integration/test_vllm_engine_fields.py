@@ -1,4 +1,4 @@
-"""What needs vLLM installed: the committed list of AsyncEngineArgs fields (services/rollout/backends/
+"""What needs vLLM installed: the committed list of AsyncEngineArgs fields (services/engines/
 vllm_engine_args.json, which config-time checks read without vLLM) is what the installed vLLM has, and the
 backend applies the engine-args checks before starting anything."""
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_committed_field_list_matches_the_installed_vllm():
     out = subprocess.run(
-        [sys.executable, "-m", "services.rollout.backends.vllm_args", "--check"],
+        [sys.executable, "-m", "services.engines.vllm_args", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -28,7 +28,7 @@ def test_the_committed_field_list_matches_the_installed_vllm():
 
 
 def test_the_vllm_backend_refuses_tensor_parallelism_on_cpu_before_starting_anything():
-    from services.rollout.backends.vllm import VllmBackend
+    from services.engines.vllm import VllmBackend
 
     with pytest.raises(ValueError, match="rollout.gpus=2: tensor parallelism needs GPUs"):
         VllmBackend("/nonexistent-model", gpus=2)

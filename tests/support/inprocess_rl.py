@@ -196,9 +196,7 @@ class Rollout:
             if e.record is None:
                 e.record = e.builder.finish(env_return=e.env_return, success=False, stop_reason="max_turns")
             e.env.close()
-            total, parts = self.reward.score(e.record)
-            e.record.reward = total
-            e.record.reward_components.update(parts)
+            self.reward.score(e.record).apply_to(e.record)
         return [e.record for e in episodes]
 
     def _turn(self, e: _Episode, reply: Reply, policy_version: int, max_len: int) -> None:

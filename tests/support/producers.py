@@ -11,6 +11,7 @@ from services.common.config import TrainConfig
 from services.common.errors import Unavailable
 from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
+from services.reward.composer import Scored
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
 from tests.support.trajectories import traj
@@ -39,7 +40,7 @@ class FlakyRewards:
         if self.failures and group[0].group_id == "g0":
             self.failures -= 1
             raise Unavailable("reward service restarting")
-        return [(1.0, {"goal": 1.0}) for _ in group]
+        return [Scored(1.0, {"goal": 1.0}, []) for _ in group]
 
 
 class LearnerPace:

@@ -3,7 +3,7 @@ tokenizer it speaks through, and the reply that walks a corridor to its exit."""
 
 import pytest
 
-from services.rollout.backends.base import Generation
+from services.engines.base import Generation
 from services.rollout.core import VersionedGeneration
 
 

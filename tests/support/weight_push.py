@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from services.common.grpc_server import serve
-from services.rollout.backends.base import Generation, RolloutBackend
+from services.engines.base import Generation, RolloutBackend
 from services.rollout.core import RolloutCore
 from services.rollout.server import add_to_server
 from services.weightsync.credential import PushAuthenticator

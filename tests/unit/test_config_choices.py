@@ -44,7 +44,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "reward.components={goall: {}}",
             ("reward", "components", "goall", "[key]"),
-            "'goall' is not one of: bleu, chrf, env_return, exact_match, format, goal, length_penalty, math_equiv,",
+            "'goall' is not one of: bleu, chrf, env_return, exact_match, format, goal, hinted_action, length_penalty,",
         ),
         (
             "env.options={lenght: 5}",

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.common.config import load_config
+from services.engines.vllm import engine_environment
 from services.learner.determinism import canonical_order
-from services.rollout.backends.vllm import engine_environment
 
 
 def test_groups_train_in_slot_order_whatever_order_they_arrived_in():

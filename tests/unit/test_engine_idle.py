@@ -2,7 +2,7 @@
 
 import asyncio
 
-from services.rollout.backends.base import Generation, RolloutBackend, SamplingSpec
+from services.engines.base import Generation, RolloutBackend, SamplingSpec
 from services.rollout.core import RolloutCore
 
 

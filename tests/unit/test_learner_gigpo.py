@@ -287,3 +287,21 @@ def test_the_learner_reads_each_turn_from_the_records():
     assert adv.shape == batch.response_mask.shape and not adv[batch.response_mask == 0].any()
     assert not adv.any()  # two tasks played once each, and no state met twice within a task
     assert estimator.step_metrics() == {"gigpo/anchor_grouped_frac": 0.0, "gigpo/step_advantage_abs_mean": 0.0}
+
+
+@pytest.mark.parametrize(
+    "step_reward, want", [("env", [-1.0, 1.0]), ("process", [1.5, -1.5]), ("env+process", [0.5, -0.5])]
+)
+def test_step_returns_use_the_env_reward_the_process_reward_or_both(step_reward, want):
+    # two turns from state `s`: env rewards 0 and 2, process rewards 3 and 0 (gamma 0: the turn's own reward)
+    trajs = [record("g", [(0.0, True, False, "s")]), record("g", [(2.0, True, False, "s")])]
+    trajs[0].turns[0].process_reward = 3.0
+    turns = turns_of(trajs)
+    assert turns.process.tolist() == [3.0, 0.0]
+    mask = torch.zeros(2, 4, dtype=torch.float64)
+    mask[:, 2:4] = 1
+    inputs = AdvantageInputs(torch.zeros_like(mask), mask, torch.tensor([0, 0]), turns=turns)
+    got = GiGPO(gamma=0.0, step_reward=step_reward).compute(inputs)[:, 2]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64))
+    estimator = build_estimator(AlgorithmConfig(advantage="gigpo", gigpo_step_reward=step_reward))
+    assert estimator.step_reward == step_reward

@@ -103,6 +103,9 @@ def test_non_finite_rewards_and_logprobs_are_rejected(value):
     t = traj()
     t.turns[0].env_reward = value
     assert reason_of(t) == "non_finite"
+    t = traj()
+    t.turns[0].process_reward = value
+    assert reason_of(t) == "non_finite"
 
 
 def test_an_anchor_observation_beyond_the_limit_is_rejected():

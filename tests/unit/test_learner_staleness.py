@@ -11,6 +11,7 @@ from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
 from services.learner.service import LearnerService
+from services.reward.composer import Scored
 from services.rollout import producer as producer_module
 from services.rollout.producer import Producer
 from tests.support.service_fakes import FakeCore, FakeLoop, FakeStream, entry
@@ -90,7 +91,7 @@ def test_a_stale_group_shifts_claims_once_and_only_if_a_claim_published_it(run_s
 
 class FakeRewards:
     async def score(self, group):
-        return [(1.0, {"goal": 1.0}) for _ in group]
+        return [Scored(1.0, {"goal": 1.0}, []) for _ in group]
 
 
 async def drive(state, drop_every=0):

@@ -65,7 +65,7 @@ def test_composer_sums_weighted_components():
             "length_penalty": {"weight": 0.1, "params": {"max_tokens": 4}},
         }
     )
-    total, parts = composer.score(trajectory((6, True), (2, False), success=True))
+    total, parts, _ = composer.score(trajectory((6, True), (2, False), success=True))
     assert parts == pytest.approx({"goal": 2.0, "format": 0.25, "length_penalty": -0.1})
     assert total == pytest.approx(2.15) and total == pytest.approx(sum(parts.values()))
     assert composer.names == ["goal", "format", "length_penalty"]
@@ -73,16 +73,15 @@ def test_composer_sums_weighted_components():
 
 def test_composer_from_default_config():
     composer = RewardComposer.from_config(RewardConfig())
-    total, parts = composer.score(trajectory((3, True), success=True))
+    total, parts, _ = composer.score(trajectory((3, True), success=True))
     assert parts == {"goal": 1.0, "format": 0.1, "length_penalty": 0.0} and total == pytest.approx(1.1)
 
 
 def test_unknown_components_fail_at_construction():
     with pytest.raises(
         ValueError,
-        match=r"unknown reward component\(s\) bogus, nope; "
-        r"known: bleu, chrf, env_return, exact_match, format, goal, length_penalty, math_equiv, overlong_penalty, "
-        r"reward_model, token_f1",
+        match=r"unknown reward component\(s\) bogus, nope; known: bleu, chrf, env_return, exact_match, format, goal, "
+        r"hinted_action, length_penalty, ",
     ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):
@@ -94,19 +93,21 @@ def test_unknown_components_fail_at_construction():
 
 
 def test_builtin_registry():
-    assert REWARDS.names() == [
+    assert REWARDS.names() == sorted(REWARDS.names())
+    assert set(REWARDS.names()) >= {
         "bleu",
         "chrf",
         "env_return",
         "exact_match",
         "format",
         "goal",
+        "hinted_action",
         "length_penalty",
         "math_equiv",
         "overlong_penalty",
         "reward_model",
         "token_f1",
-    ]
+    }
     assert isinstance(REWARDS.create("goal"), GoalReward)
 
 
@@ -136,8 +137,8 @@ def test_service_scores_a_batch_in_order():
     client, metrics = service()
     batch = [trajectory((2, True), success=i % 2 == 0, trajectory_id=str(i)) for i in range(5)]
     scores = asyncio.run(client.score(batch))
-    assert [total for total, _ in scores] == [2.0, 1.0, 2.0, 1.0, 2.0]
-    assert scores[1] == (1.0, {"goal": 0.0, "flaky": 1.0})
+    assert [s.total for s in scores] == [2.0, 1.0, 2.0, 1.0, 2.0]
+    assert scores[1] == (1.0, {"goal": 0.0, "flaky": 1.0}, [])
     assert asyncio.run(client.score([])) == []
     assert metrics.get_sample_value("omrl_reward_trajectories_total") == 5
     assert metrics.get_sample_value("omrl_reward_score_seconds_count") == 1
@@ -146,7 +147,7 @@ def test_service_scores_a_batch_in_order():
 
 
 def test_service_errors():
-    client, _ = service(timeout_s=0.2)
+    client, metrics = service(timeout_s=0.2)
     for env, error, message in [
         ("boom", Internal, "component 'flaky' failed on trajectory 't': KeyError"),
         ("nan", Internal, "'flaky' gave nan"),
@@ -156,6 +157,7 @@ def test_service_errors():
         traj.env = env
         with pytest.raises(error, match=message):
             asyncio.run(client.score([trajectory((1, True)), traj]))
+    assert metrics.get_sample_value("omrl_reward_component_failures_total", {"component": "flaky"}) == 2
     broken = trajectory((2, True))
     broken.loss_mask[0] = 1
     with pytest.raises(InvalidArgument, match="loss_mask does not match"):

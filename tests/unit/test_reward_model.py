@@ -135,3 +135,19 @@ def test_a_token_outside_the_models_vocabulary_fails_that_batch_with_a_clear_err
     with pytest.raises(RuntimeError, match="outside the reward model's vocabulary"):
         composer.score_many([bad])
     assert isinstance(rm(episodes(policy, 1)[0]), float)
+
+
+def test_per_turn_scores_each_turn_by_the_episode_up_to_its_end(models):
+    policy, path, _ = models
+    prm, whole = RewardModel(path, per_turn=True, max_wait_ms=0), RewardModel(path, max_wait_ms=0)
+    trajs = episodes(policy, 4)
+    scores = prm.score_turns_batch(trajs)
+    assert [len(s) for s in scores] == [len(t.turns) for t in trajs]
+    for traj, turn_scores in zip(trajs, scores):
+        ends = [t.start + t.model_tokens for t in traj.turns]
+        assert [prm.input_ids(traj, turns=k + 1) for k in range(len(ends))] == [list(traj.token_ids[:e]) for e in ends]
+        assert turn_scores[-1] == pytest.approx(whole(traj), abs=1e-5)  # the last turn's prefix is the whole episode
+        assert prm(traj) == pytest.approx(sum(turn_scores), abs=1e-5)
+    by_text = RewardModel(path, input="text", policy_tokenizer=policy, per_turn=True, max_wait_ms=0)
+    first = by_text.tokenizer.decode(by_text.input_ids(trajs[2], turns=1))
+    assert first.count("<|assistant|>") == 1 and "The wall is near." not in first

@@ -66,7 +66,7 @@ def test_the_weight_is_the_penalty_factor():
     composer = RewardComposer(
         {"overlong_penalty": {"weight": 0.5, "params": {"max_response_length": 16, "overlong_buffer_len": 4}}}
     )
-    total, parts = composer.score(trajectory((14, True)))
+    total, parts, _ = composer.score(trajectory((14, True)))
     assert total == pytest.approx(-0.25) and parts == {"overlong_penalty": pytest.approx(-0.25)}
     with pytest.raises(ValueError, match="'overlong_penalty': bad params"):
         RewardComposer({"overlong_penalty": {"params": {"max_response_length": 16}}})

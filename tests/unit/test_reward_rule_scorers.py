@@ -137,7 +137,7 @@ def test_a_missing_reference_scores_zero_and_is_counted(references, metrics):
     assert missing("exact_match") == 0 and missing("goal") is None
     # task 4's answer is empty, task 99 has no row
     scores = asyncio.run(service.score([answered(4, "x"), answered(99, "x"), answered(2, "42")]))
-    assert [total for total, _ in scores] == [0.0, 0.0, 1.5]
+    assert [s.total for s in scores] == [0.0, 0.0, 1.5]
     assert missing("exact_match") == 2 and missing("token_f1") == 2
 
 

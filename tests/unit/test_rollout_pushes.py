@@ -10,7 +10,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unauthenticated, Unavailable
-from services.rollout.backends.base import SamplingSpec
+from services.engines.base import SamplingSpec
 from services.rollout.client import GrpcRolloutClient, InProcessRolloutClient
 from services.rollout.core import RolloutCore
 from services.weightsync.buckets import pack

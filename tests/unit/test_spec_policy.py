@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 from services import plugins
 from services.common import trust
 from services.common.config import TrainConfig, load_config
+from services.engines.vllm_args import JOB_SPEC_ENGINE_ARGS
 from services.envs.base import EnvOptions, StepResult, TextEnv
 from services.envs.registry import ENVS
 from services.jobs.settings import JobsSettings
@@ -26,7 +27,6 @@ from services.launcher.k8s_objects import run_config as k8s_run_config
 from services.launcher.local import LocalLauncher, LocalRun
 from services.reward.base import RewardFunction
 from services.reward.registry import REWARDS
-from services.rollout.backends.vllm_args import JOB_SPEC_ENGINE_ARGS
 
 AGENTGYM = {"name": "agentgym", "options": {"family": "textcraft", "base_url": "http://textcraft:8000"}}
 RECYCLE = "docker restart textcraft-{port}"
@@ -92,6 +92,10 @@ REVIEWED_PLUGIN_TEXT = {
     ("env", "reasoning", "config"): "its dataset's config fields (sizes, ranges, word lists); bounded FreeForm; the "
     "keys that name a file reasoning-gym reads are bare names of its own files (ReasoningOptions)",
     ("reward", "reward_model", "device"): "a torch device name (torch.device parses it)",
+    ("reward", "llm_judge", "prompt"): "the rubric the judge model reads, placeholders checked (reward.verdicts)",
+    ("reward", "llm_judge", "yes"): "words looked up in the judge's tokenizer",
+    ("reward", "llm_judge", "no"): "words looked up in the judge's tokenizer",
+    ("reward", "hinted_action", "hints"): "phrases found in anchor text with `in`, and actions compared with ==",
     **{
         ("reward", scorer, "key"): "a field name looked up in the task's ground-truth JSON"
         for scorer in ("exact_match", "token_f1", "bleu", "chrf", "math_equiv")

@@ -1,5 +1,5 @@
 """`rollout.engine_args`: checked at config time against vLLM 0.32's AsyncEngineArgs fields (the committed
-list in services/rollout/backends/vllm_engine_args.json; tests/integration/test_vllm_engine_fields.py checks it
+list in services/engines/vllm_engine_args.json; tests/integration/test_vllm_engine_fields.py checks it
 against the installed vLLM), and merged into the engine's arguments (vllm_args.engine_kwargs)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from services.common.config import load_config
 from services.common.config_errors import error_lines
-from services.rollout.backends.vllm_args import (
+from services.engines.vllm_args import (
     BACKEND_SET,
     JOB_SPEC_ENGINE_ARGS,
     OWN_FIELD,
@@ -133,7 +133,7 @@ def test_engine_args_override_the_backends_defaults_and_never_its_own_settings()
 def test_the_cpu_kv_cache_holds_max_num_seqs_full_sequences_at_most(tmp_path):
     import json
 
-    from services.rollout.backends.vllm_args import kv_bytes_per_token
+    from services.engines.vllm_args import kv_bytes_per_token
 
     shape = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
     (tmp_path / "config.json").write_text(json.dumps({**shape, "torch_dtype": "bfloat16"}))

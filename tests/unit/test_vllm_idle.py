@@ -16,7 +16,7 @@ def reader(tmp_path, name: str):
 
 
 def test_readers_spin_only_the_configured_time(tmp_path, monkeypatch):
-    from services.rollout.backends import vllm_idle
+    from services.engines import vllm_idle
 
     original = shm_broadcast.SpinCondition.__init__
     monkeypatch.setattr(shm_broadcast.SpinCondition, "__init__", original)
@@ -32,7 +32,7 @@ def test_readers_spin_only_the_configured_time(tmp_path, monkeypatch):
 
 def test_an_idle_reader_rereads_the_queue_every_recheck_ms_not_every_5_s(monkeypatch):
     """A lost notification cost a step 5 s (vLLM 0.32's recheck interval): the bench's stalls, issue 39."""
-    from services.rollout.backends import vllm_idle
+    from services.engines import vllm_idle
 
     monkeypatch.setattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS", 5000)  # vLLM 0.32's
     monkeypatch.setattr(shm_broadcast.SpinCondition, "__init__", shm_broadcast.SpinCondition.__init__)

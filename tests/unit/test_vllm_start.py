@@ -5,7 +5,7 @@ import subprocess
 import sys
 import threading
 
-from services.rollout.backends.vllm_start import (
+from services.engines.vllm_start import (
     FORK_SAFE_THREADS,
     bound_cpus,
     cpu_start_method,
@@ -58,7 +58,7 @@ def test_other_threads_sees_a_thread_while_it_runs():
 
 POOL_PROBE = """
 import torch
-from services.rollout.backends.vllm_start import cpu_start_method, other_threads
+from services.engines.vllm_start import cpu_start_method, other_threads
 print(cpu_start_method(True, other_threads(), bind="1"))
 torch.set_num_threads(2)
 a = torch.randn(512, 512)

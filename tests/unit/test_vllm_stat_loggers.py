@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 from prometheus_client import REGISTRY  # noqa: E402
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager  # noqa: E402
 
-from services.rollout.backends.vllm import EngineStatsLogger, stat_loggers  # noqa: E402
+from services.engines.vllm import EngineStatsLogger, stat_loggers  # noqa: E402
 
 
 def registered_names() -> set[str]:

@@ -262,7 +262,7 @@ def test_a_commit_with_another_checksum_applies_nothing(tmp_path):
 
 def test_an_apply_that_fails_midway_stops_serving_rather_than_mix_versions(tmp_path):
     from services.common.errors import Unavailable
-    from services.rollout.backends.base import SamplingSpec
+    from services.engines.base import SamplingSpec
 
     core, engine = make_core(tmp_path)
 

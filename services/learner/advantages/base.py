@@ -17,7 +17,8 @@ class Turns:
 
     Tensors [N]: row (its batch row), start and end (its model tokens [start, end) in that row; equal for a turn
     without tokens), reward (the env's reward for the turn), invalid (bool: its action did not parse, or the env
-    refused it). anchor: N strings, the anchor observation of the state the turn acted from ("": unknown)."""
+    refused it), process (its process reward from the reward service; None: zeros). anchor: N strings, the anchor
+    observation of the state the turn acted from ("": unknown)."""
 
     row: torch.Tensor
     start: torch.Tensor
@@ -25,6 +26,7 @@ class Turns:
     reward: torch.Tensor
     invalid: torch.Tensor
     anchor: tuple[str, ...]
+    process: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,7 +5,7 @@ Episode level: each trajectory's score (the sum of its token rewards, less the i
 turns) against its task group. Step level: within one task group, the turns of any of its episodes that acted from
 the same environment state (equal anchor observations; or, with `anchor_similarity` < 1, similar ones) form an
 anchor group, and each turn's discounted return G_t = sum_k gamma^(k-t) r_k over the rest of its episode is
-normalised within that group. A turn's model tokens get A_episode + step_weight * A_step. A group of one member (a
+normalised within that group; r_k is the env's reward for turn k, its process reward, or both (`step_reward`). A turn's model tokens get A_episode + step_weight * A_step. A group of one member (a
 task played once, a state met once) contributes 0 at its level; tasks never share an anchor group."""
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ class GiGPO(AdvantageEstimator):
         gamma: float = 0.95,
         anchor_similarity: float = 1.0,
         invalid_action_penalty: float = 0.0,
+        step_reward: Literal["env", "process", "env+process"] = "env+process",
         eps: float = 1e-6,
     ):
         self.step_weight, self.use_std, self.per_step = step_weight, norm == "mean_std_norm", episode_stats == "steps"
         self.gamma, self.anchor_similarity, self.eps = gamma, anchor_similarity, eps
-        self.penalty = invalid_action_penalty
+        self.penalty, self.step_reward = invalid_action_penalty, step_reward
         self._metrics: dict[str, float] = {}
 
     @classmethod
@@ -52,6 +53,7 @@ class GiGPO(AdvantageEstimator):
             gamma=config.gigpo_gamma,
             anchor_similarity=config.gigpo_anchor_similarity,
             invalid_action_penalty=config.gigpo_invalid_action_penalty,
+            step_reward=config.gigpo_step_reward,
         )
 
     def compute(self, inputs: AdvantageInputs) -> torch.Tensor:
@@ -66,10 +68,14 @@ class GiGPO(AdvantageEstimator):
         weights = torch.bincount(turns.row, minlength=rows).to(mask.dtype) if self.per_step else torch.ones_like(scores)
         episode = group_normalised(scores, inputs.group_index, weights, use_std=self.use_std, eps=self.eps)
         groups = anchor_groups(turns.anchor, inputs.group_index[turns.row].tolist(), self.anchor_similarity)
-        returns = turn_returns(turns.reward.to(mask.dtype) - penalties, turns.row, self.gamma)
+        returns = turn_returns(self._turn_rewards(turns).to(mask.dtype) - penalties, turns.row, self.gamma)
         step = group_normalised(returns, groups, torch.ones_like(returns), use_std=self.use_std, eps=self.eps)
         self._metrics = _metrics(groups, step)
         return (episode.unsqueeze(-1) + self.step_weight * on_turn_tokens(step, turns, mask)) * mask
+
+    def _turn_rewards(self, turns: Turns) -> torch.Tensor:
+        process = turns.process if turns.process is not None else torch.zeros_like(turns.reward)
+        return {"env": turns.reward, "process": process, "env+process": turns.reward + process}[self.step_reward]
 
     def step_metrics(self) -> dict[str, float]:
         """The share of turns in an anchor group of two or more, and the mean |A_step| over turns."""

@@ -24,5 +24,5 @@ Sending side beside receiving side:
 
 Bucket digests (`sha256:` on CPU, `sum64:` on a GPU) and the set checksum over them are in
 `weightsync.digest`. The vLLM side, the `omrl_nccl` weight-transfer engine every worker runs, is
-`services/rollout/backends/vllm_nccl_engine.py` (it imports vLLM; this package does not). Nothing is
+`services/engines/vllm_nccl_engine.py` (it imports vLLM; this package does not). Nothing is
 imported here: torch.distributed loads with the module that uses it."""

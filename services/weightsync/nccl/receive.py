@@ -1,5 +1,5 @@
 """The receiving side of an `nccl` push's data plane: in each rollout engine worker (the vLLM engine,
-`services/rollout/backends/vllm_nccl_engine.py`) or a plain Hugging Face receiver (`bench/weight_sync_gpu.py`),
+`services/engines/vllm_nccl_engine.py`) or a plain Hugging Face receiver (`bench/weight_sync_gpu.py`),
 each bucket is received by broadcast into one of two reused buffers and checked (digest, finite values)
 before its tensors are handed out (`BucketReceiver`); `ParamCopier` applies them to named parameters."""
 

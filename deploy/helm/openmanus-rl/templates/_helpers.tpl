@@ -115,9 +115,11 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- end -}}
 
 {{/* Images: <image.repository>/<component>:<tag>-<flavor> (flavor cpu unless the component sets cuda);
-     omrl.image (dict "root" $ "key" "rollout" "component" "rollout" ["flavor" "cuda"]) */}}
+     omrl.image (dict "root" $ "key" "rollout" "component" "rollout" ["flavor" "cuda"]), or with "values" in place
+     of "key" for values that are not a top-level key (a reward server's) */}}
 {{- define "omrl.image" -}}
-{{- $values := index .root.Values .key -}}
+{{- $values := .values -}}
+{{- if .key }}{{ $values = index .root.Values .key }}{{ end -}}
 {{- $own := $values.image | default dict -}}
 {{- $tag := $own.tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
 {{- $flavor := .flavor | default $values.flavor | default "cpu" -}}
@@ -180,6 +182,20 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ := set $cfg "output_dir" "/data/runs" -}}
 {{- $_ = set $cfg "env" (merge (dict "address" (printf "%s:%d" $envs (int .Values.envs.port))) ($cfg.env | default dict)) -}}
 {{- $_ = set $cfg "reward" (merge (dict "address" (printf "%s:%d" $reward (int .Values.reward.port))) ($cfg.reward | default dict)) -}}
+{{- if .Values.reward.servers -}}
+{{- /* the reward servers' summed totals: the `remote` component */ -}}
+{{- $components := $cfg.reward.components | default dict -}}
+{{- if hasKey $components "remote" -}}
+{{- fail "config.reward.components.remote comes from reward.servers: set its weight and deadline with reward.serversWeight and reward.serversTimeoutSeconds" -}}
+{{- end -}}
+{{- $addresses := dict -}}
+{{- range $name, $_ := .Values.reward.servers -}}
+{{- $_ := set $addresses $name (include "omrl.rewardServer.address" (dict "root" $ "name" $name)) -}}
+{{- end -}}
+{{- $params := dict "servers" $addresses "timeout_s" .Values.reward.serversTimeoutSeconds -}}
+{{- $_ = set $components "remote" (dict "weight" .Values.reward.serversWeight "params" $params) -}}
+{{- $_ = set $cfg.reward "components" $components -}}
+{{- end -}}
 {{- $_ = set $cfg "rollout" (merge (dict "addresses" (list (printf "%s:%d" $rollout (int .Values.rollout.port)))) ($cfg.rollout | default dict)) -}}
 {{- $_ = set $cfg "stream" (merge (dict "redis_url" (include "omrl.redis.url" .)) ($cfg.stream | default dict)) -}}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
@@ -208,6 +224,26 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- fail (printf "config.env.%s (%s) must be an absolute path: the pods' root filesystem is read-only (datasets are mounted at /datasets)" $field $path) -}}
 {{- end -}}
 {{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Reward servers (reward.servers, templates/reward-servers.yaml): object name and address of server `name` */}}
+{{- define "omrl.rewardServer.name" -}}
+{{- include "omrl.component" (dict "root" .root "component" (printf "reward-%s" .name)) -}}
+{{- end -}}
+
+{{- define "omrl.rewardServer.address" -}}
+{{- printf "%s:%d" (include "omrl.rewardServer.name" .) (int .root.Values.reward.port) -}}
+{{- end -}}
+
+{{/* The run config of reward server `name`: the run's, its reward section the server's own components, scored
+     within the deadline the `remote` component gives it: omrl.rewardServer.config (dict "root" $ "name" $name) */}}
+{{- define "omrl.rewardServer.config" -}}
+{{- $cfg := include "omrl.runConfig" .root | fromYaml -}}
+{{- $server := index .root.Values.reward.servers .name -}}
+{{- $address := include "omrl.rewardServer.address" . -}}
+{{- $timeout := .root.Values.reward.serversTimeoutSeconds -}}
+{{- $_ := set $cfg "reward" (dict "address" $address "components" $server.components "timeout_s" $timeout) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
@@ -329,7 +365,8 @@ priorityClassName: {{ . }}
   mountPath: /tmp
 {{- end -}}
 
-{{/* omrl.modelVolumes (dict "root" $ "shm" "1Gi"): caches, shared memory, the model volume */}}
+{{/* omrl.modelVolumes (dict "root" $ "shm" "1Gi" ["volume" $source]): caches, shared memory, the model volume
+     (`volume`, else modelVolume) */}}
 {{- define "omrl.modelVolumes" -}}
 - name: cache
   emptyDir:
@@ -338,7 +375,7 @@ priorityClassName: {{ . }}
   emptyDir:
     medium: Memory
     sizeLimit: {{ .shm }}
-{{- with .root.Values.modelVolume }}
+{{- with .volume | default .root.Values.modelVolume }}
 - name: models
   {{- toYaml . | nindent 2 }}
 {{- end }}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.registry import Registry
-from services.rollout.backends import vllm_args
+from services.engines import vllm_args
 
 
 @dataclass
@@ -19,6 +19,9 @@ class SamplingSpec:
     top_k: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    top_logprobs: int = 0
+    """How many of the likeliest tokens' logprobs to return at each position besides the sampled one's (a judge's
+    yes/no verdict); 0 (the rollout): the sampled token's only."""
 
 
 @dataclass
@@ -26,6 +29,9 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    """With `SamplingSpec.top_logprobs`: per position, token id -> logprob of the likeliest tokens and the sampled
+    one's."""
 
 
 class RolloutBackend(abc.ABC):
@@ -81,5 +87,5 @@ class RolloutBackend(abc.ABC):
 
 
 BACKENDS: Registry[RolloutBackend] = Registry("rollout backend", choice="backend")
-BACKENDS.register_lazy("vllm", "services.rollout.backends.vllm", options=vllm_args.check_engine_args)
+BACKENDS.register_lazy("vllm", "services.engines.vllm", options=vllm_args.check_engine_args)
 """`rollout.engine_args` of the vLLM backend: checked against vLLM's engine fields without importing vLLM."""

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from services.rollout.backends.vllm_idle import shorten_spin_from_env
-from services.rollout.backends.vllm_start import bind_forked_worker
-from services.rollout.backends.vllm_weights import refresh_output_heads, unpack_tensor
+from services.engines.vllm_idle import shorten_spin_from_env
+from services.engines.vllm_start import bind_forked_worker
+from services.engines.vllm_weights import refresh_output_heads, unpack_tensor
 
 shorten_spin_from_env()  # vLLM imports this module in the worker before it makes the worker's message queues
 bind_forked_worker()  # and before the worker binds its threads (init_device) or computes
@@ -60,7 +60,7 @@ class WeightReloadExtension:
 
 
 def _register_weight_transfer_engine() -> None:
-    from services.rollout.backends import vllm_nccl_engine, vllm_spool_engine
+    from services.engines import vllm_nccl_engine, vllm_spool_engine
 
     vllm_spool_engine.register()
     vllm_nccl_engine.register()

@@ -23,7 +23,7 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from services.rollout.backends.vllm_spool_engine import SpoolUpdateInfo, SpoolWeightTransferEngine
+from services.engines.vllm_spool_engine import SpoolUpdateInfo, SpoolWeightTransferEngine
 from services.weightsync.nccl.group import Group, Rendezvous
 from services.weightsync.nccl.receive import BucketReceiver
 from services.weightsync.nccl.staging import BucketStager, HostArena

@@ -3,7 +3,7 @@ vLLM's `AsyncEngineArgs` built from the run config. Imports no vLLM: the job API
 spec without it.
 
 The names and JSON types of `AsyncEngineArgs`' fields come from `vllm_engine_args.json`, written from
-the installed vLLM by `python -m services.rollout.backends.vllm_args --write` (a test fails when it
+the installed vLLM by `python -m services.engines.vllm_args --write` (a test fails when it
 no longer matches the installed vLLM). Where vLLM is installed, the rollout service also builds the
 real `AsyncEngineArgs` at start-up, which checks what JSON types cannot (nested configs, ranges).
 
@@ -283,7 +283,7 @@ def generate() -> dict[str, Any]:
         fields[f.name] = {"kinds": sorted(kinds), **({"choices": choices} if choices else {})}
     return {
         "source": "dataclasses.fields(vllm.engine.arg_utils.AsyncEngineArgs); regenerate with "
-        "python -m services.rollout.backends.vllm_args --write",
+        "python -m services.engines.vllm_args --write",
         "vllm_version": vllm.__version__,
         "fields": dict(sorted(fields.items())),
     }
@@ -301,9 +301,7 @@ def main() -> int:
     text = json.dumps(generate(), indent=1) + "\n"
     if args.check:
         if FIELDS_FILE.read_text() != text:
-            print(
-                f"{FIELDS_FILE.name} is stale: python -m services.rollout.backends.vllm_args --write", file=sys.stderr
-            )
+            print(f"{FIELDS_FILE.name} is stale: python -m services.engines.vllm_args --write", file=sys.stderr)
             return 1
         return 0
     FIELDS_FILE.write_text(text)

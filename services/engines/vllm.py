@@ -29,15 +29,15 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerBase
 
-from services.rollout import engine_metrics
-from services.rollout.backends.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
-from services.rollout.backends.vllm_args import engine_kwargs
-from services.rollout.backends.vllm_start import FORKED_ENV, START_METHOD_ENV, cpu_start_method, other_threads
-from services.rollout.backends.vllm_weights import pack_tensor
+from services.engines import engine_metrics
+from services.engines.base import BACKENDS, Generation, RolloutBackend, SamplingSpec
+from services.engines.vllm_args import engine_kwargs
+from services.engines.vllm_start import FORKED_ENV, START_METHOD_ENV, cpu_start_method, other_threads
+from services.engines.vllm_weights import pack_tensor
 
 log = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "services.rollout.backends.vllm_worker_ext.WeightReloadExtension"
+WORKER_EXTENSION = "services.engines.vllm_worker_ext.WeightReloadExtension"
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "abort"}
 """vLLM finish reasons -> ours; "error" (a retryable engine-side failure) raises instead."""
@@ -224,7 +224,7 @@ class VllmBackend(RolloutBackend):
             top_k=sampling.top_k,
             stop_token_ids=list(sampling.stop_token_ids),
             seed=sampling.seed,
-            logprobs=0,  # the sampled token's own logprob only
+            logprobs=sampling.top_logprobs,  # 0: the sampled token's own logprob only
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
             skip_clone=True,  # built for this request alone: vLLM's deep copy of it (~0.3 ms) is not needed
@@ -248,7 +248,14 @@ class VllmBackend(RolloutBackend):
         if len(entries) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(entries)} logprobs for {len(token_ids)} tokens")
         logprobs = [float(entry[tok].logprob) for tok, entry in zip(token_ids, entries)]
-        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=_FINISH.get(reason, "abort"))
+        top = (
+            [{int(t): float(lp.logprob) for t, lp in entry.items()} for entry in entries]
+            if sampling.top_logprobs
+            else []
+        )
+        return Generation(
+            token_ids=token_ids, logprobs=logprobs, finish_reason=_FINISH.get(reason, "abort"), top_logprobs=top
+        )
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         with torch.no_grad():

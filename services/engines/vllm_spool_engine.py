@@ -25,7 +25,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from services.rollout.backends.vllm_weights import refresh_output_heads
+from services.engines.vllm_weights import refresh_output_heads
 from services.weightsync.spool import mapped_bucket
 from services.weightsync.wire import TensorSpec
 
