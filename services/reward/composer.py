@@ -146,7 +146,7 @@ def _turn_values(name: str, fn: RewardFunction, trajs: Sequence[trajectory_pb2.T
             raise ComponentFailed(
                 name,
                 f"reward component {name!r} gave {len(row)} turn scores for trajectory {traj.trajectory_id!r} "
-                f"of {len(traj.turns)} turns"
+                f"of {len(traj.turns)} turns",
             )
     return scores
 

@@ -5,8 +5,9 @@ Episode level: each trajectory's score (the sum of its token rewards, less the i
 turns) against its task group. Step level: within one task group, the turns of any of its episodes that acted from
 the same environment state (equal anchor observations; or, with `anchor_similarity` < 1, similar ones) form an
 anchor group, and each turn's discounted return G_t = sum_k gamma^(k-t) r_k over the rest of its episode is
-normalised within that group; r_k is the env's reward for turn k, its process reward, or both (`step_reward`). A turn's model tokens get A_episode + step_weight * A_step. A group of one member (a
-task played once, a state met once) contributes 0 at its level; tasks never share an anchor group."""
+normalised within that group; r_k is the env's reward for turn k, its process reward, or both (`step_reward`). A
+turn's model tokens get A_episode + step_weight * A_step. A group of one member (a task played once, a state met
+once) contributes 0 at its level; tasks never share an anchor group."""
 
 from __future__ import annotations
 
