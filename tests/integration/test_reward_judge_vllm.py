@@ -20,6 +20,7 @@ from services.reward.composer import RewardComposer  # noqa: E402
 from services.reward.judge import LlmJudge  # noqa: E402
 from services.reward.verdicts import render_template  # noqa: E402
 from tests.support.judge_models import build_tiny_judge, episode  # noqa: E402
+from tests.support.processes import vllm_children  # noqa: E402
 
 ASK = "Task: {task}\nEpisode:\n{conversation}\nLast reply: {final_answer}\nDid the agent reach the exit? Yes or No."
 WEIGHT = 2.0
@@ -49,17 +50,6 @@ class SharedEngineJudge(LlmJudge):
 
     def open_engine(self):
         return self.shared
-
-
-def vllm_children() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.name().startswith("VLLM"):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 @pytest.fixture(scope="module")

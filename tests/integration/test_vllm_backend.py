@@ -27,6 +27,7 @@ from services.common.tiny_model import build_tiny_model  # noqa: E402
 from services.engines.base import BACKENDS, SamplingSpec  # noqa: E402
 from services.weightsync.buckets import TensorWeights  # noqa: E402
 from services.weightsync.spool import SpoolWriter  # noqa: E402
+from tests.support.processes import vllm_children  # noqa: E402
 
 ATOL = 1e-3
 CORPUS = [
@@ -102,17 +103,6 @@ def reference_logprobs(model, prompt: list[int], output: list[int]) -> list[floa
 def max_gap(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max(abs(x - y) for x, y in zip(a, b))
-
-
-def vllm_children() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.name().startswith("VLLM"):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 EXPORT = """

@@ -9,3 +9,15 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def vllm_children() -> list[psutil.Process]:
+    """This process's vLLM engine processes (named VLLM::...), at any depth."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name().startswith("VLLM"):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
