@@ -360,6 +360,7 @@ SHOWN = (
     "env_step",
     "env_close",
     "reward",
+    "reward_wait",
     "publish",
 )
 

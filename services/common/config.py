@@ -313,6 +313,25 @@ class RewardConfig(Section):
     """Discount per token for `discounted` allocation."""
     timeout_s: float = Field(30.0, gt=0, le=86400)
     """Deadline of one Score call (a trajectory's reward functions together)."""
+    score_each: Literal["group", "episode"] = "group"
+    """When the rollout asks for rewards: `group`, once all of a group's episodes have ended, in one Score call;
+    `episode`, each episode's as it ends, so a slow component's scoring overlaps the rest of the group's play
+    (where a group's episodes end at different times; a reward model's or judge's batches take in the concurrent
+    calls)."""
+
+    @model_validator(mode="after")
+    def _deadlines_nest(self) -> RewardConfig:
+        # a component's own deadline (a judge's fallback, a remote server's error) must come before the Score call's,
+        # or the call is cut off first and the whole group fails where the component would have scored it
+        for name, component in self.components.items():
+            own = choices.reward_deadline(name, component.params)
+            if own is not None and own >= self.timeout_s:
+                raise ValueError(
+                    f"reward component {name!r} waits up to timeout_s={own:g} s, not below reward.timeout_s="
+                    f"{self.timeout_s:g} s, the deadline of the whole Score call: lower its timeout_s or raise "
+                    "reward.timeout_s"
+                )
+        return self
 
 
 KLEstimator = Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3", "kl+", "abs+", "low_var_kl+", "k1+", "k3+"]

@@ -1,7 +1,9 @@
 """How many cores this process may use, and how a local run splits them between its processes.
 
-The budget is the smaller of the cgroup CPU quota (a container's CPU limit: cgroup v2 `cpu.max`, v1
-`cpu.cfs_quota_us / cpu.cfs_period_us`) and the CPUs of the affinity mask. Libraries size their thread
+The budget is the smallest of the cgroup CPU quota (a container's CPU limit: cgroup v2 `cpu.max`, v1
+`cpu.cfs_quota_us / cpu.cfs_period_us`), the CPUs of the affinity mask and `OMRL_CORES` where it is set (the share of
+a machine that several runs side by side each plan for: two runs on two cores that each sized their learner for
+both oversubscribed them, and a tiny model's learner step took 5-6 times as long). Libraries size their thread
 pools by the CPUs they see, not by the quota, so every co-located process (or a pod with a 4-CPU limit on
 a 64-core node) would start one thread per visible CPU; the sum oversubscribes the cores and the compute
 threads stall on each other. A local run binds the vLLM CPU worker to its share of the cores; the learner
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CORES_ENV = "OMRL_CORES"
+"""Cores to plan for at most (an integer >= 1); read by `available_cores`."""
 SPIN_ENV = "OMRL_VLLM_SPIN_S"
 """Read by `services.engines.vllm_idle` in vLLM's engine core and worker processes."""
 ENGINE_SPIN_S = "0.005"
@@ -81,6 +85,11 @@ def available_cores(root: Path = CGROUP_ROOT, affinity: set[int] | None = None) 
     quota = cgroup_cpu_quota(root)
     if quota is not None:
         count = min(count, math.floor(quota))
+    share = os.environ.get(CORES_ENV, "").strip()
+    if share:
+        if not share.isdigit() or int(share) < 1:
+            raise ValueError(f"{CORES_ENV}={share!r}: the cores to plan for must be an integer >= 1")
+        count = min(count, int(share))
     return Cores(ids, max(1, count))
 
 

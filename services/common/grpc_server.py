@@ -11,6 +11,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -260,21 +261,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     (`ip_local_port_range`): the ports other processes get from a bind to port 0 or for an outgoing
     connection come from that range, so none of them can take it in the meantime (with the kernel's own
     pick, another process's vLLM engine or connection did, one start in a few on a busy machine: "Address
-    already in use"). The kernel's pick where no such range is known or every draw is taken."""
+    already in use"). Never the same port twice in one process: a caller that draws several before binding any
+    (the launcher draws a run's seven at once) would otherwise get one port twice, about one run in 600; the last
+    1,024 are remembered. The kernel's pick where no such range is known or every draw is taken."""
     low = _ephemeral_low()
     draw = random.SystemRandom()
     for _ in range(64):
         if low <= _PICK_FROM:
             break
         port = draw.randrange(_PICK_FROM, low)
-        if port in _RESERVED_PORTS:
+        if port in _RESERVED_PORTS or port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
+        with _handed_out_lock:
+            if port in _handed_out:
+                continue
+            _handed_out[port] = None
+            if len(_handed_out) > _REMEMBERED:  # a long-lived job API: the oldest were bound long ago
+                del _handed_out[next(iter(_handed_out))]
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -282,6 +291,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 _PICK_FROM = 16384
 _RESERVED_PORTS = frozenset({29600})  # the `nccl` weight push's rendezvous port (learner.weight_nccl_port)
+_REMEMBERED = 1024
+_handed_out: dict[int, None] = {}  # in the order handed out
+_handed_out_lock = threading.Lock()
 
 
 def _ephemeral_low() -> int:

@@ -1,5 +1,6 @@
 """The generation engine's own statistics, `omrl_rollout_engine_*`, fed by the backend from its engine's
-scheduler (vLLM: `VllmBackend`'s stat logger, once per engine step).
+scheduler (vLLM: `VllmBackend`'s stat logger, once per engine step). The names say rollout, where these engines
+began; an `llm_judge` reward's engine, in the reward service, exports them too, under the reward pod's instance.
 
 vLLM also exports them as `vllm:*` on the same endpoint, but the name a Prometheus stores for those
 depends on the scrape protocol: prometheus_client escapes `:` to `_` when Prometheus 2.x negotiates

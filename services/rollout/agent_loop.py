@@ -8,7 +8,7 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -92,14 +92,20 @@ class AgentLoop:
         )
 
     async def run_group(
-        self, task_index: int, group_id: str | None = None, seed: int | None = None
+        self,
+        task_index: int,
+        group_id: str | None = None,
+        seed: int | None = None,
+        on_episode: Callable[[int, Trajectory], Awaitable[None]] | None = None,
     ) -> list[Trajectory]:
         """`group_size` episodes of one task, concurrently, and last the greedy baseline episode with
         `greedy_baseline`. Their environments are created in one call
         (`create_batch`), and each episode sends its first request as soon as that call returns. An
         episode lost to infrastructure (its create included) is played again on a fresh environment (up to
         env.max_episode_attempts tries); once one runs out of tries the group fails as a whole and its
-        other episodes are cancelled, so a partial group never reaches advantage statistics."""
+        other episodes are cancelled, so a partial group never reaches advantage statistics. `on_episode(i,
+        trajectory)` is awaited as episode i ends, while the others play on (the producer scores it there); an error
+        it raises fails the group like a lost episode."""
         group_id = group_id or uuid.uuid4().hex
         sampled = self.rollout.group_size
         size = sampled + int(self.greedy_baseline)
@@ -107,9 +113,12 @@ class AgentLoop:
 
         async def episode(i: int) -> Trajectory:
             state, prepared[i] = prepared[i], None  # this episode closes it from here on
-            return await self.run_episode_with_retries(
+            traj = await self.run_episode_with_retries(
                 task_index, group_id, None if seed is None else seed * 1000 + i, state, baseline=i >= sampled
             )
+            if on_episode is not None:
+                await on_episode(i, traj)
+            return traj
 
         tasks = [asyncio.create_task(episode(i)) for i in range(size)]
         try:

@@ -8,7 +8,9 @@ Stages (each observation is one call, so `_sum` is busy time summed over concurr
 - detokenize, parse, tokenize: the reply's text, its action, the next observation's tokens;
 - env_create, env_step, env_close: calls to the environment service (env_create: one per group, for all its
   episodes, and one per episode played again on a fresh environment);
-- reward: one scoring call per group; publish: the group's encoding and its Redis write;
+- reward: one scoring call per group, or per episode (`reward.score_each`); reward_wait: once per group, from the
+  end of its last episode's play to its last reward (the time the reward service adds to a group);
+- publish: the group's encoding and its Redis write;
 - slot_wait: a producer worker waiting for a group slot it may start (a fresh enough policy, a free slot).
 
 `omrl_rollout_engine_idle_seconds_total` (services.rollout.core) is the other side: time in which the
@@ -32,6 +34,7 @@ STAGES = (
     "env_step",
     "env_close",
     "reward",
+    "reward_wait",
     "publish",
     "slot_wait",
     "weights_wait",

@@ -73,6 +73,7 @@ class Producer:
         where the core has it); `poll_s` bounds how late it sees what only Redis tells (a due retry, a
         take-over, the end of the run)."""
         self.config, self.loop, self.rewards, self.state, self.core = config, loop, reward_client, state, core
+        self.score_each_episode = config.reward.score_each == "episode"
         self.poll_s = poll_s
         self.redis_retry_s = 0.2  # first wait after a Redis connection error; doubles, up to 10 s
         self.max_attempts = max_attempts or config.rollout.max_group_attempts
@@ -216,11 +217,7 @@ class Producer:
             try:
                 quarantined = await self._redis(self.state.quarantined_tasks)
                 task = self.task_of(lease.slot, lease.task, quarantined)
-                group = await self.loop.run_group(
-                    task, group_id=group_id, seed=self.config.seed * 1_000_003 + lease.slot
-                )
-                with self.clock.time("reward"):
-                    scores = await self.rewards.score(group)
+                group, scores = await self._play_and_score(task, group_id, lease.slot)
             except (EpisodeFailed, ServiceError, NoTaskLeft) as exc:
                 reason = abandoned_reason(str(exc))
                 if task is not None and reason is not None:
@@ -242,6 +239,31 @@ class Producer:
             return
         self.published += 1
         await self._count(groups_published=1)
+
+    async def _play_and_score(self, task: int, group_id: str, slot: int) -> tuple[list, list]:
+        """The group's episodes and their rewards: asked for as each episode ends (`reward.score_each`: a reward
+        model's time then overlaps the group's other episodes, and only the last one's is left after play), or in
+        one call after the last."""
+        seed = self.config.seed * 1_000_003 + slot
+        if not self.score_each_episode:
+            group = await self.loop.run_group(task, group_id=group_id, seed=seed)
+            played = time.perf_counter()
+            with self.clock.time("reward"):
+                scores = await self.rewards.score(group)
+            self.clock.record("reward_wait", time.perf_counter() - played)
+            return group, scores
+        scored: dict[int, Any] = {}
+        played = 0.0
+
+        async def score(i: int, traj: Any) -> None:
+            nonlocal played
+            played = max(played, time.perf_counter())
+            with self.clock.time("reward"):
+                (scored[i],) = await self.rewards.score([traj])
+
+        group = await self.loop.run_group(task, group_id=group_id, seed=seed, on_episode=score)
+        self.clock.record("reward_wait", time.perf_counter() - played)
+        return group, [scored[i] for i in range(len(group))]
 
     async def _quarantine(self, lease: Lease, task: int, reason: str, exc: Exception) -> None:
         """A task its environment cannot play (a reset that never answered, an index its server rejects) is not

@@ -10,7 +10,16 @@ import redis
 from services.common.run_state import LeaseOutcome
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
-from tests.support.producers import FlakyRewards, ScriptedLoop, play, run, seen, task_per_key  # noqa: F401 - fixtures
+from tests.support.producers import (  # noqa: F401 - fixtures
+    CountingRewards,
+    EndingLoop,
+    FlakyRewards,
+    ScriptedLoop,
+    play,
+    run,
+    seen,
+    task_per_key,
+)
 
 
 def stream_of(producer) -> TrajectoryStream:
@@ -34,6 +43,24 @@ def test_a_group_whose_scoring_fails_is_retried_on_a_fresh_task_and_published(ru
     assert counters["groups_dropped"] == 2 and counters["groups_released"] == 2 and counters["groups_retried"] == 2
     assert counters["groups_published"] == 4 and "groups_dead_lettered" not in counters
     assert seen(producer).leases.held() == {}
+
+
+def test_score_each_episode_asks_as_each_episode_ends_and_keeps_each_reward_with_its_episode(run):
+    """A reward model's time overlaps the group's other episodes: one Score call an episode, made as it ends (here
+    the second first), each reward published on its own episode; `group` makes one call a group."""
+    rewards = CountingRewards()
+    producer = run(EndingLoop(), rewards, "a", reward={"score_each": "episode"})
+    asyncio.run(asyncio.wait_for(play(producer), 30))
+    assert rewards.calls == [1] * 8
+    for batch in published(producer):
+        assert [(t.trajectory_id, t.reward) for t in batch.trajectories] == [
+            (f"{batch.batch_id}-0", 0.0),
+            (f"{batch.batch_id}-1", 1.0),
+        ]
+    seen(producer).reset()
+    grouped = CountingRewards()
+    asyncio.run(asyncio.wait_for(play(run(EndingLoop(), grouped, "b", reward={"score_each": "group"})), 30))
+    assert grouped.calls == [2] * 4
 
 
 def test_a_slot_out_of_attempts_is_dropped_and_a_new_slot_fills_its_step(run):

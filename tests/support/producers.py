@@ -30,6 +30,32 @@ class ScriptedLoop:
         return [traj(group_id, [0]) for _ in range(2)]
 
 
+class EndingLoop:
+    """Plays a group's two episodes, the second ending first, and hands each to `on_episode` as it ends."""
+
+    def __init__(self):
+        self.stats, self.played = {}, []
+
+    async def run_group(self, task_index, group_id, seed, on_episode=None):
+        self.played.append((group_id, task_index))
+        group = [traj(group_id, [0], trajectory_id=f"{group_id}-{i}") for i in range(2)]
+        for i in (1, 0):
+            if on_episode is not None:
+                await on_episode(i, group[i])
+        return group
+
+
+class CountingRewards:
+    """Scores a trajectory `<group>-<i>` with i, and records the size of each Score call."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def score(self, group):
+        self.calls.append(len(group))
+        return [Scored(float(t.trajectory_id.rsplit("-", 1)[1]), {"goal": 1.0}, []) for t in group]
+
+
 class FlakyRewards:
     """Raises Unavailable (the reward service down) for the first `failures` scorings of group g0."""
 
@@ -54,10 +80,11 @@ class LearnerPace:
         return self.stream.length() // self.per_step
 
 
-def make_config(run_name, redis_url, steps=2, **rollout):
+def make_config(run_name, redis_url, steps=2, reward=None, **rollout):
     return TrainConfig.model_validate(
         {
             "run": run_name,
+            "reward": reward or {},
             "stream": {"redis_url": redis_url},
             "learner": {"steps": steps},
             "rollout": {
@@ -86,8 +113,8 @@ def run(redis_url, run_name):
     """Makes producers of one run, each with its own AsyncRunState (closed by `play`)."""
     made = []
 
-    def make(loop, rewards, holder, steps=2, **rollout):
-        config = make_config(run_name, redis_url, steps, **rollout)
+    def make(loop, rewards, holder, steps=2, reward=None, **rollout):
+        config = make_config(run_name, redis_url, steps, reward, **rollout)
         stream = TrajectoryStream(RunState.connect(config).client, config.key("trajectories"))
         made.append(config)
         return Producer(

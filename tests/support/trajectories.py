@@ -3,9 +3,9 @@
 from services.common.trajectory import TrajectoryBuilder
 
 
-def traj(group, versions):
+def traj(group, versions, trajectory_id=None):
     """A trajectory of group `group` with one model turn (and one observation) per policy version in `versions`."""
-    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=[5])
+    b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=[5], trajectory_id=trajectory_id)
     for v in versions:
         b.add_model_turn([7], [-0.5], policy_version=v, text="", action="", action_valid=True, finish_reason="stop")
         b.add_observation([8], env_reward=0.0)

@@ -71,6 +71,23 @@ def test_infrastructure_failure_fails_the_whole_group(tokenizer):
         asyncio.run(loop.run_group(task_index=2, group_id="g"))
 
 
+def test_on_episode_sees_each_episode_as_it_ends_and_its_error_fails_the_group(tokenizer):
+    loop, _ = make_loop(tokenizer, toward_exit)
+    ended = []
+
+    async def note(i, traj):
+        ended.append((i, traj.trajectory_id, len(traj.turns)))
+
+    group = asyncio.run(loop.run_group(task_index=5, group_id="g", on_episode=note))
+    assert sorted(ended) == sorted((i, t.trajectory_id, 3) for i, t in enumerate(group))
+
+    async def reward_down(i, traj):
+        raise Unavailable("reward service restarting")
+
+    with pytest.raises(EpisodeFailed, match="reward service restarting"):
+        asyncio.run(loop.run_group(task_index=5, group_id="g", on_episode=reward_down))
+
+
 def test_every_stage_between_two_engine_requests_is_timed(tokenizer):
     from prometheus_client import REGISTRY
 

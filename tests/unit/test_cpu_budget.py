@@ -7,7 +7,7 @@ import pytest
 
 from services.common import cpu_budget
 from services.common.config import TrainConfig
-from services.common.cpu_budget import Cores, available_cores, cgroup_cpu_quota, split, torch_threads
+from services.common.cpu_budget import CORES_ENV, Cores, available_cores, cgroup_cpu_quota, split, torch_threads
 from services.launcher.local import LocalRun
 from services.weightsync.credential import TOKEN_ENV
 
@@ -33,12 +33,26 @@ def test_cgroup_v1_quota_and_no_cgroup_files(tmp_path):
     assert cgroup_cpu_quota(tmp_path) is None
 
 
-def test_the_quota_caps_the_affinity_mask_rounded_down_and_at_least_one(tmp_path):
+def test_the_quota_caps_the_affinity_mask_rounded_down_and_at_least_one(tmp_path, monkeypatch):
+    monkeypatch.delenv(CORES_ENV, raising=False)  # a pytest-xdist worker sets its share (tests/support/worker_cores.py)
     assert available_cores(tmp_path, {3, 1, 2, 0}) == Cores((0, 1, 2, 3), 4)
     write(tmp_path / "cpu.max", "250000 100000")
     assert available_cores(tmp_path, {0, 1, 2, 3}) == Cores((0, 1, 2, 3), 2)
     write(tmp_path / "cpu.max", "50000 100000")
     assert available_cores(tmp_path, {0, 1}).count == 1
+
+
+def test_a_share_of_the_machine_caps_the_cores_a_run_plans_for(tmp_path, monkeypatch):
+    """Two runs side by side on two cores, each sized for both, oversubscribed them: OMRL_CORES is each one's share."""
+    monkeypatch.setenv(CORES_ENV, "1")
+    assert available_cores(tmp_path, {0, 1}) == Cores((0, 1), 1)
+    assert split(available_cores(tmp_path, {0, 1}), overlap=False).learner == 1
+    monkeypatch.setenv(CORES_ENV, "8")  # a cap, not a claim: never more than the mask
+    assert available_cores(tmp_path, {0, 1}).count == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(CORES_ENV, bad)
+        with pytest.raises(ValueError, match="OMRL_CORES"):
+            available_cores(tmp_path, {0, 1})
 
 
 @pytest.mark.parametrize(

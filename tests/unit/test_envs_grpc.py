@@ -180,16 +180,40 @@ def test_free_port_draws_again_past_a_port_in_use_and_the_reserved_one(monkeypat
 
     from services.common import grpc_server
 
-    with socket.socket() as taken:
+    with socket.socket() as taken, socket.socket() as probe:
         taken.bind(("127.0.0.1", free_port()))
         taken.listen()
-        draws = iter([taken.getsockname()[1], 29600, free_port()])
+        probe.bind(("127.0.0.1", 0))
+        unused = probe.getsockname()[1]
+        probe.close()
+        draws = iter([taken.getsockname()[1], 29600, unused])
 
         class Drawn:
             def randrange(self, start, stop):
                 return next(draws)
 
         monkeypatch.setattr(grpc_server.random, "SystemRandom", Drawn)
-        monkeypatch.setattr(grpc_server, "_ephemeral_low", lambda: 32768)
-        port = free_port()
-        assert port not in (taken.getsockname()[1], 29600) and next(draws, None) is None
+        monkeypatch.setattr(grpc_server, "_ephemeral_low", lambda: 65536)
+        assert free_port() == unused and next(draws, None) is None
+
+
+def test_free_port_never_hands_out_one_port_twice(monkeypatch):
+    """The launcher draws a run's seven ports before any service binds one: a port drawn again (still free, as
+    nothing bound it yet) would go to two services, and the second would fail with "Address already in use"."""
+    import socket
+
+    from services.common import grpc_server
+
+    first = free_port()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        unused = probe.getsockname()[1]
+    draws = iter([first, first, unused])
+
+    class Drawn:
+        def randrange(self, start, stop):
+            return next(draws)
+
+    monkeypatch.setattr(grpc_server.random, "SystemRandom", Drawn)
+    monkeypatch.setattr(grpc_server, "_ephemeral_low", lambda: 65536)
+    assert free_port() == unused and next(draws, None) is None

@@ -247,6 +247,18 @@ def test_the_run_config_checks_the_params_types_before_any_service_starts():
         RewardConfig.model_validate({"components": {"llm_judge": {"params": {"model": "m", "policy_tokenizer": "p"}}}})
 
 
+def test_a_judge_or_remote_deadline_not_below_the_score_calls_is_refused_at_submit():
+    """Past reward.timeout_s the whole group fails: a judge's fallback or a remote server's error must come first."""
+    ask = {"model": "/models/judge", "policy_tokenizer": "/models/policy", "prompt": ASK}
+    RewardConfig.model_validate({"timeout_s": 30, "components": {"llm_judge": {"params": ask}}})  # its 20 s default
+    with pytest.raises(ValidationError, match=r"'llm_judge' waits up to timeout_s=20 s, not below reward.timeout_s=10"):
+        RewardConfig.model_validate({"timeout_s": 10, "components": {"llm_judge": {"params": ask}}})
+    RewardConfig.model_validate({"timeout_s": 10, "components": {"llm_judge": {"params": {**ask, "timeout_s": 8}}}})
+    servers = {"servers": {"rm": "127.0.0.1:1"}, "timeout_s": 30}
+    with pytest.raises(ValidationError, match="'remote' waits up to timeout_s=30 s"):
+        RewardConfig.model_validate({"timeout_s": 30, "components": {"remote": {"params": servers}}})
+
+
 # -- scoring --------------------------------------------------------------------------------------------------------
 def test_yes_no_verdicts_are_probabilities_asked_under_the_judges_chat_template(make_judge, tokenizer):
     judge = make_judge()
