@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))
 from bench.result_path import result_path  # noqa: E402
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def race_arguments(doc: str, steps: int, last: int) -> argparse.ArgumentParser:
+    """The arguments of an in-process race (this bench, bench/process_rewards.py): task, model, seeds, budget."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="corridor")
     parser.add_argument("--options", default="{length: 12, distance: 5, max_turns: 11}")
     parser.add_argument("--warmstart-options", default="{max_turns: 3}", help="env.options of the model's warm-start")
@@ -34,12 +35,16 @@ def main() -> int:
     parser.add_argument("--build-dir", default="runs/bench-gigpo-vs-grpo")
     parser.add_argument("--warmstart-steps", type=int, default=150)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--last", type=int, default=5, help="final success: mean of the last this many steps")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--last", type=int, default=last, help="final success: mean of the last this many steps")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", action="append", default=[], help="a config override, e.g. rollout.group_size=8")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = race_arguments(__doc__, steps=15, last=5).parse_args()
 
     from services.common.config import load_config
     from tests.support.inprocess_rl import race_config, train

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gigpo_vs_grpo import build_model  # noqa: E402
+from bench.gigpo_vs_grpo import build_model, race_arguments  # noqa: E402
 from bench.result_path import result_path  # noqa: E402
 
 HINTS = '{"exit is to the left": left, "exit is to the right": right}'
@@ -42,22 +42,10 @@ def process_override(weight: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="corridor")
-    parser.add_argument("--options", default="{length: 12, distance: 5, max_turns: 11}")
-    parser.add_argument("--warmstart-options", default="{max_turns: 3}", help="env.options of the model's warm-start")
-    parser.add_argument("--model", default=None, help="a Hugging Face model dir; default: build one")
-    parser.add_argument("--build-dir", default="runs/bench-gigpo-vs-grpo")
-    parser.add_argument("--warmstart-steps", type=int, default=150)
+    parser = race_arguments(__doc__, steps=12, last=4)
     parser.add_argument("--advantage", default="grpo")
     parser.add_argument("--weight", type=float, default=0.1, help="weight of hinted_action")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--last", type=int, default=4, help="final success: mean of the last this many steps")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[], help="a config override for both arms")
     parser.add_argument("--plot", default=None, help="write the median success curves to this PNG")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     from services.common.config import load_config

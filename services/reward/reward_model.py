@@ -22,6 +22,7 @@ from pydantic import Field
 from services.common import metrics, trust
 from services.reward.base import RewardFunction
 from services.reward.batcher import Batcher
+from services.reward.transcript import episode_messages
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +141,9 @@ class RewardModel(RewardFunction):
         return ids
 
     def _rendered(self, traj, turns: int | None = None) -> list[int]:
-        ids, decode = list(traj.token_ids), lambda part: self.policy.decode(part, skip_special_tokens=True).strip()
-        messages = [{"role": "user", "content": decode(ids[: traj.prompt_length])}]
-        for k, turn in enumerate(traj.turns[:turns]):
-            messages.append({"role": "assistant", "content": turn.text})
-            if turn.env_tokens and (turns is None or k + 1 < turns):
-                after = turn.start + turn.model_tokens
-                messages.append({"role": "user", "content": decode(ids[after : after + turn.env_tokens])})
+        messages = episode_messages(
+            traj, lambda part: self.policy.decode(part, skip_special_tokens=True).strip(), turns
+        )
         if self.tokenizer.chat_template:
             rendered = self.tokenizer.apply_chat_template(messages, tokenize=True)
             return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)

@@ -43,18 +43,8 @@ def build_tiny_judge(out: Path, *, seed: int = 3, answers_yes_or_no: bool = Fals
 
 
 def episode(tokenizer, replies: list[str], *, observation: str = "The wall is near.", tid: str = "t"):
-    """A finished trajectory: the corridor prompt, then each reply as a model turn, an observation between turns."""
-    from services.common.trajectory import TrajectoryBuilder
+    """A finished trajectory: the corridor prompt (CORPUS[0]), then each reply as a model turn, an observation between
+    turns."""
+    from tests.support.trajectories import chat_episode
 
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": CORPUS[0]}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    b = TrajectoryBuilder(env="corridor", task_index=0, group_id="g", prompt_ids=list(ids), trajectory_id=tid)
-    for i, reply in enumerate(replies):
-        out = tokenizer(reply)["input_ids"]
-        b.add_model_turn(
-            out, [-0.5] * len(out), policy_version=0, text=reply, action="", action_valid=True, finish_reason="stop"
-        )
-        if i < len(replies) - 1:
-            b.add_observation(tokenizer(observation)["input_ids"], env_reward=0.0)
-    return b.finish(env_return=0.0, success=False, stop_reason="done")
+    return chat_episode(tokenizer, CORPUS[0], replies, observation=observation, tid=tid)

@@ -3,6 +3,23 @@
 from services.common.trajectory import TrajectoryBuilder
 
 
+def chat_episode(tokenizer, prompt: str, replies: list[str], *, observation: str = "The wall is near.", tid: str = "t"):
+    """A finished corridor trajectory in `tokenizer`'s chat template: `prompt` as the user's message, then each reply
+    as a model turn, `observation` between turns."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    b = TrajectoryBuilder(env="corridor", task_index=0, group_id="g", prompt_ids=list(ids), trajectory_id=tid)
+    for i, reply in enumerate(replies):
+        out = tokenizer(reply)["input_ids"]
+        b.add_model_turn(
+            out, [-0.5] * len(out), policy_version=0, text=reply, action="", action_valid=True, finish_reason="stop"
+        )
+        if i < len(replies) - 1:
+            b.add_observation(tokenizer(observation)["input_ids"], env_reward=0.0)
+    return b.finish(env_return=0.0, success=False, stop_reason="done")
+
+
 def traj(group, versions, trajectory_id=None):
     """A trajectory of group `group` with one model turn (and one observation) per policy version in `versions`."""
     b = TrajectoryBuilder(env="t", task_index=0, group_id=group, prompt_ids=[5], trajectory_id=trajectory_id)

@@ -7,11 +7,11 @@ import time
 import pytest
 
 from services.common.tiny_model import build_tiny_model
-from services.common.trajectory import TrajectoryBuilder
 from services.reward.batcher import Batcher
 from services.reward.composer import RewardComposer
 from services.reward.reward_model import RewardModel
 from tests.support.reward_models import CORPUS, build_tiny_reward_model
+from tests.support.trajectories import chat_episode
 
 
 @pytest.fixture(scope="module")
@@ -22,26 +22,12 @@ def models(tmp_path_factory):
     return str(policy), str(rm), str(two)
 
 
-def episode(tokenizer, prompt: str, replies: list[str], observation: str = "The wall is near.", tid: str = "t"):
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    b = TrajectoryBuilder(env="corridor", task_index=0, group_id="g", prompt_ids=ids, trajectory_id=tid)
-    for i, reply in enumerate(replies):
-        out = tokenizer(reply)["input_ids"]
-        b.add_model_turn(
-            out, [-0.5] * len(out), policy_version=0, text=reply, action="", action_valid=True, finish_reason="stop"
-        )
-        if i < len(replies) - 1:
-            b.add_observation(tokenizer(observation)["input_ids"], env_reward=0.0)
-    return b.finish(env_return=0.0, success=False, stop_reason="done")
-
-
 def episodes(policy, count=6):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(policy)
     replies = ["<action>left</action>", "<action>right</action>", "go left", "<action>right</action> right"]
-    return [episode(tok, CORPUS[0], replies[: 1 + i % 3] + [replies[i % 4]], tid=f"t{i}") for i in range(count)]
+    return [chat_episode(tok, CORPUS[0], replies[: 1 + i % 3] + [replies[i % 4]], tid=f"t{i}") for i in range(count)]
 
 
 def test_a_batch_scores_each_episode_as_it_scores_alone(models):
