@@ -415,7 +415,13 @@ def main() -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     model = Path(args.model) if args.model else build_model(runs_dir, args.set, args.config)
     results = [run_once(mode, i, args, model, runs_dir) for i in range(args.runs) for mode in args.modes.split(",")]
-    out = result_path(args.out, "local_step")
+    write_summary("local_step", args, results)
+    return 0
+
+
+def write_summary(name: str, args: argparse.Namespace, results: list[dict], **figures) -> None:
+    """The runs' JSON (to `args.out`, default bench/results/NAME_<time>.json) with the machine and settings."""
+    out = result_path(args.out, name)
     summary = {
         "cores": len(os.sched_getaffinity(0)),
         "load_avg_at_end": os.getloadavg(),
@@ -423,11 +429,11 @@ def main() -> int:
         "config": args.config,
         "overrides": args.set,
         "mode_overrides": args.mode_sets,
+        **figures,
         "runs": results,
     }
     out.write_text(json.dumps(summary, indent=1))
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

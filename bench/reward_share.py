@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,8 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.local_step import build_model, run_once  # noqa: E402
-from bench.result_path import result_path  # noqa: E402
+from bench.local_step import build_model, run_once, write_summary  # noqa: E402
 
 MODES = ("rules", "rm_group", "rm_episode")
 
@@ -97,22 +95,15 @@ def main() -> int:
             f"step against rules {share:+.1%}, reward wait a group {wait[mode] * 1000:.0f} ms "
             f"({wait[mode] / medians[mode]:.1%} of the step)"
         )
-    out = result_path(args.out, "reward_share")
-    summary = {
-        "cores": len(os.sched_getaffinity(0)),
-        "load_avg_at_end": os.getloadavg(),
-        "steps": args.steps,
-        "config": args.config,
-        "reward_model_dtype": args.dtype,
-        "overrides": args.set,
-        "mode_overrides": args.mode_sets,
-        "median_step_s": medians,
-        "median_collect_s": collect,
-        "median_reward_wait_s": wait,
-        "runs": results,
-    }
-    out.write_text(json.dumps(summary, indent=1))
-    print(f"wrote {out}")
+    write_summary(
+        "reward_share",
+        args,
+        results,
+        reward_model_dtype=args.dtype,
+        median_step_s=medians,
+        median_collect_s=collect,
+        median_reward_wait_s=wait,
+    )
     return 0
 
 

@@ -52,10 +52,28 @@ def load_classifier(path: str, dtype: str, device: str) -> tuple[Any, Any]:
         raise ValueError(f"reward model {path!r}: {local}: {exc}") from None
     labels = model.config.num_labels
     _check(labels == 1, f"reward model {path!r} has {labels} labels; a reward model scores with one")
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else tokenizer.pad_token_id
-    _check(pad is not None, f"reward model {path!r} names no pad token: batches need one to find each last token")
-    model.config.pad_token_id = pad
+    set_pad_token(model, tokenizer, f"reward model {path!r}")
     return tokenizer, model.to(device).eval()
+
+
+def set_pad_token(model, tokenizer, what: str) -> None:
+    """The model's pad token, else its tokenizer's, into `model.config`; ValueError naming `what` without either."""
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else tokenizer.pad_token_id
+    _check(pad is not None, f"{what} names no pad token: batches need one to find each last token")
+    model.config.pad_token_id = pad
+
+
+def pad_right(rows: list[list[int]], pad_id: int):
+    """(input_ids, attention_mask) of `rows`, right-padded: the score head reads each row's last non-pad token."""
+    import numpy as np
+    import torch
+
+    width = max(len(ids) for ids in rows)
+    padded = np.full((len(rows), width), pad_id, dtype=np.int64)
+    for row, ids in enumerate(rows):
+        padded[row, : len(ids)] = ids  # numpy takes a list of ints ~15x faster than torch.tensor per row
+    mask = (torch.arange(width) < torch.tensor([len(ids) for ids in rows])[:, None]).long()
+    return torch.from_numpy(padded), mask
 
 
 class RewardModel(RewardFunction):
@@ -150,15 +168,9 @@ class RewardModel(RewardFunction):
         return self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
 
     def _forward(self, batch: list[list[int]]) -> list[float]:
-        import numpy as np
         import torch
 
-        width = max(len(ids) for ids in batch)
-        rows = np.full((len(batch), width), self.pad_id, dtype=np.int64)
-        for row, ids in enumerate(batch):  # right padding: the head reads each row's last non-pad token
-            rows[row, : len(ids)] = ids  # numpy takes a list of ints ~15x faster than torch.tensor per row
-        input_ids = torch.from_numpy(rows)
-        mask = (torch.arange(width) < torch.tensor([len(ids) for ids in batch])[:, None]).long()
+        input_ids, mask = pad_right(batch, self.pad_id)
         with torch.inference_mode():
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits
         return logits[:, 0].float().cpu().tolist()

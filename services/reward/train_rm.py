@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.reward.preference_pairs import Pair, read_pairs
+from services.reward.reward_model import pad_right, set_pad_token
 
 REPORT_FILE = "rm_training.json"
 
@@ -68,19 +69,7 @@ def split_by_group(pairs: Sequence[Pair], fraction: float, seed: int) -> tuple[l
     return train, [p for p, k in zip(pairs, keys) if k in held]
 
 
-def pad_right(rows: Sequence[Sequence[int]], pad_id: int):
-    """(input_ids, attention_mask), right-padded as `reward_model` pads: the head reads each row's last real token."""
-    import torch
-
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-    return ids, mask
-
-
-def score(model, rows: Sequence[Sequence[int]], pad_id: int):
+def score(model, rows: list[list[int]], pad_id: int):
     ids, mask = pad_right(rows, pad_id)
     return model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
 
@@ -115,10 +104,7 @@ def load_base(base: str, seed: int):
         raise ValueError(f"base model {base!r}: {exc}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else tokenizer.pad_token_id
-    if pad is None:
-        raise ValueError(f"base model {base!r} names no pad token: a batch of pairs needs one")
-    model.config.pad_token_id = pad
+    set_pad_token(model, tokenizer, f"base model {base!r}")
     return tokenizer, model
 
 

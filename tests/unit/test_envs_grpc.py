@@ -178,37 +178,36 @@ def test_free_port_is_bindable_and_outside_the_kernels_ephemeral_range():
 def test_free_port_draws_again_past_a_port_in_use_and_the_reserved_one(monkeypatch):
     import socket
 
-    from services.common import grpc_server
-
-    with socket.socket() as taken, socket.socket() as probe:
+    with socket.socket() as taken:
         taken.bind(("127.0.0.1", free_port()))
         taken.listen()
-        probe.bind(("127.0.0.1", 0))
-        unused = probe.getsockname()[1]
-        probe.close()
-        draws = iter([taken.getsockname()[1], 29600, unused])
-
-        class Drawn:
-            def randrange(self, start, stop):
-                return next(draws)
-
-        monkeypatch.setattr(grpc_server.random, "SystemRandom", Drawn)
-        monkeypatch.setattr(grpc_server, "_ephemeral_low", lambda: 65536)
+        unused = unused_port()
+        draws = script_draws(monkeypatch, [taken.getsockname()[1], 29600, unused])
         assert free_port() == unused and next(draws, None) is None
 
 
 def test_free_port_never_hands_out_one_port_twice(monkeypatch):
     """The launcher draws a run's seven ports before any service binds one: a port drawn again (still free, as
     nothing bound it yet) would go to two services, and the second would fail with "Address already in use"."""
+    first, unused = free_port(), unused_port()
+    draws = script_draws(monkeypatch, [first, first, unused])
+    assert free_port() == unused and next(draws, None) is None
+
+
+def unused_port() -> int:
+    """A port free now that `free_port` has not handed out: the kernel's pick, from the ephemeral range."""
     import socket
 
-    from services.common import grpc_server
-
-    first = free_port()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        unused = probe.getsockname()[1]
-    draws = iter([first, first, unused])
+        return probe.getsockname()[1]
+
+
+def script_draws(monkeypatch, ports: list[int]):
+    """`free_port` draws `ports` in turn (from the whole port range); the iterator shows what is left undrawn."""
+    from services.common import grpc_server
+
+    draws = iter(ports)
 
     class Drawn:
         def randrange(self, start, stop):
@@ -216,4 +215,4 @@ def test_free_port_never_hands_out_one_port_twice(monkeypatch):
 
     monkeypatch.setattr(grpc_server.random, "SystemRandom", Drawn)
     monkeypatch.setattr(grpc_server, "_ephemeral_low", lambda: 65536)
-    assert free_port() == unused and next(draws, None) is None
+    return draws
