@@ -3,14 +3,18 @@ batched, and a bare Hugging Face forward of the same batches as the limit, in on
 
     python bench/reward_model.py                       # the tiny classifier (hidden 128, 2 layers), CPU
     python bench/reward_model.py --shape 0.5b --episodes 64 --tokens 256   # Qwen2.5-0.5B-shaped, random weights
+    python bench/reward_model.py --group 8 --prompt-tokens 96               # GRPO groups sharing a prompt
 
-Episodes are random token ids of `--tokens` each (the component's `tokens` input), scored three ways:
-  single   the component with max_batch 1: `--callers` threads each scoring its episodes one Score call at a time
-  batched  the component with max_batch `--batch`: the same threads, each call one episode; the batcher merges the
-           calls of the threads into passes (max_wait_ms `--wait-ms`)
-  bare     `model(input_ids, attention_mask)` on slices of `--batch` episodes, one thread: the forward alone
-Episodes per second of each, the median of `--rounds` rounds after a warm-up round; batched / single and
-batched / bare."""
+Episodes are random token ids of `--tokens` each (the component's `tokens` input); with `--group G`, each Score call
+is a group of G episodes whose first `--prompt-tokens` are the same (a task's prompt), as `reward.score_each: group`
+sends them. Scored four ways:
+  single   the component with max_batch 1: `--callers` threads each scoring its calls one at a time
+  batched  the component with max_batch `--batch`: the same threads; the batcher merges the calls of the threads into
+           passes (max_wait_ms `--wait-ms`); shared prefixes and repeats computed once (`share_prefixes`, the default)
+  unshared the same with `share_prefixes: false`: every episode's every token computed
+  bare     the component's forward on slices of `--batch` episodes, one thread: the passes alone
+Episodes per second of each, the median of `--rounds` rounds after a warm-up round; batched / single, batched /
+bare, and batched / unshared."""
 
 from __future__ import annotations
 
@@ -49,15 +53,17 @@ def build(out: Path, shape: dict, vocab: int, dtype: str) -> str:
     return str(out)
 
 
-def episodes(count: int, tokens: int, vocab: int):
+def episodes(count: int, tokens: int, vocab: int, group: int = 1, prompt_tokens: int = 0):
+    """Random episodes of `tokens`; with `prompt_tokens`, each run of `group` shares its first `prompt_tokens`."""
     from services.common.trajectory import TrajectoryBuilder
 
     rng, out = random.Random(0), []
+    prompt_len = prompt_tokens or tokens // 2
     for i in range(count):
-        b = TrajectoryBuilder(
-            env="bench", task_index=i, group_id="g", prompt_ids=[rng.randrange(1, vocab) for _ in range(tokens // 2)]
-        )
-        reply = [rng.randrange(1, vocab) for _ in range(tokens - tokens // 2)]
+        if i % group == 0 or not prompt_tokens:
+            prompt = [rng.randrange(1, vocab) for _ in range(prompt_len)]
+        b = TrajectoryBuilder(env="bench", task_index=i // group, group_id=f"g{i // group}", prompt_ids=list(prompt))
+        reply = [rng.randrange(1, vocab) for _ in range(tokens - prompt_len)]
         b.add_model_turn(
             reply, [-1.0] * len(reply), policy_version=0, text="", action="", action_valid=True, finish_reason="stop"
         )
@@ -65,11 +71,12 @@ def episodes(count: int, tokens: int, vocab: int):
     return out
 
 
-def threaded(score, trajs, callers: int) -> float:
-    """Seconds for `callers` threads to score `trajs` (split evenly), one Score call per episode."""
-    shares = [trajs[i::callers] for i in range(callers)]
+def threaded(score, trajs, callers: int, group: int) -> float:
+    """Seconds for `callers` threads to score `trajs` (their calls split evenly), one Score call per `group`."""
+    calls = [trajs[i : i + group] for i in range(0, len(trajs), group)]
+    shares = [calls[i::callers] for i in range(callers)]
     start = time.perf_counter()
-    threads = [threading.Thread(target=lambda s=s: [score([t]) for t in s]) for s in shares]
+    threads = [threading.Thread(target=lambda s=s: [score(call) for call in s]) for s in shares]
     for t in threads:
         t.start()
     for t in threads:
@@ -84,12 +91,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--callers", type=int, default=8, help="concurrent Score callers (the rollout's groups in flight)")
+    ap.add_argument("--group", type=int, default=1, help="episodes a Score call (a GRPO group)")
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="tokens a group's episodes share (its prompt)")
     ap.add_argument("--wait-ms", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.prompt_tokens >= args.tokens or args.episodes % args.group:
+        ap.error("--prompt-tokens must be under --tokens, and --episodes a multiple of --group")
 
     import torch
 
@@ -102,7 +113,8 @@ def main() -> int:
         common = dict(max_length=args.tokens, device=args.device, dtype=args.dtype)
         single = RewardModel(path, max_batch=1, max_wait_ms=0, **common)
         batched = RewardModel(path, max_batch=args.batch, max_wait_ms=args.wait_ms, **common)
-    trajs = episodes(args.episodes, args.tokens, vocab)
+        unshared = RewardModel(path, max_batch=args.batch, max_wait_ms=args.wait_ms, share_prefixes=False, **common)
+    trajs = episodes(args.episodes, args.tokens, vocab, args.group, args.prompt_tokens)
     ids = [batched.input_ids(t) for t in trajs]
     sizes: list[int] = []  # the batched side's pass sizes: far under --batch when the callers cannot keep it full
     batched.batcher.on_batch = lambda size, seconds: sizes.append(size)
@@ -116,8 +128,9 @@ def main() -> int:
         return time.perf_counter() - start
 
     sides = {
-        "single": lambda: threaded(single.score_batch, trajs, args.callers),
-        "batched": lambda: threaded(batched.score_batch, trajs, args.callers),
+        "single": lambda: threaded(single.score_batch, trajs, args.callers, args.group),
+        "batched": lambda: threaded(batched.score_batch, trajs, args.callers, args.group),
+        "unshared": lambda: threaded(unshared.score_batch, trajs, args.callers, args.group),
         "bare": bare,
     }
     seconds: dict[str, list[float]] = {name: [] for name in sides}
@@ -135,8 +148,8 @@ def main() -> int:
     rate = {name: args.episodes / statistics.median(s) for name, s in seconds.items()}
     for name, r in rate.items():
         print(f"median {name:8s} {r:9.1f} episodes/s")
-    ratios = rate["batched"] / rate["single"], rate["batched"] / rate["bare"]
-    print(f"batched / single {ratios[0]:.2f}x; batched / bare {ratios[1]:.2f}x")
+    ratios = rate["batched"] / rate["single"], rate["batched"] / rate["bare"], rate["batched"] / rate["unshared"]
+    print(f"batched / single {ratios[0]:.2f}x; batched / bare {ratios[1]:.2f}x; batched / unshared {ratios[2]:.2f}x")
     print(f"batched passes {len(sizes)}, mean size {statistics.mean(sizes):.1f} of {args.batch}")
     out = result_path(args.out, f"reward_model_{args.shape}")
     out.write_text(

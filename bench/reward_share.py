@@ -1,6 +1,7 @@
 """What a reward model costs the local pipeline's step: the same short run (`python -m services.launcher train`,
 one shared tiny model) with the recipe's rule rewards (`rules`), and with a reward model beside them asked once a
-group (`rm_group`) or as each episode ends (`rm_episode`, `reward.score_each: auto` for a reward model).
+group (`rm_group`), the same with every token computed (`rm_unshared`, the model's `share_prefixes: false`), or as
+each episode ends (`rm_episode`, `reward.score_each: episode`).
 
     nice python bench/reward_share.py --config configs/tiny_model_rl.yaml --steps 12 --runs 2 [--dtype bfloat16]
 
@@ -10,8 +11,8 @@ time is the learner's `step_seconds`, the median over steps 2..N of each run, th
 is a mode's median step over the `rules` median, minus one. "Reward wait" is what the reward service adds to a
 group (the rollout's `reward_wait` stage: from the end of the group's last episode to its last reward), the median
 over steps 2..N of a step's mean per group, then over runs; its share is that over the mode's median step (the
-learner waits for a step's last group, which waits this long after its play). Runs are interleaved (rules,
-rm_group, rm_episode, rules, ...) so a machine's drift falls on every mode alike. JSON goes to `--out` (default
+learner waits for a step's last group, which waits this long after its play). Runs are interleaved (rules, rm_group,
+rm_unshared, rm_episode, rules, ...) so a machine's drift falls on every mode alike. JSON goes to `--out` (default
 bench/results/)."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.local_step import build_model, run_once, write_summary  # noqa: E402
 
-MODES = ("rules", "rm_group", "rm_episode")
+MODES = ("rules", "rm_group", "rm_unshared", "rm_episode")
 
 
 def build_reward_model(policy: Path, out: Path) -> Path:
@@ -49,15 +50,16 @@ def mode_overrides(config: str | None, sets: list[str], reward_model: Path, dtyp
     from services.common.config import load_config
 
     components = {name: c.model_dump() for name, c in load_config(config, sets).reward.components.items()}
-    with_model = {
-        **components,
-        "reward_model": {"weight": 0.0, "params": {"path": str(reward_model), "dtype": dtype}},
-    }
-    scored = f"reward.components={json.dumps(with_model)}"
+
+    def scored(**params) -> str:
+        model = {"weight": 0.0, "params": {"path": str(reward_model), "dtype": dtype, **params}}
+        return f"reward.components={json.dumps({**components, 'reward_model': model})}"
+
     return {
         "rules": [],
-        "rm_group": [scored, "reward.score_each=group"],
-        "rm_episode": [scored, "reward.score_each=episode"],
+        "rm_group": [scored(), "reward.score_each=group"],
+        "rm_unshared": [scored(share_prefixes=False), "reward.score_each=group"],
+        "rm_episode": [scored(), "reward.score_each=episode"],
     }
 
 

@@ -699,6 +699,16 @@ b.panel(
 )
 b.panel(
     "timeseries",
+    "Reward-model tokens computed",
+    "Tokens per second the reward-model episodes hold (`given`) and those its passes computed (`computed`, padding "
+    "included), per component: with share_prefixes a group's common prompt, the turns its episodes played alike and "
+    "repeated episodes are computed once, so computed under given is what the sharing saves.",
+    [(rate("omrl_reward_model_tokens_total", by="component, what"), "{{what}} {{component}}")],
+    unit="ops",
+    w=12,
+)
+b.panel(
+    "timeseries",
     "Scored without a reference answer",
     "Trajectories per second a rule scorer (exact_match, math_equiv, ...) found no reference answer for in the "
     "task dataset and scored by its `missing` fallback.",

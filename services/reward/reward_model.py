@@ -9,7 +9,10 @@ What the model reads (`input`):
   assistant messages.
 
 With `per_turn` it is a process reward model: it scores each turn by what the model reads up to the end of that
-turn's model tokens (the observation after it not included), every turn of the batch in the same passes."""
+turn's model tokens (the observation after it not included), every turn of the batch in the same passes.
+
+On a causal classifier a batch runs each distinct token once (`share_prefixes`; services.reward.shared_forward):
+a group's common prompt, the turns its episodes played alike, and a process reward model's turns of one episode."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from pydantic import Field
 from services.common import metrics, trust
 from services.reward.base import RewardFunction
 from services.reward.batcher import Batcher
+from services.reward.shared_forward import Plan, SharedForward
 from services.reward.transcript import episode_messages
 
 log = logging.getLogger(__name__)
@@ -32,6 +36,12 @@ BATCH_SIZE = metrics.histogram(
     "reward", "model_batch_size", "Trajectories per reward-model forward", ["component"], buckets=SIZE_BUCKETS
 )
 FORWARD_SECONDS = metrics.histogram("reward", "model_forward_seconds", "Reward-model forward", ["component"])
+TOKENS = metrics.counter(
+    "reward",
+    "model_tokens_total",
+    "Reward-model tokens: given in inputs, and computed once shared prefixes and repeats are run once",
+    ["component", "what"],
+)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -54,6 +64,18 @@ def load_classifier(path: str, dtype: str, device: str) -> tuple[Any, Any]:
     _check(labels == 1, f"reward model {path!r} has {labels} labels; a reward model scores with one")
     set_pad_token(model, tokenizer, f"reward model {path!r}")
     return tokenizer, model.to(device).eval()
+
+
+def shared_forward(model, pad_id: int, device: str, min_shared_tokens: int) -> SharedForward | None:
+    """Prefix sharing for a causal classifier whose head reads one token (Hugging Face's generic one); None for
+    others (an encoder's tokens see what follows them)."""
+    try:
+        from transformers.modeling_layers import GenericForSequenceClassification
+    except ImportError:  # an older transformers: the plain forward
+        return None
+    if not isinstance(model, GenericForSequenceClassification) or model.config.is_encoder_decoder:
+        return None
+    return SharedForward(getattr(model, model.base_model_prefix), pad_id, device, min_shared_tokens)
 
 
 def set_pad_token(model, tokenizer, what: str) -> None:
@@ -90,6 +112,8 @@ class RewardModel(RewardFunction):
         device: str = "auto",
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         per_turn: bool = False,
+        share_prefixes: bool = True,
+        min_shared_tokens: Annotated[int, Field(ge=1, le=1_048_576)] = 32,
     ):
         _check(isinstance(path, str) and bool(path), f"path must name a model folder or id, got {path!r}")
         _check(input in ("tokens", "text"), f"input must be tokens or text, got {input!r}")
@@ -103,7 +127,12 @@ class RewardModel(RewardFunction):
                 f"{param} must be an int >= {low}",
             )
         _check(isinstance(max_wait_ms, (int, float)) and max_wait_ms >= 0, "max_wait_ms must be a number >= 0")
-        _check(isinstance(per_turn, bool), f"per_turn must be true or false, got {per_turn!r}")
+        for param, value in (("per_turn", per_turn), ("share_prefixes", share_prefixes)):
+            _check(isinstance(value, bool), f"{param} must be true or false, got {value!r}")
+        _check(
+            isinstance(min_shared_tokens, int) and not isinstance(min_shared_tokens, bool) and min_shared_tokens >= 1,
+            "min_shared_tokens must be an int >= 1",
+        )
         self.per_turn = per_turn
         import torch
 
@@ -117,6 +146,9 @@ class RewardModel(RewardFunction):
             self.policy = AutoTokenizer.from_pretrained(policy_tokenizer)
         self.pad_id = int(self.model.config.pad_token_id)
         self.vocab = int(self.model.config.vocab_size)
+        self.shared = (
+            shared_forward(self.model, self.pad_id, self.device, min_shared_tokens) if share_prefixes else None
+        )
         self.batcher = Batcher(self._forward, max_batch, max_wait_ms / 1000, self._observe)
 
     def _observe(self, size: int, seconds: float) -> None:
@@ -170,6 +202,15 @@ class RewardModel(RewardFunction):
     def _forward(self, batch: list[list[int]]) -> list[float]:
         import torch
 
+        TOKENS.labels(self.name, "given").inc(sum(len(ids) for ids in batch))
+        if self.shared is not None:
+            plan = Plan.of(batch, self.pad_id)
+            with torch.inference_mode():
+                hidden, computed = self.shared.run(plan)
+                scores = self.model.score(torch.stack([hidden[read] for read in plan.reads]))[:, 0]
+            TOKENS.labels(self.name, "computed").inc(computed)
+            return scores.float().cpu().tolist()
+        TOKENS.labels(self.name, "computed").inc(len(batch) * max(len(ids) for ids in batch))
         input_ids, mask = pad_right(batch, self.pad_id)
         with torch.inference_mode():
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).logits

@@ -173,8 +173,10 @@ def test_prometheus_scrapes_every_service_with_the_run_label(compose):
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     run = yaml.safe_load((ROOT / "deploy/compose/config.yaml").read_text())["run"]
     jobs = {job["job_name"]: job["static_configs"][0] for job in prom["scrape_configs"]}
-    assert set(jobs) == OUR_SERVICES
-    for name in OUR_SERVICES:
+    reward_servers = {"reward-model", "judge"}  # each on only with its profile
+    assert all(compose["services"][name]["profiles"] == [name] for name in reward_servers)
+    assert set(jobs) == OUR_SERVICES | reward_servers
+    for name in OUR_SERVICES | reward_servers:
         assert jobs[name]["targets"] == [f"{name}:{metrics_port(compose['services'][name])}"]
         assert jobs[name]["labels"] == {"run": run}
     mounts = compose["services"]["prometheus"]["volumes"]
