@@ -25,7 +25,7 @@ from pydantic import Field
 from services.common import metrics, trust
 from services.reward.base import RewardFunction
 from services.reward.batcher import Batcher
-from services.reward.shared_forward import Plan, SharedForward
+from services.reward.shared_forward import Plan, SharedForward, pad_right
 from services.reward.transcript import episode_messages
 
 log = logging.getLogger(__name__)
@@ -83,19 +83,6 @@ def set_pad_token(model, tokenizer, what: str) -> None:
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tokenizer.pad_token_id
     _check(pad is not None, f"{what} names no pad token: batches need one to find each last token")
     model.config.pad_token_id = pad
-
-
-def pad_right(rows: list[list[int]], pad_id: int):
-    """(input_ids, attention_mask) of `rows`, right-padded: the score head reads each row's last non-pad token."""
-    import numpy as np
-    import torch
-
-    width = max(len(ids) for ids in rows)
-    padded = np.full((len(rows), width), pad_id, dtype=np.int64)
-    for row, ids in enumerate(rows):
-        padded[row, : len(ids)] = ids  # numpy takes a list of ints ~15x faster than torch.tensor per row
-    mask = (torch.arange(width) < torch.tensor([len(ids) for ids in rows])[:, None]).long()
-    return torch.from_numpy(padded), mask
 
 
 class RewardModel(RewardFunction):

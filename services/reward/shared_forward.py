@@ -38,6 +38,19 @@ def common_prefix(a: Row, b: Row) -> int:
     return n
 
 
+def pad_right(rows: list[list[int]], pad_id: int):
+    """(input_ids, attention_mask) of `rows`, right-padded: the score head reads each row's last non-pad token."""
+    import numpy as np
+    import torch
+
+    width = max(len(ids) for ids in rows)
+    padded = np.full((len(rows), width), pad_id, dtype=np.int64)
+    for row, ids in enumerate(rows):
+        padded[row, : len(ids)] = ids  # numpy takes a list of ints ~15x faster than torch.tensor per row
+    mask = (torch.arange(width) < torch.tensor([len(ids) for ids in rows])[:, None]).long()
+    return torch.from_numpy(padded), mask
+
+
 @dataclass
 class Plan:
     """The distinct rows to run (`carriers`, sorted, none a prefix of another) and, for each input, the carrier
@@ -129,8 +142,6 @@ class SharedForward:
         """(carrier, position) -> hidden state for every position the plan reads, and the tokens the passes
         computed (padding included)."""
         import torch
-
-        from services.reward.reward_model import pad_right
 
         tree = segments(plan.carriers, self.min_shared_tokens)
         deepest = max(seg.depth for seg in tree)

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.reward.preference_pairs import Pair, read_pairs
-from services.reward.reward_model import pad_right, set_pad_token
+from services.reward.reward_model import set_pad_token
+from services.reward.shared_forward import pad_right
 
 REPORT_FILE = "rm_training.json"
 
