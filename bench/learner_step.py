@@ -9,9 +9,11 @@ transformers only (no vLLM, no Redis).
     python bench/learner_step.py --tiny --bare --steps 1 --warmup 1                  # CPU: checks the script
 
 Step time is the wall time of `PolicyTrainer.train_step` (collate, scoring forward, advantages, update),
-the median over `--steps` timed steps after `--warmup` untimed ones. FLOPs per step (dense, causal
-attention; N = parameters that take part in matmuls: the LM head, not the input embedding, which is a lookup
-(a tied embedding is counted once, as the head); recomputed activations are not counted):
+the median over `--steps` timed steps after `--warmup` untimed ones (with compiled layers, the warm-up also runs
+each timed batch once, so that no graph is built inside a timed step: `--no-rehearsal` skips that).
+FLOPs per step (dense, causal attention; N = parameters that take part in matmuls: the LM head, not the input
+embedding, which is a lookup (a tied embedding is counted once, as the head); recomputed activations are not
+counted):
   forward of one sequence of S tokens = 2 * N * S + 2 * L * d * S^2
   step = (1 + 3 * ppo_epochs) * sum over sequences of that forward      (scoring pass + fwd/bwd per epoch)
   (+ the critic's (1 + 3 * ppo_epochs) forwards for gae, + one reference forward when a KL term is on)
@@ -299,6 +301,12 @@ def main() -> None:
     parser.add_argument("--kl-loss", action="store_true", help="also run the reference model (KL loss term)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--no-rehearsal",
+        action="store_true",
+        help="with compiled layers, do not also run each timed batch once in the warm-up (a graph may then be "
+        "built inside a timed step)",
+    )
     parser.add_argument("--out", help="write the JSON result here (rank 0)")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one extra step")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b", help="the random model's Qwen2.5 shape")
@@ -374,8 +382,14 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     compiles, stalls = {}, []
     collections = CollectionClock()
-    for i, batch in enumerate(batches):
-        if i == args.warmup:
+    timed = batches[args.warmup :]
+    # compiled layers build a graph for each new shape: the warm-up meets every timed batch once, so no graph is
+    # built inside a timed step
+    rehearsed = timed if trainer.config.learner.compile and not args.no_rehearsal else []
+    schedule = batches[: args.warmup] + rehearsed + timed
+    first_timed = len(schedule) - len(timed)
+    for i, batch in enumerate(schedule):
+        if i == first_timed:
             compiles["after_warmup"] = dynamo_counts()
         sync()
         allocator = allocator_counts(cuda)
@@ -384,7 +398,7 @@ def main() -> None:
         start = time.perf_counter()
         metrics = trainer.train_step(batch)
         sync()
-        if i >= args.warmup:
+        if i >= first_timed:
             times.append(time.perf_counter() - start)
             for key, value in metrics.items():
                 if key.startswith("time/"):
@@ -446,6 +460,7 @@ def main() -> None:
             sum(len(m.micro) for m in trainer._mini_batches(collate(b, trainer.pad_id))) for b in batches[args.warmup :]
         ],
         "dynamo_counts": compiles,
+        "rehearsed_batches": len(rehearsed),
         "trained_tokens_per_step": metrics["num_tokens"],
         "matmul_params": n_policy,
         "step_seconds_median": step_s,
@@ -468,6 +483,14 @@ def main() -> None:
         "phase_seconds_median": {k.removeprefix("time/"): statistics.median(v) for k, v in phases.items()},
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "overrides": args.set,
+        "levers": {  # what the trainer ran with, its `auto` settings resolved for this device
+            "pack_sequences": trainer.config.learner.pack_sequences,
+            "attention": trainer.config.learner.attention,
+            "compile": trainer.config.learner.compile,
+            "logprob_chunk_tokens": trainer.config.learner.logprob_chunk_tokens,
+            "activation_checkpointing": trainer.config.learner.activation_checkpointing,
+            "micro_batch_tokens": trainer.config.algorithm.micro_batch_tokens,
+        },
     }
     if args.bare:
         bare_warmup = args.warmup if args.bare_warmup is None else min(args.bare_warmup, args.warmup)

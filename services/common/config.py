@@ -383,9 +383,10 @@ class AlgorithmConfig(Section):
     """Passes over each batch."""
     micro_batch_size: int = Field(16, ge=1, le=65536)
     """Sequences per forward/backward; gradients accumulate across micro-batches."""
-    micro_batch_tokens: int = Field(0, ge=0, le=16_777_216)
+    micro_batch_tokens: Annotated[int, Field(ge=0, le=16_777_216)] | Literal["auto"] = "auto"
     """Tokens per forward/backward instead (verl's dynamic batch size): consecutive sequences up to this many
-    real tokens (a longer sequence alone); 0: count by `micro_batch_size`."""
+    real tokens (a longer sequence alone); 0: count by `micro_batch_size`; `auto`: with packed rows on a GPU, what
+    its memory holds beside the model's states (services/learner/levers.py), else 0."""
     ppo_mini_batch_size: int = Field(0, ge=0, le=1_000_000)
     """Sequences per optimizer step (consecutive, in batch order); 0: the whole batch, one step per epoch."""
     max_staleness: int = Field(0, ge=0, le=1000)
@@ -519,8 +520,9 @@ class LearnerConfig(Section):
     """`weight_push: nccl`: longest wait to form a process group and for one bucket's broadcast."""
     step_timeout_s: float = Field(900.0, gt=0, le=7 * 86400)
     """Longest wait for one step's trajectories before the learner gives up."""
-    logprob_chunk_tokens: int = Field(4096, ge=0, le=16_777_216)
-    """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense."""
+    logprob_chunk_tokens: Annotated[int, Field(ge=0, le=16_777_216)] | Literal["auto"] = "auto"
+    """Logprobs/entropy from the LM head on this many positions at a time (no [B, T, V] fp32 logits); 0: dense;
+    `auto`: 16384 on a GPU, 4096 on CPU."""
     logprob_head: Literal["fused", "recompute"] = "fused"
     """How the chunked head computes them: `fused`, one autograd node that takes each chunk's logprob and entropy
     in one fp32 pass and forms the logits' gradient analytically (compiled with `compile`); `recompute`,
@@ -536,16 +538,18 @@ class LearnerConfig(Section):
     fused_optimizer: bool = False
     """AdamW's fused kernel (torch's `fused=True`: one kernel per step over all of a device's parameters) for the
     policy and critic, instead of the default foreach kernels; the same update up to float rounding."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic)."""
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (policy, critic);
+    `auto`: on a GPU where a micro-batch of 16k tokens would not fit otherwise, never on CPU."""
     fsdp_wrap: Literal["auto", "layers", "root"] = "auto"
     """FSDP2's units for the policy, critic and reference: `layers`, each decoder layer gathered before it runs and
     freed after it (the memory that sharding over GPUs is for); `root`, the whole model one unit, gathered once a
     forward pass and kept through its backward pass (no per-layer hooks; on one process kept across a mini-batch's
     micro-batches and the gradient reduced once: one all-gather and bf16 cast of the weights a mini-batch);
     `auto`: `root` on one process, where sharding saves nothing, `layers` otherwise."""
-    compile: bool = False
-    """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP)."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile each decoder layer of the policy and critic (after activation checkpointing, before FSDP);
+    `auto`: on a GPU where Triton and a C compiler are present, never on CPU."""
     compile_scope: Literal["layers", "decoder"] = "layers"
     """With `compile`: `layers`, each decoder layer its own graph (one compiled graph shared by identical layers);
     `decoder`, the whole decoder stack one graph (kernels fuse across layers; longer compile); `decoder` needs
@@ -561,14 +565,17 @@ class LearnerConfig(Section):
     a 59-token prompt with 16 new tokens). Two decoder calls per group instead of one per micro-batch (with FSDP
     `layers` units, as many gathers of each layer). Needs the chunked head (`logprob_chunk_tokens` > 0); not with
     `pack_sequences` or `activation_checkpointing`; the critic's pass does not share."""
-    pack_sequences: bool = False
+    pack_sequences: bool | Literal["auto"] = "auto"
     """Each micro-batch's real tokens as one row, positions restarting per sequence and attention kept within
-    each (no compute on padding); the same losses and gradients as padded rows. Pair with `micro_batch_tokens`."""
-    attention: Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "varlen"] = "sdpa"
+    each (no compute on padding); the same losses and gradients as padded rows. Pair with `micro_batch_tokens`.
+    `auto`: on a GPU whose attention keeps to each sequence (`varlen`, flash, flex), never on CPU, nor with
+    `share_prefix`."""
+    attention: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "varlen"] = "auto"
     """Attention kernel of the policy, critic and reference (transformers' attn_implementation). Packed rows
     use a block-diagonal mask with sdpa/eager (every score of the row computed), a document mask with
     flex_attention, varlen kernels with flash_attention_2 and `varlen` (torch's varlen flash kernel on GPU, one
-    causal SDPA call per sequence on CPU: no work across sequences; needs `pack_sequences`)."""
+    causal SDPA call per sequence on CPU: no work across sequences; needs `pack_sequences`). `auto`: `varlen`
+    with packed rows on a GPU whose torch has the kernel, else `sdpa`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -586,11 +593,13 @@ class LearnerConfig(Section):
     def _check_attention(self) -> LearnerConfig:
         if self.attention == "varlen" and not self.pack_sequences:
             raise ValueError("learner.attention 'varlen' attends over packed rows: set learner.pack_sequences")
-        if self.share_prefix and self.pack_sequences:
+        if self.share_prefix and self.pack_sequences is True:
             raise ValueError("learner.share_prefix runs padded rows: unset learner.pack_sequences")
+        if self.share_prefix and self.attention == "varlen":
+            raise ValueError("learner.share_prefix runs padded rows; varlen attention needs packed ones")
         if self.share_prefix and not self.logprob_chunk_tokens:
             raise ValueError("learner.share_prefix needs the chunked head: set learner.logprob_chunk_tokens > 0")
-        if self.share_prefix and self.activation_checkpointing:
+        if self.share_prefix and self.activation_checkpointing is True:
             # a recomputed layer would append its keys to the shared cache a second time
             raise ValueError("learner.share_prefix keeps a key/value cache: unset learner.activation_checkpointing")
         if self.weight_push == "nccl":

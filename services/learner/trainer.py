@@ -28,6 +28,7 @@ from services.learner.batch import TrainBatch, baseline_scores, collate, split_b
 from services.learner.critic import Critic
 from services.learner.determinism import use_deterministic_kernels
 from services.learner.kl import build_kl_controller, kl_estimate
+from services.learner.levers import resolve_for_device as resolve_levers
 from services.learner.losses import aggregate, k3_kl, masked_mean
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
 from services.learner.packing import token_budget_chunks
@@ -88,9 +89,9 @@ class PolicyTrainer:
     latest_checkpoint = staticmethod(checkpoint.latest_checkpoint)
 
     def __init__(self, config: TrainConfig, model_path: str):
-        self.config = config
         self.device = collectives.resolve_device(config.learner.device)
         self.rank, self.world_size = collectives.init_distributed(self.device)
+        config = self.config = resolve_levers(config, self.device, model_path, self.world_size)
         torch.manual_seed(config.seed)
         if config.deterministic:
             use_deterministic_kernels(self.device.type)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from services.learner import levers
 from services.learner.batch import collate
 from services.learner.model import token_logprobs, token_logprobs_and_entropy
 from services.learner.trainer import PolicyTrainer
@@ -143,8 +144,11 @@ def test_varlen_attention_refuses_rows_that_are_not_packed(tiny64_varlen):
 
 def test_varlen_attention_needs_packing_in_the_config():
     with pytest.raises(ValueError, match="set learner.pack_sequences"):
-        make_config({"attention": "varlen"})
+        make_config({"attention": "varlen", "pack_sequences": False})
+    with pytest.raises(ValueError, match="varlen attention needs packed ones"):
+        make_config({"attention": "varlen", "share_prefix": True})
     assert make_config({"attention": "varlen", "pack_sequences": True}).learner.attention == "varlen"
+    assert levers.resolve(make_config({"attention": "varlen"}), "cpu").learner.pack_sequences is True
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])

@@ -263,5 +263,5 @@ def test_auto_checkpoint_format_shards_only_where_it_helps(model_dir, tmp_path):
     assert trainer.checkpoint_format == "full"
     path = trainer.save_checkpoint(tmp_path)
     assert json.loads((path / "meta.json").read_text())["format"] == "full"
-    config.learner.checkpoint_async = True
+    trainer.config.learner.checkpoint_async = True  # the trainer's own copy, its `auto` levers resolved
     assert trainer.checkpoint_format == "sharded"
