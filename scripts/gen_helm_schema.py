@@ -123,8 +123,12 @@ def train_config_schema() -> tuple[dict, dict]:
     constrain_plugin_names(TrainConfig, defs)
     defs[EnvConfig.__name__]["allOf"] = env_options_conditions(defs, EnvConfig.model_fields["name"].default)
     components = defs[RewardConfig.__name__]["properties"]["components"]
-    components["properties"] = reward_components(defs, defs.pop("RewardComponentConfig"))
-    components["additionalProperties"] = False
+    components["properties"], typed = reward_components(defs, defs.pop("RewardComponentConfig"))
+    # any other name runs the function its `type` names (services.common.config.RewardComponentConfig.type)
+    pattern = components.pop("patternProperties")
+    components["propertyNames"] = {**components.get("propertyNames", {}), "pattern": next(iter(pattern))}
+    components["propertyNames"].pop("enum", None)
+    components["additionalProperties"] = {"anyOf": typed}
     return schema, defs
 
 
@@ -192,18 +196,21 @@ def env_options_conditions(defs: dict, default_env: str) -> list[dict]:
     return conditions
 
 
-def reward_components(defs: dict, component: dict) -> dict:
-    """reward function name -> the component schema with that function's params."""
+def reward_components(defs: dict, component: dict) -> tuple[dict, list]:
+    """(reward function name -> the schema of a component by that name: that function's params, `type` empty or
+    the same name; the schemas of a component of another name: one per function, its `type` required)."""
     from services import plugins
 
-    out = {}
+    named, typed = {}, []
     for name in plugin_names("reward"):
         try:
             params = model_schema(plugins.options_model("reward", name), defs, f"reward_params.{name}")
         except Exception as exc:
             params = open_object(f"params of reward function {name!r}", exc)
-        out[name] = {**component, "properties": {**component["properties"], "params": params}}
-    return out
+        fields = {**component["properties"], "params": params}
+        named[name] = {**component, "properties": {**fields, "type": {"enum": ["", name]}}}
+        typed.append({**component, "properties": {**fields, "type": {"const": name}}, "required": ["type"]})
+    return named, typed
 
 
 def build() -> dict:

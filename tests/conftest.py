@@ -2,6 +2,7 @@ import os
 import uuid
 
 import pytest
+from hypothesis import settings
 
 import services.plugins  # noqa: F401  (configs parsed here are checked against every plugin registry, as the front ends do)
 from tests.support.shared_build import build_once
@@ -10,6 +11,8 @@ from tests.support.worker_cores import bind_engines_of_this_worker, share_torch_
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 bind_engines_of_this_worker()
 share_torch_threads_among_workers()
+settings.register_profile("loaded_machine", deadline=None)
+settings.load_profile("loaded_machine")  # a property test asserts results, not speed: a busy machine misses deadlines
 
 FIRST = ("e2e", "faults", "integration")
 """Folders whose tests run first: the longest tests, so that a parallel run (pytest-xdist, scripts/test.sh:

@@ -52,6 +52,12 @@ def check_choice(kind: str, name: str) -> str:
     return name
 
 
+def is_choice(kind: str, name: str) -> bool:
+    """`name` is a registered `kind` plugin (False where the kind's registry is not loaded)."""
+    found = registry(kind)
+    return found is not None and name in found.names()
+
+
 @dataclass(frozen=True)
 class PluginChoice:
     """Marks a config field as the name of a `kind` plugin (help texts list the registered names)."""
@@ -103,16 +109,30 @@ def check_env_options(env: str, options: dict[str, Any]) -> None:
         raise _located(exc, (), sorted(model.model_fields), "option", f"env {env!r}") from None
 
 
-def check_reward_params(name: str, params: dict[str, Any]) -> None:
+def check_reward_function(name: str, function: str, named_by_type: bool) -> None:
+    """The component `name` runs a registered reward function; else a ValidationError at its key (or its `type`)."""
+    try:
+        check_choice("reward", function)
+    except ValueError as exc:
+        where = (name, "type") if named_by_type else (name, "[key]")
+        error = PydanticCustomError("unknown_reward_function", "{message}", {"message": str(exc)})
+        raise ValidationError.from_exception_data(
+            "reward components", [InitErrorDetails(type=error, loc=where, input=function)]
+        ) from None
+
+
+def check_reward_params(name: str, params: dict[str, Any], function: str | None = None) -> None:
+    """`params` of the component `name`, which runs the reward function `function` (default: `name`)."""
+    function = function or name
     rewards = registry("reward")
-    model: type[BaseModel] | None = rewards.options(name) if rewards is not None else None
+    model: type[BaseModel] | None = rewards.options(function) if rewards is not None else None
     if model is None:
         return
     try:
         model.model_validate(params)
     except ValidationError as exc:
         raise _located(
-            exc, (name, "params"), sorted(model.model_fields), "param", f"reward function {name!r}"
+            exc, (name, "params"), sorted(model.model_fields), "param", f"reward function {function!r}"
         ) from None
 
 

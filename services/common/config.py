@@ -286,25 +286,46 @@ class RolloutConfig(Section):
 class RewardComponentConfig(Section):
     weight: float = Field(1.0, ge=-1000, le=1000)
     params: FreeForm = Field(default_factory=dict)
+    type: Annotated[str, Field(max_length=64)] = ""
+    """The registered reward function this component runs; empty: the one its name names. Lets one function run
+    as several components, each its own weight and breakdown entry (two `remote` reward servers, two reward
+    models)."""
+
+    def function(self, name: str) -> str:
+        """The reward function that the component called `name` runs."""
+        return self.type or name
+
+
+COMPONENT_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
 
 
 class RewardConfig(Section):
     address: str = "127.0.0.1:50053"
     """host:port of the reward service."""
-    components: dict[_plugin("reward"), RewardComponentConfig] = Field(
+    components: dict[
+        Annotated[str, Field(pattern=COMPONENT_NAME), choices.PluginChoice("reward")], RewardComponentConfig
+    ] = Field(
         default_factory=lambda: {
             "goal": RewardComponentConfig(weight=1.0),
             "format": RewardComponentConfig(weight=0.1),
             "length_penalty": RewardComponentConfig(weight=0.1, params={"max_tokens": 64}),
         }
     )
-    """Registered reward functions and their weights; the total is the weighted sum."""
+    """Reward components by name, each a registered reward function (its name, or its `type`) with a weight and
+    params; the total is the weighted sum, and each component's raw score is in the breakdown under its name."""
 
     @field_validator("components")
     @classmethod
     def _check_params(cls, components: dict[str, RewardComponentConfig]) -> dict[str, RewardComponentConfig]:
         for name, component in components.items():
-            choices.check_reward_params(name, component.params)
+            function = component.function(name)
+            choices.check_reward_function(name, function, named_by_type=bool(component.type))
+            if function != name and choices.is_choice("reward", name):
+                raise ValueError(
+                    f"reward component {name!r} is named after a reward function and runs {function!r}: "
+                    "name it otherwise"
+                )
+            choices.check_reward_params(name, component.params, function)
         return components
 
     allocation: Literal["last_token", "uniform_positive", "discounted"] = "last_token"
@@ -324,7 +345,7 @@ class RewardConfig(Section):
         # a component's own deadline (a judge's fallback, a remote server's error) must come before the Score call's,
         # or the call is cut off first and the whole group fails where the component would have scored it
         for name, component in self.components.items():
-            own = choices.reward_deadline(name, component.params)
+            own = choices.reward_deadline(component.function(name), component.params)
             if own is not None and own >= self.timeout_s:
                 raise ValueError(
                     f"reward component {name!r} waits up to timeout_s={own:g} s, not below reward.timeout_s="

@@ -105,7 +105,8 @@ class SpecPolicy:
                 raise SpecNotAllowed(loc, "the launcher assigns the services' addresses; leave it out of the spec")
         self._check_env_options(spec)
         for name, component in spec.reward.components.items():
-            model = _plugin_model(("reward", "components", name, "params"), component.params, "reward", name)
+            loc = ("reward", "components", name, "params")
+            model = _plugin_model(loc, component.params, "reward", component.function(name))
             if model is not None:
                 self._check_marked(("reward", "components", name, "params"), model, component.params, {})
         self._check_engine_args(spec)

@@ -56,14 +56,14 @@ class RewardComposer:
         dataset's reference answers, which the rule scorers (ReferenceScorer) score against."""
         if not components:
             raise ValueError(f"no reward components configured; known: {', '.join(registry.names())}")
-        unknown = sorted(set(components) - set(registry.names()))
+        specs = {name: RewardComponentConfig.model_validate(spec) for name, spec in components.items()}
+        unknown = sorted({spec.function(name) for name, spec in specs.items()} - set(registry.names()))
         if unknown:
             raise ValueError(f"unknown reward component(s) {', '.join(unknown)}; known: {', '.join(registry.names())}")
         self.components: list[tuple[str, float, RewardFunction]] = []
-        for name, spec in components.items():
-            spec = RewardComponentConfig.model_validate(spec)
+        for name, spec in specs.items():
             try:
-                fn = registry.create(name, **spec.params)
+                fn = registry.create(spec.function(name), **spec.params)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"reward component {name!r}: bad params {spec.params}: {exc}") from None
             if isinstance(fn, ReferenceScorer):

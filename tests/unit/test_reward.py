@@ -71,6 +71,30 @@ def test_composer_sums_weighted_components():
     assert composer.names == ["goal", "format", "length_penalty"]
 
 
+def test_one_function_runs_as_several_components_by_type():
+    composer = RewardComposer(
+        {
+            "goal": {"weight": 1.0},
+            "goal_x2": {"type": "goal", "weight": 2.0},
+            "short": {"type": "length_penalty", "weight": 1.0, "params": {"max_tokens": 4}},
+        }
+    )
+    total, parts, _ = composer.score(trajectory((6, True), success=True))
+    assert parts == pytest.approx({"goal": 1.0, "goal_x2": 2.0, "short": -0.5}) and total == pytest.approx(2.5)
+    config = RewardConfig.model_validate({"components": {"rm_b": {"type": "reward_model", "params": {"path": "/m"}}}})
+    assert config.components["rm_b"].function("rm_b") == "reward_model"
+    with pytest.raises(ValueError, match=r"components\.x\.type\n  'nope' is not one of: bleu, chrf"):
+        RewardConfig.model_validate({"components": {"x": {"type": "nope"}}})
+    with pytest.raises(ValueError, match=r"components\.nope\.\[key\]\n  'nope' is not one of: bleu, chrf"):
+        RewardConfig.model_validate({"components": {"nope": {}}})
+    with pytest.raises(ValueError, match="unknown param 'max_token' of reward function 'length_penalty'"):
+        RewardConfig.model_validate({"components": {"short": {"type": "length_penalty", "params": {"max_token": 4}}}})
+    with pytest.raises(ValueError, match="should match pattern"):
+        RewardConfig.model_validate({"components": {"a b": {"type": "goal"}}})
+    with pytest.raises(ValueError, match=r"unknown reward component\(s\) nope"):
+        RewardComposer({"x": {"type": "nope"}})
+
+
 def test_composer_from_default_config():
     composer = RewardComposer.from_config(RewardConfig())
     total, parts, _ = composer.score(trajectory((3, True), success=True))

@@ -85,6 +85,31 @@ def test_each_trajectory_gets_the_sum_of_the_servers_totals_in_one_call_per_serv
     assert rm_servicer.calls == judge_servicer.calls == [len(BATCH)]
 
 
+def test_two_servers_as_two_components_get_their_own_weights_and_breakdown_entries():
+    rm, rm_servicer = server({"goal": {"weight": 1.0}, "length_penalty": {"weight": 0.5, "params": {"max_tokens": 4}}})
+    judge, judge_servicer = server({"format": {"weight": 2.0}})
+
+    async def main():
+        async with running(serving(rm_servicer)) as rm_address, running(serving(judge_servicer)) as judge_address:
+            composer = RewardComposer(
+                {
+                    "rm": {"type": "remote", "weight": 3.0, "params": {"servers": {"rm": rm_address}}},
+                    "judge": {"type": "remote", "weight": 0.5, "params": {"servers": {"judge": judge_address}}},
+                }
+            )
+            try:
+                return await asyncio.to_thread(composer.score_many, BATCH)
+            finally:
+                for _, _, fn in composer.components:
+                    fn.close()
+
+    scores = run(main())
+    for scored, a, b in zip(scores, rm.score_many(BATCH), judge.score_many(BATCH)):
+        assert scored.components == pytest.approx({"rm": 3.0 * a.total, "judge": 0.5 * b.total})
+        assert scored.total == pytest.approx(3.0 * a.total + 0.5 * b.total)
+    assert rm_servicer.calls == judge_servicer.calls == [len(BATCH)]
+
+
 def test_per_turn_passes_the_servers_turn_rewards_through_and_their_outcome_on_the_last_turn():
     hints = {"go left": "left"}
     prm, prm_servicer = server({"goal": {"weight": 2.0}, "hinted_action": {"weight": 0.5, "params": {"hints": hints}}})
@@ -172,3 +197,7 @@ def test_a_job_spec_cannot_point_the_reward_service_at_servers(tmp_path):
     with pytest.raises(SpecNotAllowed) as info:
         SpecPolicy([tmp_path]).apply(spec)
     assert info.value.loc == ("reward", "components", "remote", "params", "servers")
+    renamed = {"reward": {"components": {"scorer": {"type": "remote", "params": {"servers": {"x": "evil:1"}}}}}}
+    with pytest.raises(SpecNotAllowed) as info:
+        SpecPolicy([tmp_path]).apply(JobSpec.model_validate(renamed))  # under another name, the same function
+    assert info.value.loc == ("reward", "components", "scorer", "params", "servers")
