@@ -16,7 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
     HF_HOME=/cache/hf TOKENIZERS_PARALLELISM=false
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" \
- && pip install --no-cache-dir "$(ls /wheels/*.whl)[ml]" && rm -rf /wheels \
+ && pip install --no-cache-dir "$(ls /wheels/*.whl)[ml,trackers]" && rm -rf /wheels \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin omrl \
  && mkdir -p /cache /data && chown 10001:10001 /cache /data
 USER 10001:10001

@@ -15,7 +15,7 @@ FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 HOME=/tmp \
     HF_HOME=/cache/hf TRITON_CACHE_DIR=/tmp/triton TOKENIZERS_PARALLELISM=false
 COPY --from=build /wheels /wheels
-RUN python3 -m pip install --no-cache-dir "$(ls /wheels/*.whl)[ml]" && rm -rf /wheels \
+RUN python3 -m pip install --no-cache-dir "$(ls /wheels/*.whl)[ml,trackers]" && rm -rf /wheels \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin omrl \
  && mkdir -p /cache /data && chown 10001:10001 /cache /data
 USER 10001:10001

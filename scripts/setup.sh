@@ -56,7 +56,7 @@ fi
 engine_dist="${engine%%==*}"
 # a vLLM of another version (installed by hand, or an older lock) is replaced: the backend needs 0.32's API.
 # One install for the engine and the project: uv compiles the bytecode of the whole environment after each one.
-packages=(-e ".[ml,api,k8s,dev,envs,reward]")
+packages=(-e ".[ml,trackers,api,k8s,dev,envs,reward]")
 if [ "$(dist_version "$engine_dist")" != "$VLLM_VERSION" ]; then
   packages=("$engine" "${packages[@]}")
 fi

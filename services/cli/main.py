@@ -1,5 +1,6 @@
 """omrl: submit a training job from a YAML file, list jobs, show one, follow its events, cancel it;
-validate a spec offline, show the effective config with the source of each value, explain a field.
+validate a spec offline, show the effective config with the source of each value, explain a field; read a
+run's recorded episodes.
 
 Every job-spec field is a flag of submit, validate and config show (`--algorithm.advantage rloo`), over
 the file, `OMRL_CONFIG__SECTION__FIELD` variables and `--set a.b=value`. The API's address and token come
@@ -78,6 +79,16 @@ def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
     logs.add_argument("job_id")
     logs.add_argument("--service", default="learner", choices=["supervisor", "envs", "reward", "rollout", "learner"])
     logs.add_argument("--tail", type=int, default=200)
+    episodes = sub.add_parser(
+        "episodes", help="a step's recorded episodes as transcripts (a local run folder: runs/NAME)"
+    )
+    episodes.add_argument("run", help="the run's folder (its checkpoints folder's parent)")
+    episodes.add_argument("--step", type=int, help="default: the last recorded step")
+    episodes.add_argument("--filter", action="append", default=[], help="KEY=VALUE, e.g. success=false (repeatable)")
+    episodes.add_argument("--sort", help="reward, advantage_mean, num_turns, model_tokens or invalid_actions")
+    episodes.add_argument("--ascending", action="store_true", help="sort lowest first (default: highest first)")
+    episodes.add_argument("--limit", type=int, default=0, help="at most this many episodes (0: all)")
+    episodes.add_argument("--json", action="store_true", help="the full records, one JSON object per line")
     return parser, flags
 
 
@@ -178,6 +189,13 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command in ("validate", "config"):
         return offline(args, flags)
+    if args.command == "episodes":
+        from pathlib import Path
+
+        from services.cli.episodes_view import show
+
+        print(show(Path(args.run), args.step, args.filter, args.sort, args.limit, args.json, args.ascending))
+        return 0
     if not args.token:
         raise UsageError("no token: pass --token or set OMRL_API_TOKEN")
     client = JobsClient(args.api, args.token, args.timeout)

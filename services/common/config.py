@@ -636,6 +636,24 @@ class LearnerConfig(Section):
         return self
 
 
+class LoggingConfig(Section):
+    trackers: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, max_length=4)
+    """Experiment trackers that receive each step's metrics (the names Prometheus shows), the run's config and, every
+    `tracker_episodes_every` steps, a table of the recorded episodes; written under the run folder (`trackers/`).
+    A tracker that fails is logged once and dropped: it never stops training."""
+    mlflow_tracking_uri: str = Field("", max_length=512)
+    """MLflow tracking server or store; empty: an SQLite store in the run folder (`trackers/mlflow/mlflow.db`).
+    A job spec may not set it (the deployment names a tracking server)."""
+    tracker_episodes_every: int = Field(10, ge=1, le=1_000_000)
+    """Steps between two tables of sample episodes sent to the trackers."""
+    episodes_per_step: int = Field(16, ge=-1, le=1_000_000)
+    """Episodes of each step kept with what the learner computed for them (per-token logprobs under rollout and
+    learner, advantages, allocated rewards, loss mask), whole groups in batch order, as parquet under the run
+    folder (`episodes/`); -1: every episode, 0: none."""
+    episodes_max_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024, le=1 << 40)
+    """The recorded episodes' size limit on disk: the oldest steps' files are deleted past it."""
+
+
 class ThreadsConfig(Section):
     budget: bool = True
     """Give each process its share of the cores (the cgroup CPU quota and the CPU affinity): the local
@@ -672,6 +690,7 @@ class TrainConfig(Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     threads: ThreadsConfig = Field(default_factory=ThreadsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -103,6 +103,11 @@ class SpecPolicy:
             section, name = getattr(spec, loc[0]), loc[1]
             if _set_away_from_default(section, name):
                 raise SpecNotAllowed(loc, "the launcher assigns the services' addresses; leave it out of the spec")
+        if spec.logging.mlflow_tracking_uri:
+            raise SpecNotAllowed(
+                ("logging", "mlflow_tracking_uri"),
+                "a job's trackers write into its own run folder; a tracking server is the deployment's to name",
+            )
         self._check_env_options(spec)
         for name, component in spec.reward.components.items():
             loc = ("reward", "components", name, "params")

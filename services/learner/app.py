@@ -9,8 +9,10 @@ from services.common.grpc_server import bind_host
 from services.common.run_state import RunState
 from services.common.stream import TrajectoryStream
 from services.learner import collectives
+from services.learner.episodes import EpisodeRecorder, run_folder
 from services.learner.prometheus_metrics import register_stream_collector
 from services.learner.service import LearnerService
+from services.learner.trackers import Trackers
 from services.learner.trainer import PolicyTrainer
 from services.weightsync import PUSHERS
 
@@ -51,4 +53,8 @@ def build_learner(config: TrainConfig, metrics_port: int | None = None, host: st
     pusher = PUSHERS.create(
         learner.weight_push, timeout_s=learner.push_timeout_s, bucket_mb=learner.weight_bucket_mb, **nccl
     )
-    return LearnerService(config, trainer, pusher, state, stream)
+    recorder = trackers = None
+    if collectives.is_rank0():
+        recorder = EpisodeRecorder(config) if config.logging.episodes_per_step else None
+        trackers = Trackers.from_config(config, run_folder(config)) if config.logging.trackers else None
+    return LearnerService(config, trainer, pusher, state, stream, recorder, trackers)

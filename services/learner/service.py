@@ -28,6 +28,7 @@ from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
 from services.learner import collectives, full_weights
 from services.learner.determinism import canonical_order
+from services.learner.episodes import EpisodeRecorder, episode_summary
 from services.learner.poison_guard import PoisonGuard
 from services.learner.prometheus_metrics import DROPPED, export_summary
 
@@ -108,9 +109,12 @@ class LearnerService:
         pusher: Any,
         state: RunState | None = None,
         stream: TrajectoryStream | None = None,
+        recorder: EpisodeRecorder | None = None,
+        trackers: Any = None,
     ):
         self.config, self.trainer, self.pusher = config, trainer, pusher
         self.state, self.stream = state, stream  # rank 0 only
+        self.recorder, self.trackers = recorder, trackers  # rank 0 only; None: no recorded episodes, no trackers
         self.version = 0
         self.step = 0
         self._unacked: list[str] = []
@@ -481,28 +485,44 @@ class LearnerService:
             for name, value in traj.reward_components.items():
                 summary.setdefault(f"reward/{name}", 0.0)
                 summary[f"reward/{name}"] += value / len(trained)
-        self._export(summary)
+        self._export(summary, self._record())
         return summary
+
+    def _record(self) -> list[dict[str, Any]]:
+        """The step's recorded episodes (rank 0; none when recording is off)."""
+        tokens, self.trainer.step_tokens = getattr(self.trainer, "step_tokens", None), None
+        if self.recorder is None or not collectives.is_rank0():
+            return []
+        return self.recorder.record(self.step, tokens)
 
     def _target_reached(self) -> bool:
         target, window = self.config.learner.stop_at_success, self._successes
         return target is not None and len(window) == window.maxlen and sum(window) / len(window) >= target
 
-    def _export(self, summary: dict[str, Any]) -> None:
+    def _export(self, summary: dict[str, Any], episodes: list[dict[str, Any]]) -> None:
         if not collectives.is_rank0():
             return
         export_summary(summary)
         self.history.append(summary)
         self.state.publish_metrics(self.step, summary)
+        if self.trackers is not None:
+            self.trackers.log_metrics(self.step, summary)
+            if episodes and self.step % self.config.logging.tracker_episodes_every == 0:
+                self.trackers.log_episodes(self.step, [episode_summary(row) for row in episodes])
 
     def run(self) -> list[dict[str, Any]]:
         self._refuse_a_failed_run()
+        if self.trackers is not None:
+            self.trackers.log_config(self.config.model_dump(mode="json"))
         try:
             return self._run()
         except RunFailed as exc:
             if collectives.is_rank0():
                 self.state.mark_failed(str(exc), config_digest(self.config))
             raise
+        finally:
+            if self.trackers is not None:
+                self.trackers.close()
 
     def _refuse_a_failed_run(self) -> None:
         failure = self.state.failure() if collectives.is_rank0() else None

@@ -27,6 +27,7 @@ from services.learner.advantages.base import AdvantageInputs
 from services.learner.batch import TrainBatch, baseline_scores, collate, split_baselines, turns_of
 from services.learner.critic import Critic
 from services.learner.determinism import use_deterministic_kernels
+from services.learner.episodes import StepTokens
 from services.learner.kl import build_kl_controller, kl_estimate
 from services.learner.levers import resolve_for_device as resolve_levers
 from services.learner.losses import aggregate, k3_kl, masked_mean
@@ -144,6 +145,9 @@ class PolicyTrainer:
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
         self.policy_version = 0
+        self.keeps_tokens = config.logging.episodes_per_step != 0
+        self.step_tokens: StepTokens | None = None
+        """The last update's per-token values, for the recorded episodes (`logging.episodes_per_step`)."""
 
     # -- batch layout ----------------------------------------------------------------------
     def _mini_batches(self, batch: TrainBatch) -> list[_Mini]:
@@ -360,9 +364,29 @@ class PolicyTrainer:
             extra.update(critic_grad_norm=critic_norms[-1], **self._value_stats(values, returns, mask))
         self.scheduler.step()
         self.step += 1
+        if self.keeps_tokens:
+            self.step_tokens = self._step_tokens(trajectories, micro, advantages, token_rewards, mask)
         extra["time/step_cpu_s"] = time.process_time() - cpu_start  # every thread of the process: load shows here
         totals = collectives.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
         return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
+
+    def _step_tokens(
+        self,
+        trajectories: Sequence[Trajectory],
+        micro: list[_Micro],
+        advantages: torch.Tensor,
+        token_rewards: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> StepTokens:
+        """Collective: what this update computed per token, for the recorded episodes."""
+        loss_mask = self._gather(micro, "loss_mask", mask.shape) if self.correction.rejects else mask
+        return StepTokens(
+            trajectories=list(trajectories),
+            learner_logprobs=self._gather(micro, "old_logprobs", mask.shape),
+            advantages=advantages.float().cpu(),
+            token_rewards=token_rewards.float().cpu(),
+            loss_mask=loss_mask,
+        )
 
     def _update_policy(
         self, minis: list[_Mini], sums: dict[str, torch.Tensor], dry_run: bool = False

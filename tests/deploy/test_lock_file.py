@@ -13,7 +13,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "constraints-cpu.txt"
-EXTRAS = ("ml", "api", "k8s", "dev", "envs", "reward")  # what scripts/setup.sh installs
+EXTRAS = ("ml", "trackers", "api", "k8s", "dev", "envs", "reward")  # what scripts/setup.sh installs
 
 
 def pins() -> dict[str, str]:

@@ -27,6 +27,8 @@ def finished_run(tmp_path_factory, warm_tiny_model):
             "rollout.group_size=4",
             "rollout.groups_per_step=2",
             f"model.path={warm_tiny_model}",
+            "logging.episodes_per_step=-1",
+            "logging.trackers=[jsonl]",
         ],
     )
     lines: list[str] = []
@@ -85,6 +87,36 @@ def test_rewards_carry_their_breakdown(finished_run):
             assert set(parts) == {"goal", "format", "length_penalty"}
             assert traj.reward == pytest.approx(sum(parts.values()))
             assert parts["goal"] == (1.0 if traj.success else 0.0)
+
+
+def test_the_learner_recorded_every_episode_with_what_it_computed(finished_run):
+    from services.learner.episodes import read_step
+
+    folder = finished_run["config"].run_dir
+    streamed = {t.trajectory_id: t for b in finished_run["batches"] for t in b.trajectories}
+    recorded = [row for step in range(1, STEPS + 1) for row in read_step(folder, step)]
+    assert sorted(row["trajectory_id"] for row in recorded) == sorted(streamed)
+    for row in recorded:
+        traj = streamed[row["trajectory_id"]]
+        assert row["token_ids"] == list(traj.token_ids) and row["loss_mask"] == list(traj.loss_mask)
+        assert row["rollout_logprobs"] == pytest.approx(list(traj.logprobs))
+        assert [t["text"] for t in row["turns"]] == [t.text for t in traj.turns]
+        sampled = [i for i, m in enumerate(row["loss_mask"]) if m]
+        gap = max(abs(row["learner_logprobs"][i] - row["rollout_logprobs"][i]) for i in sampled)
+        assert gap < 1e-3, "the learner scored the tokens the engine sampled, with the same weights"
+        group = [t.reward for t in streamed.values() if t.group_id == traj.group_id]
+        above = traj.reward - sum(group) / len(group)  # GRPO: every token of a row has its reward's side of the mean
+        if abs(above) > 1e-6:
+            assert all(row["advantages"][i] * above > 0 for i in sampled)
+
+
+def test_the_trackers_got_every_step(finished_run):
+    import json
+
+    lines = (finished_run["config"].run_dir / "trackers" / "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line) for line in lines]
+    rewards = {m["step"]: m["reward_mean"] for m in finished_run["history"]}
+    assert {m["step"]: m["metrics"]["reward_mean"] for m in logged} == pytest.approx(rewards)
 
 
 def test_turns_are_stamped_with_the_policy_that_sampled_them(finished_run):

@@ -56,3 +56,21 @@ def logprob_of(trainer, token):
     ids = torch.tensor([PROMPT + [token]])
     with torch.no_grad():
         return token_logprobs(trainer.model, ids, torch.ones_like(ids))[0, -1].item()
+
+
+class Pieces:
+    """A tokenizer stand-in for the synthetic ids (which have no tokenizer): id 7 reads `<7>`."""
+
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+    def batch_decode(self, rows):
+        return [self.decode(row) for row in rows]
+
+
+def recording_config(tmp_path, episodes=-1, **algorithm):
+    """The shared learner config, its run folder `tmp_path/run`, recording `episodes` per step (-1: all)."""
+    config = make_config(**algorithm)
+    config.learner.checkpoint_dir = str(tmp_path / "run" / "checkpoints")
+    config.logging.episodes_per_step = episodes
+    return config

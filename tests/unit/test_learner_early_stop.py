@@ -28,7 +28,7 @@ def run(successes, steps, stop_at=None, window=3):
     service.state = SimpleNamespace(
         mark_done=lambda: done.append(True), publish_metrics=lambda step, summary: None, failure=lambda: None
     )
-    service._export = lambda summary: service.history.append(summary)
+    service._export = lambda summary, episodes: service.history.append(summary)
     history = service.run()
     return [m["step"] for m in history], forced, exported, done
 

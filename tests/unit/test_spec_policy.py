@@ -149,6 +149,7 @@ JOB_SPEC_TEXT = {
     "learner.weight_nccl_host": "the launcher: the learner's pod 0 / 127.0.0.1",
     "stream.redis_url": "refused unless allow_spec_redis_url: the server's",
     "stream.prefix": "data: a Redis key prefix under the server's Redis",
+    "logging.mlflow_tracking_uri": "refused: the deployment's",
     **{
         f"resources.{c}.{q}": "data: a Kubernetes quantity (pattern)"
         for c in ("learner", "rollout", "envs", "reward")
@@ -182,6 +183,7 @@ def test_every_text_field_of_a_job_spec_is_accounted_for():
         ({"learner": {"checkpoint_dir": "/etc"}}, ("learner", "checkpoint_dir")),
         ({"learner": {"export_dir": "/etc"}}, ("learner", "export_dir")),
         ({"stream": {"redis_url": "redis://evil.example:6379/0"}}, ("stream", "redis_url")),
+        ({"logging": {"mlflow_tracking_uri": "http://evil.example:5000"}}, ("logging", "mlflow_tracking_uri")),
         ({"resources": {"image": "evil/omrl:latest"}}, ("resources", "image")),
         ({"resources": {"volume_claim": "jobs-api-data"}}, ("resources", "volume_claim")),
         (with_env({**AGENTGYM["options"], "recycle_command": "touch /tmp/x"}), ("env", "options", "recycle_command")),
