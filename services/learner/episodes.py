@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from services.common.config import TrainConfig
 from services.common.trajectory import Trajectory
 
@@ -191,6 +188,9 @@ class EpisodeRecorder:
         if not self.enabled or tokens is None:
             return []
         try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
             rows = self.rows(step, tokens)
             path = step_file(self.folder, step)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,4 +233,6 @@ def read_step(folder: Path, step: int) -> list[dict[str, Any]]:
         have = recorded_steps(folder)
         span = f"steps {have[0]}..{have[-1]}" if have else "none"
         raise FileNotFoundError(f"step {step} has no recorded episodes in {folder / FOLDER} (recorded: {span})")
+    import pyarrow.parquet as pq
+
     return pq.read_table(path).to_pylist()

@@ -27,6 +27,10 @@ MIN_TOKENS, MAX_TOKENS, TOKEN_STEP = 4096, 65536, 4096
 CHECKPOINT_BELOW = 16384
 MEMORY_MARGIN = 0.85  # of the GPU's memory: the allocator's fragmentation, the CUDA context, NCCL buffers
 RESERVE_BYTES = 2 * 2**30
+EAGER_ACTIVATIONS = 1.5
+"""Eager (uncompiled) layers keep this many times the activations of compiled ones, whose fused kernels free
+intermediates: one row of the 0.5B shape on an H200 took 1.53 MiB a token eager against 1.17 compiled
+(bench/longest_row.py, docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -71,15 +75,32 @@ def token_budget(
     checkpointed: bool,
     critic: bool,
     reference: bool,
+    compiled: bool = True,
 ) -> int:
     """Tokens a micro-batch may hold on a GPU of `gpu_bytes`, a multiple of 4096 in [4096, 65536]."""
+    tokens = fitting_tokens(shape, gpu_bytes, world_size, chunk, checkpointed, critic, reference, compiled)
+    return max(MIN_TOKENS, min(MAX_TOKENS, tokens // TOKEN_STEP * TOKEN_STEP))
+
+
+def fitting_tokens(
+    shape: ModelShape,
+    gpu_bytes: int,
+    world_size: int,
+    chunk: int,
+    checkpointed: bool,
+    critic: bool,
+    reference: bool,
+    compiled: bool = True,
+) -> int:
+    """Tokens whose activations fit beside the training states on a GPU of `gpu_bytes` (unrounded, unclamped):
+    the longest row one learner process can train without sequence parallelism."""
     models = 2 if critic else 1
     states = models * shape.params * (16 / world_size + 2) + (2 * shape.params if reference else 0)
     head = chunk * shape.vocab * 4  # a chunk's fp32 logits; the dense head (chunk 0) holds every token's
-    per_token = models * shape.activation_bytes(checkpointed) + (0 if chunk else shape.vocab * 8)
+    activations = shape.activation_bytes(checkpointed) * (1 if compiled else EAGER_ACTIVATIONS)
+    per_token = models * activations + (0 if chunk else shape.vocab * 8)
     free = gpu_bytes * MEMORY_MARGIN - states - head - RESERVE_BYTES
-    tokens = int(free // per_token) if free > 0 else 0
-    return max(MIN_TOKENS, min(MAX_TOKENS, tokens // TOKEN_STEP * TOKEN_STEP))
+    return int(free // per_token) if free > 0 else 0
 
 
 def resolve(
@@ -123,7 +144,7 @@ def resolve(
         needs = {"critic": critic, "reference": bool(algo.use_kl_in_reward or algo.use_kl_loss)}
 
         def budget(with_checkpoints: bool) -> int:
-            return token_budget(shape, gpu_bytes, world_size, chunk, with_checkpoints, **needs)
+            return token_budget(shape, gpu_bytes, world_size, chunk, with_checkpoints, compiled=compiled, **needs)
 
         if checkpointed == "auto":
             checkpointed = pick(
@@ -167,3 +188,31 @@ def resolve_for_device(config: TrainConfig, device: Any, model_path: str, world_
     memory = torch.cuda.get_device_properties(device).total_memory
     critic = build_estimator(config.algorithm).needs_values
     return resolve(config, "cuda", hf_config, memory, world_size, critic)
+
+
+LINEAR_MEMORY_ATTENTION = ("varlen", "flash_attention_2", "flex_attention", "sdpa")
+"""Kernels whose memory grows with a row's length, not its square (sdpa: its flash and memory-efficient backends
+on a GPU); `eager` materialises every [tokens, tokens] score."""
+
+
+def longest_row(config: TrainConfig, device: Any, model_path: str, world_size: int) -> int | None:
+    """The most tokens one trajectory may have for the learner to train it on this GPU (`config` resolved); None
+    on CPU, or where the attention kernel's memory is not linear in the length (no estimate)."""
+    learner, algo = config.learner, config.algorithm
+    if device.type != "cuda" or learner.attention not in LINEAR_MEMORY_ATTENTION:
+        return None
+    import torch
+    from transformers import AutoConfig
+
+    from services.learner.advantages import build_estimator
+
+    return fitting_tokens(
+        ModelShape.of(AutoConfig.from_pretrained(model_path)),
+        torch.cuda.get_device_properties(device).total_memory,
+        world_size,
+        learner.logprob_chunk_tokens,
+        bool(learner.activation_checkpointing),
+        build_estimator(algo).needs_values,
+        bool(algo.use_kl_in_reward or algo.use_kl_loss),
+        bool(learner.compile),
+    )

@@ -6,7 +6,8 @@ rank and after every restart):
 1. Entry. The stream dead-letters an entry larger than `stream.max_entry_bytes` before decoding it, and
    one it cannot decode (services.common.stream).
 2. Trajectory. Every decoded trajectory is checked against the learner's model and state
-   (`check_trajectory`): equal lengths of token_ids / loss_mask / logprobs, length within the context,
+   (`check_trajectory`): equal lengths of token_ids / loss_mask / logprobs, length within the context and
+   within what the learner's GPU memory trains in one row,
    token ids in [0, vocab), well-formed turns, finite reward, turn rewards and logprobs, logprobs <=
    LOGPROB_EPSILON, turn anchors of at most MAX_ANCHOR_CHARS, policy versions not newer than the learner's;
    per group of the entry (the producers publish a group whole, in one entry), exactly one baseline episode
@@ -68,16 +69,20 @@ class Limits:
     vocab_size: int | None
     """Token ids must be below this; None when the trainer has no model config (tests)."""
     max_length: int
-    """Most tokens in one trajectory."""
+    """Most tokens in one trajectory: the context."""
+    memory_length: int | None = None
+    """Most tokens of one trajectory the learner's GPU memory trains (None: no limit known)."""
 
     @classmethod
     def for_learner(cls, config: TrainConfig, trainer: Any) -> Limits:
-        """The learner model's vocabulary and context (bounded by model.max_model_len)."""
+        """The learner model's vocabulary and context (bounded by model.max_model_len), and the longest row its
+        GPU trains."""
         model_config = getattr(getattr(trainer, "model", None), "config", None)
         vocab = getattr(model_config, "vocab_size", None)
         positions = getattr(model_config, "max_position_embeddings", None)
         length = config.model.max_model_len
-        return cls(int(vocab) if vocab else None, min(length, int(positions)) if positions else length)
+        memory = getattr(trainer, "max_row_tokens", None)
+        return cls(int(vocab) if vocab else None, min(length, int(positions)) if positions else length, memory)
 
 
 def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> None:
@@ -90,6 +95,13 @@ def check_trajectory(traj: Trajectory, limits: Limits, policy_version: int) -> N
         )
     if n > limits.max_length:
         raise Poison("too_long", f"{name}: {n} tokens exceed the learner's context of {limits.max_length}")
+    if limits.memory_length is not None and n > limits.memory_length:
+        raise Poison(
+            "too_long",
+            f"{name}: {n} tokens exceed the {limits.memory_length} that fit in the learner's GPU memory in one "
+            "row (services/learner/levers.py): lower model.max_model_len, turn learner.activation_checkpointing on "
+            "if it is off, or shard the learner over more GPUs",
+        )
     if n and limits.vocab_size is not None and max(traj.token_ids) >= limits.vocab_size:
         raise Poison(
             "token_id", f"{name}: token id {max(traj.token_ids)} is outside the vocabulary of {limits.vocab_size}"

@@ -29,6 +29,7 @@ from services.learner.critic import Critic
 from services.learner.determinism import use_deterministic_kernels
 from services.learner.episodes import StepTokens
 from services.learner.kl import build_kl_controller, kl_estimate
+from services.learner.levers import longest_row
 from services.learner.levers import resolve_for_device as resolve_levers
 from services.learner.losses import aggregate, k3_kl, masked_mean
 from services.learner.model import DTYPES, load_model, token_logprobs, token_logprobs_and_entropy
@@ -100,6 +101,8 @@ class PolicyTrainer:
         mixed = config.model.dtype != "float32" and self.device.type == "cuda"
         load_dtype = "float32" if mixed else config.model.dtype
         self.model_path = model_path
+        self.max_row_tokens = longest_row(config, self.device, model_path, self.world_size)
+        """The longest trajectory this GPU's memory trains (None: no estimate, on CPU); longer ones are poison."""
         self.pack = config.learner.pack_sequences
         learner = config.learner
         self.model = load_model(

@@ -101,3 +101,37 @@ def test_auto_passes_the_configs_checks_that_hand_set_values_still_meet():
         make_config({"share_prefix": True, "pack_sequences": True})
     with pytest.raises(ValueError, match="set learner.pack_sequences"):
         make_config({"attention": "varlen", "pack_sequences": False})
+
+
+def fake_gpu(monkeypatch, hf_config, memory):
+    import torch
+    from transformers import AutoConfig
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", lambda path: hf_config)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": memory}))
+    return torch.device("cuda")
+
+
+def test_the_longest_trainable_row_grows_with_memory_and_checkpointing(monkeypatch, gpu_kernels):
+    gpu = fake_gpu(monkeypatch, QWEN_05B, 141 * GIB)
+    config = levers.resolve(make_config(), "cuda", QWEN_05B, 141 * GIB)
+    longest = levers.longest_row(config, gpu, "qwen", 1)
+    assert longest >= config.algorithm.micro_batch_tokens  # a micro-batch's budget is at most what fits
+    checkpointed = config.model_copy(deep=True)
+    checkpointed.learner.activation_checkpointing = True
+    assert levers.longest_row(checkpointed, gpu, "qwen", 1) > 4 * longest
+    eager = config.model_copy(deep=True)
+    eager.learner.compile = False  # eager layers keep more of each token's activations
+    assert levers.longest_row(eager, gpu, "qwen", 1) == pytest.approx(longest / levers.EAGER_ACTIVATIONS, abs=1)
+    small = fake_gpu(monkeypatch, QWEN_05B, 24 * GIB)
+    assert levers.longest_row(config, small, "qwen", 1) < longest
+
+
+def test_no_longest_row_on_cpu_nor_with_attention_that_grows_with_the_square(monkeypatch):
+    import torch
+
+    config = make_config()
+    assert levers.longest_row(levers.resolve(config, "cpu"), torch.device("cpu"), "unused", 1) is None
+    gpu = fake_gpu(monkeypatch, QWEN_05B, 141 * GIB)
+    eager = make_config({"attention": "eager"})
+    assert levers.longest_row(levers.resolve(eager, "cuda", QWEN_05B, 141 * GIB), gpu, "qwen", 1) is None

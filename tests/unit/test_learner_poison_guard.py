@@ -68,6 +68,14 @@ def test_a_trajectory_longer_than_the_context_is_rejected():
     assert reason_of(traj(model_ids=[5] * n, logprobs=[-0.1] * n)) == "too_long"
 
 
+def test_a_trajectory_longer_than_the_gpu_trains_in_one_row_is_rejected_naming_the_way_out():
+    limits = Limits(vocab_size=64, max_length=32, memory_length=10)
+    check_trajectory(traj(model_ids=[5] * 5, logprobs=[-0.1] * 5), limits, 0)  # 2 + 5 + 1 = 8 tokens
+    with pytest.raises(Poison, match="11 tokens exceed the 10 that fit in the learner's GPU memory") as info:
+        check_trajectory(traj(model_ids=[5] * 8, logprobs=[-0.1] * 8), limits, 0)
+    assert info.value.reason == "too_long" and "model.max_model_len" in str(info.value)
+
+
 @pytest.mark.parametrize("field", ["loss_mask", "logprobs"])
 def test_lengths_that_differ_are_rejected(field):
     t = traj()
@@ -133,6 +141,8 @@ def test_limits_come_from_the_learner_model_and_the_run_config():
     config.model.max_model_len = 128
     assert Limits.for_learner(config, trainer) == Limits(vocab_size=100, max_length=128)
     assert Limits.for_learner(config, None) == Limits(vocab_size=None, max_length=128)
+    trainer.max_row_tokens = 96
+    assert Limits.for_learner(config, trainer) == Limits(vocab_size=100, max_length=128, memory_length=96)
 
 
 # -- the guard, with recording stand-ins for the stream and the run state ------------------------------
