@@ -84,4 +84,9 @@ fi
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   apt-get "${apt_wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -qq prometheus >/dev/null
 fi
+# Debian's chromium, which the trajectory inspector's browser tests drive through playwright (the dev extra) instead
+# of a browser playwright would download
+if ! command -v chromium >/dev/null; then
+  apt-get "${apt_wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -qq chromium >/dev/null
+fi
 echo "setup done: $engine_dist $(dist_version "$engine_dist"), torch $(dist_version torch)"

@@ -1,6 +1,6 @@
 """omrl: submit a training job from a YAML file, list jobs, show one, follow its events, cancel it;
 validate a spec offline, show the effective config with the source of each value, explain a field; read a
-run's recorded episodes.
+run's recorded episodes, or browse runs in the trajectory inspector.
 
 Every job-spec field is a flag of submit, validate and config show (`--algorithm.advantage rloo`), over
 the file, `OMRL_CONFIG__SECTION__FIELD` variables and `--set a.b=value`. The API's address and token come
@@ -89,6 +89,13 @@ def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
     episodes.add_argument("--ascending", action="store_true", help="sort lowest first (default: highest first)")
     episodes.add_argument("--limit", type=int, default=0, help="at most this many episodes (0: all)")
     episodes.add_argument("--json", action="store_true", help="the full records, one JSON object per line")
+    inspect = sub.add_parser(
+        "inspect",
+        help="the trajectory inspector in the browser: serve a run folder (or a folder of runs) on 127.0.0.1, "
+        "or print a job's page in the job API (--api)",
+    )
+    inspect.add_argument("target", help="a run folder, a folder of runs (runs/), or a job id")
+    inspect.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 for a folder (0: any free one)")
     return parser, flags
 
 
@@ -196,6 +203,8 @@ def _main(argv: list[str]) -> int:
 
         print(show(Path(args.run), args.step, args.filter, args.sort, args.limit, args.json, args.ascending))
         return 0
+    if args.command == "inspect":
+        return inspect(args)
     if not args.token:
         raise UsageError("no token: pass --token or set OMRL_API_TOKEN")
     client = JobsClient(args.api, args.token, args.timeout)
@@ -209,6 +218,25 @@ def _main(argv: list[str]) -> int:
         return 1
     finally:
         client.close()
+
+
+def inspect(args: argparse.Namespace) -> int:
+    """A folder here is served on loopback; anything else is a job id, whose page the job API serves."""
+    import re
+    from pathlib import Path
+
+    from services.cli import inspector
+    from services.jobs.models import JOB_ID_PATTERN
+
+    target = Path(args.target)
+    if target.is_dir():
+        inspector.serve(target, args.port)
+        return 0
+    if target.exists() or not re.match(JOB_ID_PATTERN, args.target):
+        raise UsageError(f"{args.target}: not a folder, nor a job id")
+    print(inspector.job_url(args.api, args.target))
+    print("(the API asks for its token: a browser opens the page once with ?token=...)", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

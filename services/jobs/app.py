@@ -101,7 +101,8 @@ def create_app(
         version="1",
         lifespan=lifespan,
         description="Submit, follow and cancel RL training jobs. Every route but /healthz and /readyz "
-        "needs `Authorization: Bearer <token>`.",
+        "needs `Authorization: Bearer <token>`. The trajectory inspector's pages are under /inspect/ (a browser "
+        "logs in once with `?token=`).",
         openapi_url="/openapi.json" if public_docs else None,
         docs_url="/docs" if public_docs else None,
         redoc_url=None,
@@ -119,7 +120,19 @@ def create_app(
         app.include_router(router, dependencies=authed, responses=AUTH_RESPONSES)
     if not public_docs:
         _serve_openapi_with_token(app, authed)
+    _mount_inspector(app)
     return app
+
+
+def _mount_inspector(app: FastAPI) -> None:
+    """The trajectory inspector under /inspect/, behind the API's token: the jobs of its store, and the episodes of
+    those whose run folder is on this machine."""
+    from services.jobs.inspector.app import create_inspector
+    from services.jobs.inspector.gate import TokenGate
+    from services.jobs.inspector.sources.jobs import JobSource
+
+    inspector = create_inspector(JobSource(lambda: app.state.store))
+    app.mount("/inspect", TokenGate(inspector, app.state.token))
 
 
 def _serve_openapi_with_token(app: FastAPI, dependencies: list) -> None:
