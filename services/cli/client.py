@@ -69,6 +69,9 @@ class JobsClient:
     def logs(self, job_id: str, service: str, tail: int) -> str:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"service": service, "tail": tail})
 
+    def episodes(self, job_id: str, step: int | None) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/episodes", params={} if step is None else {"step": step})
+
     def follow(self, job_id: str, after: int = 0, read_timeout_s: float = 60.0) -> Iterator[dict[str, Any]]:
         """Events as they happen (server-sent events, parsed by httpx-sse), ending with {"type": "end", ...}
         when the job has finished. The server pings every 15 s, so a read that waits longer than

@@ -45,27 +45,30 @@ def select(
     return picked[:limit] if limit > 0 else picked
 
 
+def read_folder(folder: Path, step: int | None) -> tuple[int, list[dict[str, Any]]]:
+    """(the step, its recorded episodes) of a run folder here; default: the last recorded step."""
+    from services.learner.episodes import read_step, recorded_steps
+
+    steps = recorded_steps(folder)
+    if not steps:
+        raise UsageError(f"{folder}: no recorded episodes (logging.episodes_per_step was 0, or no step ended)")
+    step = steps[-1] if step is None else step
+    try:
+        return step, read_step(folder, step)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def show(
-    folder: Path,
-    step: int | None,
+    step: int,
+    rows: list[dict[str, Any]],
     filters: list[str],
     sort: str | None = None,
     limit: int = 0,
     as_json: bool = False,
     ascending: bool = False,
 ) -> str:
-    from services.learner.episodes import read_step, recorded_steps
-
-    if not folder.is_dir():
-        raise UsageError(f"{folder}: no such run folder")
-    steps = recorded_steps(folder)
-    if not steps:
-        raise UsageError(f"{folder}: no recorded episodes (logging.episodes_per_step was 0, or no step ended)")
-    step = steps[-1] if step is None else step
-    try:
-        rows = read_step(folder, step)
-    except FileNotFoundError as exc:
-        raise UsageError(str(exc)) from None
+    """A step's episodes as transcripts (or as JSON lines), filtered, sorted and cut to `limit`."""
     picked = select(rows, parse_filters(filters), sort, limit, ascending)
     if as_json:
         return "\n".join(json.dumps(row, default=str) for _, row in picked)

@@ -80,9 +80,9 @@ def build_parser() -> tuple[Parser, dict[str, ConfigFlags]]:
     logs.add_argument("--service", default="learner", choices=["supervisor", "envs", "reward", "rollout", "learner"])
     logs.add_argument("--tail", type=int, default=200)
     episodes = sub.add_parser(
-        "episodes", help="a step's recorded episodes as transcripts (a local run folder: runs/NAME)"
+        "episodes", help="a step's recorded episodes as transcripts: of a run folder here (runs/NAME) or of a job"
     )
-    episodes.add_argument("run", help="the run's folder (its checkpoints folder's parent)")
+    episodes.add_argument("run", help="the run's folder (its checkpoints folder's parent), or a job id (the API's)")
     episodes.add_argument("--step", type=int, help="default: the last recorded step")
     episodes.add_argument("--filter", action="append", default=[], help="KEY=VALUE, e.g. success=false (repeatable)")
     episodes.add_argument("--sort", help="reward, advantage_mean, num_turns, model_tokens or invalid_actions")
@@ -163,6 +163,12 @@ def run(args: argparse.Namespace, flags: dict[str, ConfigFlags], client: JobsCli
     if args.command == "logs":
         print(client.logs(args.job_id, args.service, args.tail))
         return 0
+    if args.command == "episodes":
+        from services.cli.episodes_view import show
+
+        page = client.episodes(args.run, args.step)
+        print(show(page["step"], page["episodes"], args.filter, args.sort, args.limit, args.json, args.ascending))
+        return 0
     raise AssertionError(args.command)
 
 
@@ -196,12 +202,11 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command in ("validate", "config"):
         return offline(args, flags)
-    if args.command == "episodes":
-        from pathlib import Path
+    if args.command == "episodes" and episodes_folder(args.run) is not None:
+        from services.cli.episodes_view import read_folder, show
 
-        from services.cli.episodes_view import show
-
-        print(show(Path(args.run), args.step, args.filter, args.sort, args.limit, args.json, args.ascending))
+        step, rows = read_folder(episodes_folder(args.run), args.step)
+        print(show(step, rows, args.filter, args.sort, args.limit, args.json, args.ascending))
         return 0
     if args.command == "inspect":
         return inspect(args)
@@ -218,6 +223,20 @@ def _main(argv: list[str]) -> int:
         return 1
     finally:
         client.close()
+
+
+def episodes_folder(target: str):
+    """`target` as a run folder on this machine, or None where it names a job (or is neither: then UsageError)."""
+    import re
+    from pathlib import Path
+
+    from services.jobs.models import JOB_ID_PATTERN
+
+    if Path(target).is_dir():
+        return Path(target)
+    if Path(target).exists() or not re.match(JOB_ID_PATTERN, target):
+        raise UsageError(f"{target}: not a run folder, nor a job id")
+    return None
 
 
 def inspect(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from services.jobs.manager import JobManager
 from services.jobs.middleware import BodySizeLimit, JsonDepthLimit, RequestMetrics
 from services.jobs.progress import ProgressReader
 from services.jobs.reconcile import Reconciler
-from services.jobs.routers import events, health, jobs, logs
+from services.jobs.routers import episodes, events, health, jobs, logs
 from services.jobs.routers import metrics as metrics_router
 from services.jobs.settings import JobsSettings
 from services.jobs.spec_policy import SpecPolicy
@@ -116,7 +116,7 @@ def create_app(
     app.add_middleware(RequestMetrics, histogram=app.state.api_metrics.request_seconds)  # outermost: sees 413s too
     authed = [Depends(require_token), Depends(forbid_unknown_query)]
     app.include_router(health.router)
-    for router in (jobs.router, events.router, logs.router, metrics_router.router):
+    for router in (jobs.router, events.router, logs.router, episodes.router, metrics_router.router):
         app.include_router(router, dependencies=authed, responses=AUTH_RESPONSES)
     if not public_docs:
         _serve_openapi_with_token(app, authed)

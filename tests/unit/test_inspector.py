@@ -264,3 +264,39 @@ def test_omrl_inspect_prints_a_jobs_page_in_the_api_and_refuses_what_is_neither_
     assert capsys.readouterr().out.strip() == "https://api.example/inspect/runs/my-job"
     assert omrl(["inspect", "no/such/folder"]) == 2
     assert "not a folder, nor a job id" in capsys.readouterr().err
+
+
+# -- omrl episodes JOB: the API's /v1/jobs/{id}/episodes --------------------------------------------
+def test_omrl_episodes_reads_a_jobs_records_through_the_api(api, root, capsys):
+    from services.cli.client import JobsClient
+    from services.cli.main import build_parser, run
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert api.get("/v1/jobs/job-one/episodes").status_code == 401
+    page = api.get("/v1/jobs/job-one/episodes", headers=auth).json()
+    assert page["step"] == page["steps"][-1] and page["episodes"] == json.loads(json.dumps(root[1][page["step"]]))
+    assert api.get("/v1/jobs/job-one/episodes", params={"step": 99}, headers=auth).status_code == 404
+    assert api.get("/v1/jobs/no-such-job/episodes", headers=auth).status_code == 404
+
+    client = JobsClient("http://testserver", TOKEN)
+    client.http = api
+    api.headers.update(auth)
+    parser, flags = build_parser()
+    args = parser.parse_args(["episodes", "job-one", "--step", "2", "--sort", "reward", "--limit", "2"])
+    assert run(args, flags, client) == 0
+    out = capsys.readouterr().out
+    best = sorted(root[1][2], key=lambda r: r["reward"], reverse=True)[:2]
+    assert out.startswith(f"step 2: 2 of {len(root[1][2])} recorded episodes")
+    assert all(row["trajectory_id"] in out for row in best)
+
+
+def test_a_job_whose_run_folder_is_elsewhere_says_so(api):
+    store = api.app.state.store
+    store.save(store.get("job-one").model_copy(update={"launcher_info": {"run_dir": "/nowhere/on/this/machine"}}))
+    response = api.get("/v1/jobs/job-one/episodes", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 409 and "not on the API's machine" in response.json()["detail"]
+
+
+def test_an_unknown_query_parameter_of_the_episodes_route_is_refused(api):
+    response = api.get("/v1/jobs/job-one/episodes", params={"stepp": 2}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", "stepp"]
