@@ -115,7 +115,7 @@ def check_reward_function(name: str, function: str, named_by_type: bool) -> None
         check_choice("reward", function)
     except ValueError as exc:
         where = (name, "type") if named_by_type else (name, "[key]")
-        error = PydanticCustomError("unknown_reward_function", "{message}", {"message": str(exc)})
+        error = PydanticCustomError("value_error", "{message}", {"message": str(exc)})  # as other plugin names
         raise ValidationError.from_exception_data(
             "reward components", [InitErrorDetails(type=error, loc=where, input=function)]
         ) from None

@@ -147,6 +147,13 @@ class RunState:
                 out.append((entry_id.decode(), json.loads(fields[b"metrics"])))
         return out
 
+    def validation_episodes(self, after_id: str = "0", count: int = 16) -> list[tuple[str, int, bytes]]:
+        """(entry id, policy version, an encoded TrajectoryBatch) of the validation episodes published after
+        `after_id`, oldest first."""
+        start = f"({after_id}" if after_id != "0" else "-"  # exclusive of the last entry read
+        items = self.client.xrange(self.k("validation_episodes"), start, "+", count)
+        return [(i.decode(), int(f.get(b"version", b"0")), f.get(b"batch", b"")) for i, f in items]
+
     def mark_done(self, reason: str = "finished") -> None:
         self.client.set(self.k("done"), reason)
 
@@ -216,6 +223,10 @@ class AsyncRunState:
 
     async def publish_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         await self.client.xadd(self.k("metrics"), {"step": step, "metrics": json.dumps(metrics)}, maxlen=100000)
+
+    async def publish_validation_episodes(self, version: int, batch: bytes) -> None:
+        """A validation's episodes (an encoded TrajectoryBatch) for the learner to record: the newest 64 kept."""
+        await self.client.xadd(self.k("validation_episodes"), {"version": version, "batch": batch}, maxlen=64)
 
     async def done(self) -> str | None:
         value = await self.client.get(self.k("done"))

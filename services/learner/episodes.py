@@ -44,6 +44,10 @@ def step_file(folder: Path, step: int) -> Path:
     return folder / FOLDER / f"step_{step:08d}.parquet"
 
 
+def validation_file(folder: Path, version: int) -> Path:
+    return folder / FOLDER / "validation" / f"version_{version:08d}.parquet"
+
+
 def sample(trajectories: Sequence[Trajectory], limit: int) -> list[int]:
     """Rows to keep: whole groups in batch order until `limit` episodes (at least one group); -1: all."""
     if limit < 0:
@@ -77,18 +81,10 @@ def _turn(traj: Trajectory, turn: Any, decode: Callable[[list[int]], str]) -> di
     }
 
 
-def episode_row(
-    step: int, traj: Trajectory, tokens: StepTokens, row: int, decode: Callable[[list[int]], str], pieces: Callable
-) -> dict[str, Any]:
+def played_row(traj: Trajectory, decode: Callable[[list[int]], str], pieces: Callable) -> dict[str, Any]:
+    """What an episode's record says of it, decoded: the columns of training and validation rows alike."""
     ids = list(traj.token_ids)
-    n = len(ids)
-
-    def column(tensor: Any) -> list[float]:
-        values = tensor[row, :n].tolist()
-        return values + [0.0] * (n - len(values))  # past the row's used length nothing was computed
-
     return {
-        "step": step,
         "trajectory_id": traj.trajectory_id,
         "group_id": traj.group_id,
         "env": traj.env,
@@ -107,6 +103,23 @@ def episode_row(
         "token_ids": ids,
         "token_text": pieces(ids),
         "rollout_logprobs": list(traj.logprobs),
+        "loss_mask": list(traj.loss_mask),
+    }
+
+
+def episode_row(
+    step: int, traj: Trajectory, tokens: StepTokens, row: int, decode: Callable[[list[int]], str], pieces: Callable
+) -> dict[str, Any]:
+    """A trained episode: what its record says, and what the update computed for each of its tokens."""
+    n = len(traj.token_ids)
+
+    def column(tensor: Any) -> list[float]:
+        values = tensor[row, :n].tolist()
+        return values + [0.0] * (n - len(values))  # past the row's used length nothing was computed
+
+    return {
+        "step": step,
+        **played_row(traj, decode, pieces),
         "learner_logprobs": column(tokens.learner_logprobs),
         "advantages": column(tokens.advantages),
         "token_rewards": column(tokens.token_rewards),
@@ -169,7 +182,7 @@ class EpisodeRecorder:
             self._tokenizer = AutoTokenizer.from_pretrained(self._model_path)
         return self._tokenizer
 
-    def rows(self, step: int, tokens: StepTokens) -> list[dict[str, Any]]:
+    def _decoders(self) -> tuple[Callable[[list[int]], str], Callable[[list[int]], list[str]]]:
         tok = self._tokens()
 
         def decode(ids: list[int]) -> str:
@@ -178,6 +191,10 @@ class EpisodeRecorder:
         def pieces(ids: list[int]) -> list[str]:
             return tok.batch_decode([[i] for i in ids])
 
+        return decode, pieces
+
+    def rows(self, step: int, tokens: StepTokens) -> list[dict[str, Any]]:
+        decode, pieces = self._decoders()
         return [
             episode_row(step, tokens.trajectories[i], tokens, i, decode, pieces)
             for i in sample(tokens.trajectories, self.limit)
@@ -188,23 +205,41 @@ class EpisodeRecorder:
         if not self.enabled or tokens is None:
             return []
         try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
             rows = self.rows(step, tokens)
-            path = step_file(self.folder, step)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".partial")
-            pq.write_table(pa.Table.from_pylist(rows), partial, compression="zstd")
-            os.replace(partial, path)  # a reader never sees half a file
-            self._trim()
+            self._write(step_file(self.folder, step), rows)
             return rows
         except Exception as exc:  # a full disk or an odd record costs the record, not the run
             self._warn("record", f"episodes of step {step} not recorded: {exc!r}")
             return []
 
+    def record_validation(self, version: int, trajectories: Sequence[Trajectory]) -> list[dict[str, Any]]:
+        """Writes a validation's episodes (played by policy `version`, never trained on: no learner columns) to
+        `episodes/validation/version_<version>.parquet`; returns the rows written."""
+        if not self.enabled or not trajectories:
+            return []
+        try:
+            decode, pieces = self._decoders()
+            rows = [{"policy_version": version, **played_row(t, decode, pieces)} for t in trajectories]
+            self._write(validation_file(self.folder, version), rows)
+            return rows
+        except Exception as exc:
+            self._warn("record", f"validation episodes of v{version} not recorded: {exc!r}")
+            return []
+
+    def _write(self, path: Path, rows: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        pq.write_table(pa.Table.from_pylist(rows), partial, compression="zstd")
+        os.replace(partial, path)  # a reader never sees half a file
+        self._trim()
+
     def _trim(self) -> None:
-        files = sorted((self.folder / FOLDER).glob("step_*.parquet"))
+        """Oldest first, training and validation files alike, until they fit the byte limit."""
+        # by write time (a file written in the same clock tick as another: by name, which orders steps)
+        files = sorted((self.folder / FOLDER).glob("**/*.parquet"), key=lambda f: (f.stat().st_mtime_ns, f.name))
         sizes = [f.stat().st_size for f in files]
         total = sum(sizes)
         for path, size in zip(files, sizes):
@@ -235,4 +270,20 @@ def read_step(folder: Path, step: int) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"step {step} has no recorded episodes in {folder / FOLDER} (recorded: {span})")
     import pyarrow.parquet as pq
 
+    return pq.read_table(path).to_pylist()
+
+
+def recorded_validations(folder: Path) -> list[int]:
+    """The policy versions whose validation episodes are recorded."""
+    found = (folder / FOLDER / "validation").glob("version_*.parquet")
+    return sorted(int(p.stem.removeprefix("version_")) for p in found)
+
+
+def read_validation(folder: Path, version: int) -> list[dict[str, Any]]:
+    """The recorded validation episodes of policy `version`; FileNotFoundError when there are none."""
+    import pyarrow.parquet as pq
+
+    path = validation_file(folder, version)
+    if not path.exists():
+        raise FileNotFoundError(f"no recorded validation of policy v{version} in {path.parent}")
     return pq.read_table(path).to_pylist()

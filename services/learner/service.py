@@ -26,10 +26,11 @@ import redis
 from services.common.config import TrainConfig, config_digest
 from services.common.run_state import RunState
 from services.common.stream import StreamEntry, TrajectoryStream
+from services.common.trajectory import RecordError, decode_batch
 from services.learner import collectives, full_weights
 from services.learner.determinism import canonical_order
 from services.learner.episodes import EpisodeRecorder, episode_summary
-from services.learner.poison_guard import PoisonGuard
+from services.learner.poison_guard import Poison, PoisonGuard, check_trajectory
 from services.learner.prometheus_metrics import DROPPED, export_summary
 
 CATCH_UP_EVERY_S = 10.0
@@ -115,6 +116,8 @@ class LearnerService:
         self.config, self.trainer, self.pusher = config, trainer, pusher
         self.state, self.stream = state, stream  # rank 0 only
         self.recorder, self.trackers = recorder, trackers  # rank 0 only; None: no recorded episodes, no trackers
+        self._validations_after = "0"  # the validation_episodes stream's last entry recorded
+        self._validated = -1  # the newest policy version whose validation entry was read
         self.version = 0
         self.step = 0
         self._unacked: list[str] = []
@@ -489,11 +492,51 @@ class LearnerService:
         return summary
 
     def _record(self) -> list[dict[str, Any]]:
-        """The step's recorded episodes (rank 0; none when recording is off)."""
+        """The step's recorded episodes (rank 0; none when recording is off), and the validations published since."""
         tokens, self.trainer.step_tokens = getattr(self.trainer, "step_tokens", None), None
         if self.recorder is None or not collectives.is_rank0():
             return []
+        self._record_validations()
         return self.recorder.record(self.step, tokens)
+
+    def _record_final_validation(self, timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
+        """The rollout validates the final policy after the last step: wait for its entry (while a rollout server
+        is registered, up to `timeout_s`) to record its episodes too."""
+        every = self.config.env.validation_every
+        if self.recorder is None or not collectives.is_rank0() or not every or self.step % every:
+            return
+        deadline = time.monotonic() + timeout_s
+        self._record_validations()
+        while self._validated < self.step and time.monotonic() < deadline and self.state.rollout_servers():
+            time.sleep(poll_s)
+            self._record_validations()
+        if self._validated < self.step:
+            log.warning("the final policy's validation episodes did not come: not recorded")
+
+    def _record_validations(self) -> None:
+        """Validation episodes from the run's `validation_episodes` stream, checked as training records are; an
+        entry that does not decode, or a bad episode, is left out with a warning."""
+        try:
+            entries = self.state.validation_episodes(self._validations_after)
+        except redis.RedisError as exc:
+            log.warning("validation episodes not read this step: %r", exc)
+            return
+        for entry_id, version, payload in entries:
+            self._validations_after = entry_id
+            self._validated = max(self._validated, version)
+            try:
+                played = list(decode_batch(payload).trajectories)
+            except RecordError as exc:
+                log.warning("validation entry %s not recorded: %s", entry_id, exc)
+                continue
+            kept = []
+            for traj in played:
+                try:
+                    check_trajectory(traj, self.guard.limits, self.version)
+                    kept.append(traj)
+                except Poison as exc:
+                    log.warning("validation episode not recorded: %s", exc)
+            self.recorder.record_validation(version, kept)
 
     def _target_reached(self) -> bool:
         target, window = self.config.learner.stop_at_success, self._successes
@@ -555,6 +598,7 @@ class LearnerService:
                     summary["policy_version"],
                 )
         self._commit_pending()
+        self._record_final_validation()
         if self.step < self.config.learner.steps:
             log.info(
                 "success %.2f over the last %d steps reached learner.stop_at_success: the run ends at step %d of %d",

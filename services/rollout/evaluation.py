@@ -3,7 +3,8 @@
 Redis) plays every validation task once, at `env.validation_temperature`, and publishes the success
 rate per environment to the run's metrics stream as an entry with `"kind": "validation"`.
 
-Validation episodes share the engine with training episodes and never reach the trajectory stream; a push
+Validation episodes share the engine with training episodes and never reach the trajectory stream (a sample goes
+to the run's `validation_episodes` stream, which the learner records apart: services/learner/episodes.py); a push
 that lands while they play samples their later turns from the newer policy, counted
 (`validation/turns_of_later_versions`).
 Episodes lost to infrastructure are retried like training ones; those that still fail are left out
@@ -21,6 +22,7 @@ from typing import Any
 from services.common import metrics
 from services.common.config import TrainConfig
 from services.common.run_state import AsyncRunState
+from services.common.trajectory import encode_batch
 from services.envs.datasets import TaskSplit
 from services.envs.deadlines import VALIDATION_CONCURRENCY
 from services.rollout.agent_loop import AgentLoop
@@ -93,8 +95,22 @@ class Evaluator:
             summary[f"validation/{name}/turns"] = mean(len(t.turns) for t in played)
             VALIDATION_SUCCESS.labels(name).set(summary[f"validation/{name}/success_rate"])
         await self.state.publish_metrics(version, summary)
+        await self._publish_episodes(version, played)
         log.info("validation at policy v%d: %s", version, {k: v for k, v in summary.items() if "/" in k})
         return summary
+
+    async def _publish_episodes(self, version: int, played: list) -> None:
+        """The first `logging.episodes_per_step` episodes (-1: all) for the learner to record. An entry over the
+        stream's entry size goes without them (said here): the learner, which waits for the final policy's
+        entry, still hears that this validation ended."""
+        limit = self.config.logging.episodes_per_step
+        payload = encode_batch(played if limit < 0 else played[:limit], f"val-v{version}")
+        if len(payload) > self.config.stream.max_entry_bytes:
+            log.warning(
+                "validation episodes of v%d not recorded: %d bytes, over stream.max_entry_bytes", version, len(payload)
+            )
+            payload = encode_batch([], f"val-v{version}")
+        await self.state.publish_validation_episodes(version, payload)
 
     async def _episode(self, version: int, i: int, task_index: int):
         async with self._slots:

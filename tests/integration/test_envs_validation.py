@@ -9,6 +9,7 @@ import pytest
 
 from services.common.config import load_config
 from services.common.run_state import AsyncRunState, RunState
+from services.common.trajectory import decode_batch
 from services.envs.client import InProcessEnvClient
 from services.envs.datasets import TaskSplit, dataset_dir, ensure
 from services.envs.service import EnvService
@@ -154,3 +155,64 @@ def test_task_datasets_follow_the_parquet_layout(config):
     with pytest.raises(FileNotFoundError, match="mine"):
         ensure(config.env)
     assert TaskSplit("train", [5, 9]).draw("0:3") in (5, 9)
+
+
+def learner_recording(config, tokenizer):
+    """A learner service that only records (no trainer, no pusher): its validation-episode path."""
+    from types import SimpleNamespace
+
+    from services.learner.episodes import EpisodeRecorder
+    from services.learner.service import LearnerService
+
+    config.learner.checkpoint_dir = str(config.run_dir / "checkpoints")
+    trainer = SimpleNamespace(model=None, step_tokens=None)
+    return LearnerService(config, trainer, None, RunState.connect(config), recorder=EpisodeRecorder(config, tokenizer))
+
+
+def test_the_learner_records_validation_episodes_apart_and_leaves_bad_ones_out(config, tokenizer):
+    from services.common.trajectory import encode_batch
+    from services.learner.episodes import read_validation, recorded_steps, recorded_validations
+
+    evaluator = Evaluator(config, scripted_loop(config, tokenizer, 2), AsyncRunState.connect(config), Version())
+    asyncio.run(evaluator.evaluate(2))
+    state = RunState.connect(config)
+    ((_, _, payload),) = state.validation_episodes()
+    played = list(decode_batch(payload).trajectories)
+    too_long = type(played[0])()
+    too_long.CopyFrom(played[0])
+    too_long.token_ids.extend([5] * 600)
+    too_long.loss_mask.extend([0] * 600)
+    too_long.logprobs.extend([0.0] * 600)
+    too_long.turns[-1].env_tokens += 600  # a well-formed record, longer than the context
+    state.client.xadd(state.k("validation_episodes"), {"version": 3, "batch": b"not a batch"})
+    state.client.xadd(state.k("validation_episodes"), {"version": 4, "batch": encode_batch([too_long, played[1]])})
+
+    service = learner_recording(config, tokenizer)
+    service.version = 4  # the learner has pushed v4 by now
+    service._record_validations()
+    folder = config.run_dir
+    assert recorded_validations(folder) == [2, 4] and recorded_steps(folder) == []
+    rows = read_validation(folder, 2)
+    assert [r["trajectory_id"] for r in rows] == [t.trajectory_id for t in played]
+    assert all(r["policy_version"] == 2 and r["success"] for r in rows)
+    assert rows[0]["token_ids"] == list(played[0].token_ids) and "You are in cell" in rows[0]["prompt"]
+    assert "learner_logprobs" not in rows[0] and "advantages" not in rows[0]  # never trained on
+    assert [r["trajectory_id"] for r in read_validation(folder, 4)] == [played[1].trajectory_id]
+    service._record_validations()  # nothing new: nothing rewritten
+    assert recorded_validations(folder) == [2, 4]
+
+
+def test_the_learner_waits_for_the_final_policys_validation(config, tokenizer, monkeypatch):
+    import threading
+
+    from services.learner.episodes import recorded_validations
+
+    service = learner_recording(config, tokenizer)
+    service.step = service.version = 4  # the last step; validation_every=2
+    monkeypatch.setattr(service.state, "rollout_servers", lambda: {"rollout-0": {}})
+    evaluator = Evaluator(config, scripted_loop(config, tokenizer, 4), AsyncRunState.connect(config), Version())
+    late = threading.Timer(1.0, lambda: asyncio.run(evaluator.evaluate(4)))
+    late.start()
+    service._record_final_validation(timeout_s=60, poll_s=0.1)
+    late.join()
+    assert recorded_validations(config.run_dir) == [4]
