@@ -23,6 +23,10 @@ LISTENERS = {
     ("services/common/grpc_server.py", ".bind(("): "free_port(): a probe of a port, closed at once",
     ("services/learner/app.py", "start_http_server("): "the learner's metrics endpoint, on bind_host()",
     ("services/jobs/__main__.py", "uvicorn.run("): "the job API, on bind_host()",
+    ("services/cli/inspector.py", ".bind(("): "omrl inspect PATH: the inspector of local run folders, on 127.0.0.1 "
+    "only (no token: read-only, this machine's users)",
+    ("services/cli/inspector.py", ".listen("): "the same socket",
+    ("services/cli/inspector.py", "uvicorn.Server("): "serves on that socket",
     ("services/weightsync/nccl/group.py", "TCPStore("): "the nccl weight push's rendezvous (learner rank 0): torch's "
     "store listens on every address, as it must for the rollout pods that reach it at learner.weight_nccl_host",
 }
