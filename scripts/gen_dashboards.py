@@ -660,6 +660,31 @@ b.panel(
         (f"sum by (server) (omrl_envs_agentgym_pending_closes{R})", "pending closes {{server}}"),
     ],
 )
+b.row("Tools")
+b.panel(
+    "timeseries",
+    "Tool calls per second by tool and result",
+    "Calls the env services ran for tool-calling agents (rollout.agent_loop: tools), by tool and result: ok, the "
+    "model's mistake (unknown tool, invalid arguments) or the tool's failure (error, failed, timeout, limit, "
+    "refused, unavailable).",
+    [(rate("omrl_envs_tool_calls_total", by="tool, kind"), "{{tool}} {{kind}}")],
+    unit="ops",
+)
+b.panel(
+    "timeseries",
+    "Tool call latency",
+    "95th percentile of one tool call by tool, waiting for a sandbox slot included.",
+    [(quantile(0.95, "omrl_envs_tool_call_seconds", by="tool"), "{{tool}}")],
+    unit="s",
+)
+b.panel(
+    "timeseries",
+    "Policy tool calls by result",
+    "Tool calls the policy made per second, as the rollout servers saw them: ok, its mistakes (unparsed, unknown, "
+    "invalid, over_limit: what the invalid_tool_calls reward component counts) and the tools' failures.",
+    [(rate("omrl_rollout_tool_calls_total", by="result"), "{{result}}")],
+    unit="ops",
+)
 b.row("Reward")
 b.panel(
     "timeseries",

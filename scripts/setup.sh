@@ -89,4 +89,8 @@ fi
 if ! command -v chromium >/dev/null; then
   apt-get "${apt_wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -qq chromium >/dev/null
 fi
+# bubblewrap, the sandbox the python toolset runs the model's code in (services/envs/tools/python.py)
+if ! command -v bwrap >/dev/null; then
+  apt-get "${apt_wait[@]}" update -qq && DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -qq bubblewrap >/dev/null
+fi
 echo "setup done: $engine_dist $(dist_version "$engine_dist"), torch $(dist_version torch)"

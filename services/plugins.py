@@ -16,10 +16,13 @@ from services.common import choices
 from services.common.registry import Registry
 from services.engines.base import BACKENDS
 from services.envs.registry import ENVS
+from services.envs.tools import TOOLSETS
 from services.learner.advantages import ADVANTAGES
 from services.learner.policy_losses import POLICY_LOSSES
 from services.reward.registry import REWARDS
 from services.rollout.action_parsers import PARSERS
+from services.rollout.agent_loops import AGENT_LOOPS
+from services.rollout.tool_parsers import TOOL_PARSERS
 from services.weightsync import PUSHERS
 
 REGISTRIES: dict[str, Registry] = {
@@ -30,6 +33,9 @@ REGISTRIES: dict[str, Registry] = {
     "weight_push": PUSHERS,
     "backend": BACKENDS,
     "action_parser": PARSERS,
+    "agent_loop": AGENT_LOOPS,
+    "tool_parser": TOOL_PARSERS,
+    "toolset": TOOLSETS,
 }
 """Plugin kind -> its registry."""
 

@@ -109,6 +109,22 @@ def check_env_options(env: str, options: dict[str, Any]) -> None:
         raise _located(exc, (), sorted(model.model_fields), "option", f"env {env!r}") from None
 
 
+def check_toolset_options(kind: str, options: dict[str, Any]) -> None:
+    """Validates a toolset's `options` with its `Options` model (as `check_env_options` does an env's); a process
+    without the toolset's dependencies leaves the check to the env service and the job API."""
+    toolsets = registry("toolset")
+    try:
+        model: type[BaseModel] | None = toolsets.options(kind) if toolsets is not None else None
+    except (ImportError, KeyError):
+        return
+    if model is None:
+        return
+    try:
+        model.model_validate(options)
+    except ValidationError as exc:
+        raise _located(exc, (), sorted(model.model_fields), "option", f"toolset {kind!r}") from None
+
+
 def check_reward_function(name: str, function: str, named_by_type: bool) -> None:
     """The component `name` runs a registered reward function; else a ValidationError at its key (or its `type`)."""
     try:

@@ -179,6 +179,24 @@ class ModelConfig(Section):
         return length
 
 
+TOOLSET_NAME = r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$"
+
+
+class ToolsetConfig(Section):
+    type: _plugin("toolset")
+    """Registered toolset type: calculator, python, search, editor, mcp (see `services.envs.tools`)."""
+    options: FreeForm = Field(default_factory=dict, validate_default=True)
+    """That toolset's settings, e.g. {"corpus": "data/wiki.parquet"} for search, {"transport": "stdio",
+    "command": [...]} for an MCP server."""
+
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "type" in info.data:  # else the type itself was rejected
+            choices.check_toolset_options(info.data["type"], options)
+        return options
+
+
 class EnvConfig(Section):
     name: _plugin("env") = "corridor"
     """Registered environment to train on (see `services.envs.registry`)."""
@@ -210,6 +228,14 @@ class EnvConfig(Section):
     """Run the whole validation split whenever the policy version is a multiple of this (0: never)."""
     validation_temperature: float = Field(0.0, ge=0, le=5)
     """Sampling temperature of validation episodes (0: greedy)."""
+    tools: dict[Annotated[str, Field(pattern=TOOLSET_NAME)], ToolsetConfig] = Field(default_factory=dict)
+    """Toolsets the env service adds to the env's own (a tool task declares its own), by instance name; one of
+    the env's names is replaced. The model sees them with `rollout.agent_loop: tools`."""
+    tool_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Deadline of one tool call; times the queue waves ahead of it where a toolset runs a limited number of
+    calls at once (the python sandbox)."""
+    max_tool_calls: int = Field(4, ge=1, le=16)
+    """Tool calls one model turn may make; the rest are answered with an error and counted as invalid."""
 
     @field_validator("options")
     @classmethod
@@ -254,6 +280,12 @@ class RolloutConfig(Section):
     """0 disables top-k."""
     action_parser: _plugin("action_parser") = "xml_action"
     """Registered action template; `xml_action` takes the text inside <action>...</action>."""
+    agent_loop: _plugin("agent_loop") = "text"
+    """Registered agent loop: `text` (each reply's action steps the env) or `tools` (the model calls the
+    episode's tools in its chat format; a reply without a call is its answer)."""
+    tool_parser: _plugin("tool_parser") = "hermes"
+    """How the `tools` loop reads calls: `hermes` (<tool_call>{"name", "arguments"}</tool_call>, Qwen and Hermes
+    models), `json` (the reply is a JSON call or list of calls), `xml_action` (<action>{"name", ...}</action>)."""
     group_size: int = Field(8, ge=1, le=1024)
     """Episodes sampled per task (GRPO group)."""
     groups_per_step: int = Field(8, ge=1, le=100_000)

@@ -22,6 +22,12 @@ VOCAB_SIZE = 512
 """BPE target; a small corpus yields fewer merges, and the model's vocab is the tokenizer's length."""
 
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    + USER
+    + 'Tools (call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):'
+    + "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor -%}"
+    + END
+    + "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'user' -%}"
     + USER
@@ -30,6 +36,10 @@ CHAT_TEMPLATE = (
     + "{%- elif message['role'] == 'assistant' -%}"
     + ASSISTANT
     + "{{ message['content'] }}"
+    + END
+    + "{%- elif message['role'] == 'tool' -%}"
+    + USER
+    + "<tool_response>{{ message['content'] }}</tool_response>"
     + END
     + "{%- else -%}{{ raise_exception('tiny model chat template: unsupported role ' + message['role']) }}"
     "{%- endif -%}"
@@ -48,11 +58,13 @@ MODEL_SHAPE = dict(
 )
 
 
-def _train_tokenizer(corpus: Sequence[str]):
+def _train_tokenizer(corpus: Sequence[str], split_digits: bool = False):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
@@ -72,8 +84,10 @@ def build_tiny_model(
     *,
     seed: int = 0,
     tie_word_embeddings: bool = False,
+    split_digits: bool = False,
 ) -> Path:
-    """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`."""
+    """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`. `split_digits`: numbers
+    are tokenised digit by digit (as Llama and Qwen tokenizers do)."""
     from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 
     if not corpus:
@@ -82,7 +96,7 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(corpus),
+        tokenizer_object=_train_tokenizer(corpus, split_digits),
         pad_token=PAD,
         eos_token=END,
         additional_special_tokens=[USER, ASSISTANT],

@@ -77,6 +77,7 @@ def main() -> None:
 
     from services.envs.deadlines import env_deadlines
     from services.envs.service import EnvService
+    from services.envs.tool_host import ToolHost
 
     deadlines = env_deadlines(config, args.step_timeout_s)
     if deadlines.waves > 1:
@@ -96,6 +97,12 @@ def main() -> None:
         workers=max(args.workers, deadlines.capacity or 0),
         replica_id=args.replica_id,
         idle_ttl_s=args.idle_ttl_s,
+        tools=ToolHost(
+            {name: toolset.model_dump() for name, toolset in config.env.tools.items()},
+            call_timeout_s=config.env.tool_timeout_s,
+            max_output_chars=args.max_observation_chars,
+            max_calls=config.env.max_tool_calls,
+        ),
     )
     asyncio.run(run(args, config, service, deadlines.routed_s))
 

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -85,6 +86,19 @@ class TextEnv(abc.ABC):
     An env that does I/O or may block must leave it False, so that a slow call cannot stall the event loop
     and the call's deadline (`step_timeout_s`) still applies."""
 
+    tools: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Toolsets this env's tasks are played with in the tool-calling agent loop, by instance name:
+    {"type": <toolset type>, "options": {...}} (services.envs.tools). The run's `env.tools` add to them, and
+    replace one of the same name."""
+    workspace: Path | None = None
+    """The episode's own folder where it has tools, set by the env service before `reset`: the files a task's
+    tools work on (the editor's) live here; the service removes it when the episode closes."""
+
+    @classmethod
+    def tools_for(cls, options: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+        """The toolsets this env's tasks are played with under these options (default: `tools`)."""
+        return dict(cls.tools)
+
     @classmethod
     def task_range(cls, options: dict[str, Any] | None) -> range | None:
         """The task indices this env can serve with these options; None: any index >= 0."""
@@ -135,6 +149,15 @@ class TextEnv(abc.ABC):
         warm-start, which teach the action syntax and nothing about which action is right."""
         raise NotImplementedError(f"{self.name} has no random_action; the tiny-model warm-start needs one")
 
+    def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
+        """Well-formed tool calls (tool name, arguments) for the current task, drawn at random: warm-start demos."""
+        return []
+
+    def random_answer(self, rng: random.Random, seen: list[str]) -> str:
+        """The random tool user's final answer, once its calls returned `seen` (their outputs): a valid answer drawn
+        at random. Default: `random_action`."""
+        return self.random_action(rng)
+
     def task_info(self) -> dict[str, Any]:
         """What defines the current task's answer (dataset `reward_model.ground_truth`), e.g. {"answer": "7"}."""
         return {}
@@ -170,6 +193,16 @@ def call_time_left() -> float | None:
     """Seconds until the current env call's caller gives up; None outside the service (no deadline)."""
     deadline = getattr(_CALL, "deadline", None)
     return None if deadline is None else deadline - time.monotonic()
+
+
+NUMBER = re.compile(r"-?\d[\d,]*")
+
+
+def seen_number(rng: random.Random, seen: list[str], fallback: str) -> str:
+    """A number drawn from those in `seen`, or `fallback`: an answer that copies a number the agent read, right or
+    not (the warm-start's demos of a tool task thereby teach copying, and RL which number to copy)."""
+    numbers = [n.replace(",", "") for text in seen for n in NUMBER.findall(text)]
+    return rng.choice([*numbers, fallback])
 
 
 def action_format(example: str) -> str:

@@ -12,7 +12,7 @@ import grpc
 from services.common import metrics
 from services.common.errors import Internal, InvalidArgument, ServiceError, error_for, rpc_errors
 from services.common.protos import envs_pb2, envs_pb2_grpc
-from services.envs.messages import EnvInfo, EpisodeState, to_struct
+from services.envs.messages import EnvInfo, EpisodeState, ToolCall, ToolResult, to_struct
 from services.envs.service import EnvService
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,10 @@ class EnvClient(abc.ABC):
         """`action` is the text inside <action>...</action>."""
 
     @abc.abstractmethod
+    async def call_tools(self, episode_id: str, calls: list[ToolCall]) -> list[ToolResult]:
+        """One model turn's tool calls, run concurrently; a call's failure is its result (`kind`), not an error."""
+
+    @abc.abstractmethod
     async def close(self, episode_id: str) -> bool:
         """Ends the episode; False if there was none."""
 
@@ -88,6 +92,9 @@ class InProcessEnvClient(EnvClient):
 
     async def step(self, episode_id: str, action: str) -> EpisodeState:
         return await self.service.step(episode_id, action)
+
+    async def call_tools(self, episode_id: str, calls: list[ToolCall]) -> list[ToolResult]:
+        return await self.service.call_tools(episode_id, calls)
 
     async def close(self, episode_id: str) -> bool:
         return await self.service.close(episode_id)
@@ -217,6 +224,14 @@ class GrpcEnvClient(EnvClient):
             return
         if not future.done():
             future.set_result(state)
+
+    async def call_tools(self, episode_id: str, calls: list[ToolCall]) -> list[ToolResult]:
+        request = envs_pb2.CallToolsRequest(episode_id=episode_id, calls=[call.to_proto() for call in calls])
+        with rpc_errors():
+            reply = await self.stub.CallTools(request, timeout=self.timeout_s)
+        if len(reply.results) != len(calls):
+            raise Internal(f"CallTools answered {len(reply.results)} results for {len(calls)} calls")
+        return [ToolResult.from_proto(result) for result in reply.results]
 
     async def close(self, episode_id: str) -> bool:
         with rpc_errors():

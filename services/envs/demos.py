@@ -15,16 +15,20 @@ Which tasks they play (`warmstart_tasks`, `corpus_tasks`):
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.config import EnvConfig
 from services.common.errors import ServiceError
 from services.envs.base import StepResult, TaskRejected
+from services.envs.messages import ToolResult
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +140,80 @@ def random_episodes(
         failures_in_a_row = 0
         stats.played += 1
         yield demo
+
+
+@dataclass
+class ToolTurn:
+    calls: list[tuple[str, dict[str, Any]]]
+    results: list[ToolResult]
+
+
+@dataclass
+class ToolDemo:
+    task_index: int
+    observation: str
+    tools: list[dict[str, Any]]
+    """The episode's function schemas, as the agent loop gives them to the template."""
+    turns: list[ToolTurn | tuple[str, StepResult]]
+    """Tool calls with their results, or an answer with what the env said, in order."""
+
+
+def random_tool_episodes(
+    env_cfg: EnvConfig, count: int, seed: int, tasks: Iterable[int], say: Callable[[str], None] | None = None
+) -> list[ToolDemo]:
+    """`count` episodes of a random tool user on `tasks`: each turn it makes the env's `random_tool_calls` (run by
+    an in-process env service with the run's toolsets, as the tool-calling loop's would be), then answers with
+    `random_answer` given what the tools returned. A task that fails is skipped, as `random_episodes` does."""
+    return asyncio.run(_play_tool_demos(env_cfg, count, seed, iter(tasks), say))
+
+
+async def _play_tool_demos(
+    env_cfg: EnvConfig, count: int, seed: int, tasks: Iterator[int], say: Callable[[str], None] | None
+) -> list[ToolDemo]:
+    from services.envs.messages import ToolCall
+    from services.envs.service import EnvService
+    from services.envs.tool_host import ToolHost
+
+    host = ToolHost(
+        {name: toolset.model_dump() for name, toolset in env_cfg.tools.items()},
+        call_timeout_s=env_cfg.tool_timeout_s,
+        max_calls=env_cfg.max_tool_calls,
+    )
+    service, rng, demos, failures = (
+        EnvService(tools=host, step_timeout_s=env_cfg.step_timeout_s),
+        random.Random(seed),
+        [],
+        0,
+    )
+    try:
+        while len(demos) < count:
+            task_index = next(tasks)
+            try:
+                state = await service.create(env_cfg.name, task_index, dict(env_cfg.options))
+            except ServiceError as exc:
+                failures += 1
+                (say or log.warning)(f"{env_cfg.name}: task {task_index} skipped: {exc}")
+                if failures >= 20:
+                    raise RuntimeError(f"{failures} tasks failed in the tool warm-start; last: {exc}") from exc
+                continue
+            env, demo = service.env_of(state.episode_id), ToolDemo(task_index, state.observation, state.tools, [])
+            try:
+                for _ in range(env_cfg.max_turns):
+                    seen: list[str] = []
+                    calls = env.random_tool_calls(rng)[: env_cfg.max_tool_calls] if state.tools else []
+                    if calls:
+                        asked = [ToolCall(f"call_{i}", name, json.dumps(args)) for i, (name, args) in enumerate(calls)]
+                        results = await service.call_tools(state.episode_id, asked)
+                        demo.turns.append(ToolTurn(calls, results))
+                        seen = [result.content for result in results]
+                    answer = env.random_answer(rng, seen)
+                    state = await service.step(state.episode_id, answer)
+                    demo.turns.append((answer, StepResult(state.observation, state.reward, state.done, state.success)))
+                    if state.done:
+                        break
+            finally:
+                await service.close(state.episode_id)
+            demos.append(demo)
+    finally:
+        await service.aclose()
+    return demos

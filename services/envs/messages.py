@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,8 @@ class EpisodeState:
     info: dict[str, Any] = field(default_factory=dict)
     anchor: str = ""
     """The observation without history that names the state (`TextEnv.anchor_observation`)."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """The episode's tools as function schemas (Create and Reset only): what the chat template is given."""
 
     def to_proto(self) -> envs_pb2.EpisodeState:
         return envs_pb2.EpisodeState(
@@ -44,13 +47,57 @@ class EpisodeState:
             success=self.success,
             info=to_struct(self.info),
             anchor=self.anchor,
+            tools_json=json.dumps(self.tools) if self.tools else "",
         )
 
     @classmethod
     def from_proto(cls, msg: envs_pb2.EpisodeState) -> EpisodeState:
         """A server that predates anchors sends none: its observation is the anchor then."""
         anchor = msg.anchor or msg.observation
-        return cls(msg.episode_id, msg.observation, msg.reward, msg.done, msg.success, from_struct(msg.info), anchor)
+        tools = json.loads(msg.tools_json) if msg.tools_json else []
+        if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+            raise ValueError("tools_json is not a list of function schemas")
+        return cls(
+            msg.episode_id, msg.observation, msg.reward, msg.done, msg.success, from_struct(msg.info), anchor, tools
+        )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments_json: str
+    """The arguments object as the model wrote it (the service parses and checks it)."""
+
+    def to_proto(self) -> envs_pb2.ToolCall:
+        return envs_pb2.ToolCall(id=self.id, name=self.name, arguments_json=self.arguments_json)
+
+    @classmethod
+    def from_proto(cls, msg: envs_pb2.ToolCall) -> ToolCall:
+        return cls(msg.id, msg.name, msg.arguments_json)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    id: str
+    name: str
+    content: str
+    kind: str = ""
+    """"" where the call ran and succeeded, else why not (see the proto's ToolResult.kind)."""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.kind
+
+    def to_proto(self) -> envs_pb2.ToolResult:
+        return envs_pb2.ToolResult(
+            id=self.id, name=self.name, content=self.content, kind=self.kind, seconds=self.seconds
+        )
+
+    @classmethod
+    def from_proto(cls, msg: envs_pb2.ToolResult) -> ToolResult:
+        return cls(msg.id, msg.name, msg.content, msg.kind, msg.seconds)
 
 
 def to_struct(data: dict[str, Any] | None) -> struct_pb2.Struct:

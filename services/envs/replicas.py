@@ -26,7 +26,7 @@ import grpc
 from services.common import metrics
 from services.common.errors import NotFound, ServiceError, Unavailable, rpc_errors
 from services.common.protos import envs_pb2, envs_pb2_grpc
-from services.envs.messages import EnvInfo, EpisodeState
+from services.envs.messages import EnvInfo, EpisodeState, ToolCall, ToolResult
 from services.envs.service import EnvService, owner_of
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,13 @@ class RoutedEnvService:
             return await self.local.step(episode_id, action)
         reply = await self._forward("Step", episode_id, envs_pb2.StepRequest(episode_id=episode_id, action=action))
         return EpisodeState.from_proto(reply)
+
+    async def call_tools(self, episode_id: str, calls: list[ToolCall], forwarded: bool = False) -> list[ToolResult]:
+        if self._is_local(episode_id, forwarded):
+            return await self.local.call_tools(episode_id, calls)
+        request = envs_pb2.CallToolsRequest(episode_id=episode_id, calls=[call.to_proto() for call in calls])
+        reply = await self._forward("CallTools", episode_id, request)
+        return [ToolResult.from_proto(result) for result in reply.results]
 
     async def close(self, episode_id: str, forwarded: bool = False) -> bool:
         if self._is_local(episode_id, forwarded):

@@ -10,7 +10,7 @@ import grpc
 
 from services.common.errors import ServiceError
 from services.common.protos import envs_pb2, envs_pb2_grpc
-from services.envs.messages import from_struct
+from services.envs.messages import ToolCall, from_struct
 from services.envs.replicas import FORWARDED, RoutedEnvService
 from services.envs.service import EnvService
 
@@ -53,6 +53,11 @@ class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
             return_exceptions=True,
         )
         return envs_pb2.StepBatchResponse(results=[_step_result(result) for result in results])
+
+    async def CallTools(self, request: envs_pb2.CallToolsRequest, context) -> envs_pb2.CallToolsResponse:
+        calls = [ToolCall.from_proto(call) for call in request.calls]
+        results = await self.service.call_tools(request.episode_id, calls, _forwarded(context))
+        return envs_pb2.CallToolsResponse(results=[result.to_proto() for result in results])
 
     async def Close(self, request: envs_pb2.CloseRequest, context) -> envs_pb2.CloseResponse:
         return envs_pb2.CloseResponse(closed=await self.service.close(request.episode_id, _forwarded(context)))

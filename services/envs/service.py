@@ -29,8 +29,9 @@ from services.common.errors import (
 )
 from services.common.registry import Registry
 from services.envs.base import InvalidTask, StepResult, TaskRejected, TextEnv, abandoned_text, call_deadline_at
-from services.envs.messages import EnvInfo, EpisodeState
+from services.envs.messages import EnvInfo, EpisodeState, ToolCall, ToolResult
 from services.envs.registry import ENVS
+from services.envs.tool_host import EpisodeTools, ToolHost
 
 ERROR_KINDS = (NotFound, InvalidArgument, FailedPrecondition, DeadlineExceeded, ResourceExhausted, Internal)
 
@@ -52,6 +53,12 @@ class _Episode:
     """The latest env call; closing waits for it, as it may outlive a caller that gave up."""
     last_used: float = field(default_factory=time.monotonic)
     steps: int = 0
+    tools: EpisodeTools | None = None
+    """Its tools and workspace folder, where its env or the run has toolsets."""
+
+    def close_env(self) -> None:
+        _close_quietly(self.env)
+        ToolHost.remove_workspace(self.tools)
 
 
 def owner_of(episode_id: str) -> str | None:
@@ -73,6 +80,7 @@ class EnvService:
         replica_id: str | None = None,
         envs: Registry[TextEnv] = ENVS,
         metrics_registry: CollectorRegistry | None = None,
+        tools: ToolHost | None = None,
     ):
         """`max_episode_steps`: a step that reaches it ends the episode (done, info.truncated) whatever
         the env says, so a runaway client cannot keep an episode forever. `replica_id` prefixes every
@@ -89,6 +97,9 @@ class EnvService:
         self.replica_id = replica_id or uuid.uuid4().hex[:8]
         self.metrics_registry = metrics_registry
         self._envs = envs
+        self.tools = tools or ToolHost(
+            call_timeout_s=step_timeout_s, max_output_chars=max_observation_chars, metrics_registry=metrics_registry
+        )
         self._episodes: dict[str, _Episode] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="env")
         self._last_sweep = time.monotonic()
@@ -187,9 +198,13 @@ class EnvService:
 
     async def _create(self, env: str, cls: type[TextEnv], task_index: int, options: dict[str, Any]) -> EpisodeState:
         options = dict(options)  # each episode its own (an env may keep or edit what it was given)
+        start = time.perf_counter()
+        wanted = self.tools.wanted(cls.tools_for(options))
+        tools = await self.tools.for_episode(wanted) if wanted else None
 
         def build() -> tuple[TextEnv, str, dict[str, Any], str | None]:
             instance = cls()
+            instance.workspace = tools.workspace if tools is not None else None
             try:
                 observation = instance.reset(task_index, options)
                 return instance, observation, instance.episode_info(), instance.anchor_observation()
@@ -197,13 +212,16 @@ class EnvService:
                 _close_quietly(instance)
                 raise
 
-        start = time.perf_counter()
-        instance, observation, info, anchor = await self._run(env, build, inline=cls.runs_inline)
+        try:
+            instance, observation, info, anchor = await self._run(env, build, inline=cls.runs_inline)
+        except BaseException:
+            ToolHost.remove_workspace(tools)
+            raise
         self._m_latency.labels(env, "create").observe(time.perf_counter() - start)
         episode_id = f"{self.replica_id}.{uuid.uuid4().hex}"
-        self._episodes[episode_id] = _Episode(episode_id, env, instance, options)
+        self._episodes[episode_id] = _Episode(episode_id, env, instance, options, tools=tools)
         self._m_active.set(len(self._episodes))
-        return self._state(episode_id, StepResult(observation, info=dict(info)), anchor)
+        return self._state(episode_id, StepResult(observation, info=dict(info)), anchor, tools)
 
     async def reset(self, episode_id: str, task_index: int) -> EpisodeState:
         ep = self._get(episode_id)
@@ -220,7 +238,7 @@ class EnvService:
                 )
                 self._m_latency.labels(ep.env_name, "reset").observe(time.perf_counter() - start)
                 ep.done, ep.last_used, ep.steps = False, time.monotonic(), 0
-                return self._state(episode_id, StepResult(observation, info=dict(info)), anchor)
+                return self._state(episode_id, StepResult(observation, info=dict(info)), anchor, ep.tools)
 
     async def step(self, episode_id: str, action: str) -> EpisodeState:
         ep = self._get(episode_id)
@@ -249,6 +267,24 @@ class EnvService:
                     self._m_finished.labels(ep.env_name, str(bool(result.success)).lower()).inc()
                 return self._state(episode_id, result, anchor)
 
+    def env_of(self, episode_id: str) -> TextEnv:
+        """The env instance playing an episode (in-process callers only: the warm-start's random tool user)."""
+        return self._get(episode_id).env
+
+    async def call_tools(self, episode_id: str, calls: list[ToolCall]) -> list[ToolResult]:
+        """One model turn's tool calls (services.envs.tool_host): each call's failure is its own result."""
+        ep = self._get(episode_id)
+        with self._errors(ep.env_name):
+            if not isinstance(calls, list) or not all(isinstance(call, ToolCall) for call in calls):
+                raise InvalidArgument("calls must be a list of ToolCall")
+            self._usable(ep)
+            if ep.done:
+                raise FailedPrecondition(f"episode {episode_id} is done; reset or close it")
+            ep.last_used = time.monotonic()
+            results = await self.tools.call(ep.tools or EpisodeTools(), episode_id, calls)
+            ep.last_used = time.monotonic()
+            return results
+
     async def close(self, episode_id: str) -> bool:
         """False when there was no such episode (closing is idempotent)."""
         ep, _ = self._retire(episode_id)
@@ -262,6 +298,7 @@ class EnvService:
         if waits:
             await asyncio.wait(waits, timeout=self.step_timeout_s)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        await self.tools.aclose()
 
     def _get(self, episode_id: str) -> _Episode:
         ep = self._episodes.get(episode_id)
@@ -343,16 +380,16 @@ class EnvService:
     def _close_later(self, ep: _Episode) -> concurrent.futures.Future | None:
         """Closes the env (in a worker unless it runs inline) once any call still running on it has returned;
         the worker's future when the close was queued."""
-        if ep.env.runs_inline:
-            _close_quietly(ep.env)
+        if ep.env.runs_inline and ep.tools is None:
+            ep.close_env()
             return None
         if ep.running is not None and not ep.running.done():
-            ep.running.add_done_callback(lambda _: _close_quietly(ep.env))
+            ep.running.add_done_callback(lambda _: ep.close_env())
             return None
         try:
-            return self._pool.submit(_close_quietly, ep.env)
+            return self._pool.submit(ep.close_env)
         except RuntimeError:  # pool already shut down
-            _close_quietly(ep.env)
+            ep.close_env()
             return None
 
     def _sweep_idle(self) -> None:
@@ -386,7 +423,9 @@ class EnvService:
             except Exception:  # noqa: BLE001 - the reaper must outlive one bad close
                 log.exception("idle-episode reaper failed; it runs again in %.0fs", period_s)
 
-    def _state(self, episode_id: str, result: StepResult, anchor: str | None = None) -> EpisodeState:
+    def _state(
+        self, episode_id: str, result: StepResult, anchor: str | None = None, tools: EpisodeTools | None = None
+    ) -> EpisodeState:
         """`anchor`: the env's `anchor_observation()` after the call (None: the observation as sent); both
         are capped at `max_observation_chars`."""
         try:
@@ -397,7 +436,10 @@ class EnvService:
             observation = observation[: self.max_observation_chars - len(TRUNCATION_MARK)] + TRUNCATION_MARK
             info["observation_truncated"] = True
         anchor = observation if anchor is None else str(anchor)[: self.max_observation_chars]
-        return EpisodeState(episode_id, observation, reward, bool(result.done), bool(result.success), info, anchor)
+        schemas = tools.schemas() if tools is not None else []
+        return EpisodeState(
+            episode_id, observation, reward, bool(result.done), bool(result.success), info, anchor, schemas
+        )
 
     @contextlib.contextmanager
     def _errors(self, env_name: str) -> Iterator[None]:

@@ -6,7 +6,8 @@ paths only from what the operator allows. Every check refuses with SpecNotAllowe
 - Paths (`env.data_dir`, `env.dataset`, a local `model.path`, `output_dir`, `learner.checkpoint_dir`,
   `learner.export_dir`, and plugin options marked `trust.PATH`, or `trust.MODEL` when not a Hugging Face id) must
   stay inside the allowed folders (symlinks and `..` resolved).
-- Plugin options (`env.options`, reward `params`) go through the plugin's schema markers
+- Plugin options (`env.options`, reward `params`, a toolset's `env.tools.<name>.options`) go through the plugin's
+  schema markers
   (`services.common.trust`): a `trust.OPERATOR` option (a command) is refused unless it repeats the
   deployment's own value, a `trust.URL` option must name an allowed host.
 - `rollout.engine_args`: only keys on the allow-list (`vllm_args.JOB_SPEC_ENGINE_ARGS` plus the operator's
@@ -114,6 +115,11 @@ class SpecPolicy:
             model = _plugin_model(loc, component.params, "reward", component.function(name))
             if model is not None:
                 self._check_marked(("reward", "components", name, "params"), model, component.params, {})
+        for name, toolset in spec.env.tools.items():
+            loc = ("env", "tools", name, "options")
+            model = _plugin_model(loc, toolset.options, "toolset", toolset.type)
+            if model is not None:
+                self._check_marked(loc, model, toolset.options, {})
         self._check_engine_args(spec)
         self._check_resources(spec)
         callers_redis = _set_away_from_default(spec.stream, "redis_url") and spec.stream.redis_url != self.redis_url

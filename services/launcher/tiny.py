@@ -15,11 +15,32 @@ def env_corpus(config: TrainConfig, episodes: int = 200, say: Callable[[str], No
     is skipped)."""
     from services.envs.demos import corpus_tasks, random_episodes
 
+    if config.rollout.agent_loop == "tools":
+        return tool_corpus(config, episodes, say)
     texts = []
     for demo in random_episodes(config.env, episodes, seed=config.seed, tasks=corpus_tasks(config.env), say=say):
         texts.append(demo.observation)
         for action, result in demo.steps:
             texts += [f"<action>{action}</action>", result.observation]
+    return texts
+
+
+def tool_corpus(config: TrainConfig, episodes: int, say: Callable[[str], None] | None) -> list[str]:
+    """The same for the tool-calling loop: the tools' schemas, the calls in the run's format, their results."""
+    import json
+
+    from services.envs.demos import ToolTurn, corpus_tasks, random_tool_episodes
+    from services.rollout.tool_parsers import TOOL_PARSERS
+
+    parser = TOOL_PARSERS.create(config.rollout.tool_parser)
+    texts = []
+    for demo in random_tool_episodes(config.env, episodes, config.seed, corpus_tasks(config.env), say):
+        texts += [demo.observation, *(json.dumps(tool) for tool in demo.tools)]
+        for turn in demo.turns:
+            if isinstance(turn, ToolTurn):
+                texts += [parser.format_calls(turn.calls), *(result.content for result in turn.results)]
+            else:
+                texts += [f"<action>{turn[0]}</action>", turn[1].observation]
     return texts
 
 
@@ -29,7 +50,9 @@ def prepare_tiny_model(
     from services.common.tiny_model import build_tiny_model
     from services.learner.warmstart import warmstart
 
-    base = build_tiny_model(root / "base", env_corpus(config, say=say), seed=config.seed)
+    # numbers digit by digit, as Llama's and Qwen's tokenizers write them: the tool tasks' agent copies long numbers
+    tools = config.rollout.agent_loop == "tools"
+    base = build_tiny_model(root / "base", env_corpus(config, say=say), seed=config.seed, split_digits=tools)
     if not config.model.warmstart_steps:
         return base
     say(f"warm-starting the tiny model on the {config.env.name} action format ({config.model.warmstart_steps} steps)")
@@ -42,4 +65,5 @@ def prepare_tiny_model(
         lr=warmstart_lr,
         say=say,
         read_observations=config.model.warmstart_reads_observations,
+        tool_parser=config.rollout.tool_parser if config.rollout.agent_loop == "tools" else None,
     )

@@ -14,15 +14,24 @@ from services.common.config import EnvConfig
 
 
 def demo_episodes(
-    env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: int, say: Callable[[str], None] | None = None
+    env_cfg: EnvConfig,
+    formatter,
+    tokenizer,
+    count: int,
+    seed: int,
+    say: Callable[[str], None] | None = None,
+    tool_parser: str | None = None,
 ) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) of `count` random-policy episodes, built exactly as the agent loop builds them, on
     `warmstart_tasks`: tasks no split reaches where the env makes each task from its index, so warm-start never
-    plays an RL task; otherwise the run's own train split, the tasks known to be served."""
+    plays an RL task; otherwise the run's own train split, the tasks known to be served. `tool_parser`: episodes of
+    the tool-calling loop, its calls written in that parser's format."""
     from services.envs.demos import random_episodes, warmstart_tasks
 
-    out = []
     eos = formatter.stop_token_ids[0] if tokenizer.eos_token_id is None else tokenizer.eos_token_id
+    if tool_parser is not None:
+        return tool_demo_episodes(env_cfg, formatter, tokenizer, count, seed, eos, tool_parser, say)
+    out = []
     for demo in random_episodes(env_cfg, count, seed, tasks=warmstart_tasks(env_cfg, seed), say=say):
         ids = formatter.initial(demo.observation)
         mask = [0] * len(ids)
@@ -33,6 +42,37 @@ def demo_episodes(
                 break
             obs_ids = formatter.observation(result.observation)
             ids, mask = ids + obs_ids, mask + [0] * len(obs_ids)
+        out.append((ids, mask))
+    return out
+
+
+def tool_demo_episodes(
+    env_cfg: EnvConfig, formatter, tokenizer, count: int, seed: int, eos: int, tool_parser: str, say=None
+) -> list[tuple[list[int], list[int]]]:
+    """A random tool user's episodes (`services.envs.demos.random_tool_episodes`) as the tool-calling loop records
+    them: the tools in the first prompt, the calls in the parser's format, their results as `tool` messages."""
+    from services.envs.demos import ToolTurn, random_tool_episodes, warmstart_tasks
+    from services.rollout.tool_loop import tool_message
+    from services.rollout.tool_parsers import TOOL_PARSERS
+
+    parser, out = TOOL_PARSERS.create(tool_parser), []
+    for demo in random_tool_episodes(env_cfg, count, seed, warmstart_tasks(env_cfg, seed), say):
+        ids = formatter.initial(demo.observation, tools=demo.tools or None)
+        mask = [0] * len(ids)
+        for turn in demo.turns:
+            if isinstance(turn, ToolTurn):
+                text = parser.format_calls(turn.calls)
+                after = formatter.tool_results([tool_message(result) for result in turn.results])
+            else:
+                text, after = (
+                    f"<action>{turn[0]}</action>",
+                    None if turn[1].done else formatter.observation(turn[1].observation),
+                )
+            reply = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+            ids, mask = ids + reply, mask + [1] * len(reply)
+            if after is None:
+                break
+            ids, mask = ids + after, mask + [0] * len(after)
         out.append((ids, mask))
     return out
 
@@ -60,6 +100,7 @@ def warmstart(
     lr: float = 2e-3,
     say: Callable[[str], None] = print,
     read_observations: bool = False,
+    tool_parser: str | None = None,
 ) -> Path:
     """`read_observations` also trains next-token prediction on the prompts and observations, the way
     pretraining gives a real model its reading: the tiny model then picks up the environment's text (that
@@ -72,7 +113,13 @@ def warmstart(
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     episodes = demo_episodes(
-        env_cfg, ChatFormatter(tokenizer), tokenizer, count=max(256, batch_size * 8), seed=seed, say=say
+        env_cfg,
+        ChatFormatter(tokenizer),
+        tokenizer,
+        count=max(256, batch_size * 8),
+        seed=seed,
+        say=say,
+        tool_parser=tool_parser,
     )
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.train()

@@ -19,6 +19,7 @@ from services.common.trajectory import Trajectory, TrajectoryBuilder
 from services.engines.base import SamplingSpec
 from services.envs.messages import EpisodeState
 from services.rollout.action_parsers import ActionParser
+from services.rollout.agent_loops import AGENT_LOOPS
 from services.rollout.loop_stages import StageClock
 from services.rollout.prompting import ChatFormatter
 
@@ -57,7 +58,11 @@ class LoopLimits:
     max_model_len: int
 
 
+@AGENT_LOOPS.register("text")
 class AgentLoop:
+    """The text loop, and the base of every loop: groups, retries on a fresh environment and the episode's
+    lifecycle live here; a loop of another kind overrides `_play`, one episode's turns."""
+
     def __init__(
         self,
         generator: Generator,

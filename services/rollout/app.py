@@ -69,7 +69,7 @@ async def run_server(
     from services.envs.deadlines import env_deadlines
     from services.reward.client import GrpcRewardClient
     from services.rollout.action_parsers import PARSERS
-    from services.rollout.agent_loop import AgentLoop
+    from services.rollout.agent_loops import AGENT_LOOPS
     from services.rollout.core import RolloutCore
     from services.rollout.producer import Producer
     from services.rollout.prompting import ChatFormatter
@@ -102,7 +102,7 @@ async def run_server(
     tasks.start("heartbeat", heartbeat(state, advertise, core))
     tasks.start("engine watch", watch_engine(backend.check_alive, engine_dead))
     if produce:
-        loop = AgentLoop(
+        loop = AGENT_LOOPS.get(config.rollout.agent_loop)(
             core,
             GrpcEnvClient(
                 config.env.address, timeout_s=env_deadlines(config).client_s, batch_steps=config.env.batch_steps

@@ -6,8 +6,8 @@ Stages (each observation is one call, so `_sum` is busy time summed over concurr
 - generate: an episode waiting on the engine for one model turn (queueing inside vLLM included, and
   weights_wait: the time the request waited for a weight update to finish before entering the engine);
 - detokenize, parse, tokenize: the reply's text, its action, the next observation's tokens;
-- env_create, env_step, env_close: calls to the environment service (env_create: one per group, for all its
-  episodes, and one per episode played again on a fresh environment);
+- env_create, env_step, env_close, tool_calls (one turn's tool calls): calls to the environment service
+  (env_create: one per group, for all its episodes, and one per episode played again on a fresh environment);
 - reward: one scoring call per group, or per episode (`reward.score_each`); reward_wait: once per group, from the
   end of its last episode's play to its last reward (the time the reward service adds to a group);
 - publish: the group's encoding and its Redis write;
@@ -33,6 +33,7 @@ STAGES = (
     "env_create",
     "env_step",
     "env_close",
+    "tool_calls",
     "reward",
     "reward_wait",
     "publish",

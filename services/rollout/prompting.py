@@ -3,6 +3,7 @@ template. Only new pieces are tokenised; what the model sampled is never re-toke
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from typing import Any
 
@@ -19,10 +20,14 @@ class ChatFormatter:
         self._after_end = self._text_after_assistant_end()
         turn = [{"role": "user", "content": _A}, {"role": "assistant", "content": _B}]
         self._turn, self._turn_rendered = turn, self._render(turn, False)
-        self._initial: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._initial: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
 
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(
+        self, messages: list[dict[str, str]], generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -46,23 +51,34 @@ class ChatFormatter:
                 return tail[tail.index(end) + len(end) :]
         return tail
 
-    def initial(self, observation: str) -> list[int]:
-        """The first prompt's ids. The episodes of a group start from the same observation, so the last
-        `INITIAL_CACHE` prompts are kept (rendering the template and tokenising cost ~0.5 ms a prompt)."""
-        ids = self._initial.get(observation)
+    def initial(self, observation: str, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The first prompt's ids, with the episode's `tools` (function schemas) given to the template. The
+        episodes of a group start from the same observation, so the last `INITIAL_CACHE` prompts are kept
+        (rendering the template and tokenising cost ~0.5 ms a prompt)."""
+        key = (observation, json.dumps(tools, sort_keys=True) if tools else "")
+        ids = self._initial.get(key)
         if ids is None:
-            ids = tuple(self._encode(self._render([*self.system, {"role": "user", "content": observation}], True)))
-            self._initial[observation] = ids
+            messages = [*self.system, {"role": "user", "content": observation}]
+            ids = tuple(self._encode(self._render(messages, True, tools)))
+            self._initial[key] = ids
             if len(self._initial) > INITIAL_CACHE:
                 self._initial.popitem(last=False)
         else:
-            self._initial.move_to_end(observation)
+            self._initial.move_to_end(key)
         return list(ids)
 
     def observation(self, observation: str) -> list[int]:
         """Tokens that close the model's turn context and open the next one around `observation`."""
+        return self._next_turn([{"role": "user", "content": observation}])
+
+    def tool_results(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens that close the model's turn and open the next one after its calls' `tool` messages (role,
+        content, name, tool_call_id), rendered by the template as it renders tool results."""
+        return self._next_turn(messages)
+
+    def _next_turn(self, messages: list[dict[str, str]]) -> list[int]:
         before = self._turn_rendered
-        after = self._render([*self._turn, {"role": "user", "content": observation}], True)
+        after = self._render([*self._turn, *messages], True)
         if not after.startswith(before):
             raise ValueError("chat template renders earlier turns differently once a turn is added")
         return self._encode(self._after_end + after[len(before) :])

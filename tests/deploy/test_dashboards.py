@@ -132,6 +132,7 @@ def exported_series() -> set[str]:
     import services.rollout.core  # noqa: F401
     import services.rollout.evaluation  # noqa: F401
     import services.rollout.producer  # noqa: F401
+    import services.rollout.tool_loop  # noqa: F401
     from services.common.config import EnvConfig, RewardConfig
     from services.common.grpc_server import ErrorInterceptor
     from services.envs.service import EnvService

@@ -44,9 +44,12 @@ ABSENT_HERE = (
     "omrl_reward_reference_missing",
     "omrl_reward_judge_",
     "omrl_reward_component_failures",
+    "omrl_envs_tool_",
+    "omrl_rollout_tool_calls",
 )
 """Series of backends this run does not have: NVIDIA's DCGM exporter (no GPU), AgentGym servers (a built-in env), a
-reward model, rule scorers and an LLM judge (the default reward components), and a reward component that fails."""
+reward model, rule scorers and an LLM judge (the default reward components), a reward component that fails, and
+tools (the text agent loop)."""
 
 
 def dashboard_queries(absent: bool = False) -> list[tuple[str, str, str]]:

@@ -4,14 +4,26 @@ policy version, weight updates that are verified whole and applied atomically, s
 import asyncio
 import os
 import signal
+from typing import ClassVar
 
 import psutil
 import pytest
 import redis
 import torch
 
+from services.common.config import EnvConfig, RolloutConfig
 from services.common.errors import InvalidArgument
+from services.common.trajectory import check_invariants
 from services.engines.base import SamplingSpec
+from services.envs.base import StepResult, TextEnv
+from services.envs.client import InProcessEnvClient
+from services.envs.registry import ENVS
+from services.envs.service import EnvService
+from services.envs.tools import TOOLSETS, ToolOutput, Toolset, ToolSpec
+from services.rollout.action_parsers import PARSERS
+from services.rollout.prompting import ChatFormatter
+from services.rollout.tool_loop import ToolCallingLoop
+from services.rollout.tool_parsers import ParsedCall, ParsedReply, ToolCallParser
 from services.weightsync.buckets import PackedWeights, TensorWeights, pack
 from tests.support.rollout_server import WORKER_CPU, SharedRollout, perturbed, reference_logprobs
 
@@ -77,6 +89,87 @@ def test_corrupted_update_is_rejected_and_nothing_changes(server, hf):
         before["policy_version"],
         before["weights_checksum"],
     )
+
+
+class AlwaysCalls(ToolCallParser):
+    """Reads every reply as a call of `add`: the random tiny model's turns then all end in tool results."""
+
+    def parse(self, text):
+        return ParsedReply([ParsedCall("add", '{"a": 1234, "b": 4321}')])
+
+    def format_calls(self, calls):
+        raise NotImplementedError
+
+
+class Adder(Toolset):
+    type = "test_adder"
+
+    def specs(self):
+        return [ToolSpec("add", "a+b", {"type": "object", "properties": {"a": {"type": "integer"}}})]
+
+    async def call(self, name, arguments, ctx):
+        return ToolOutput(str(arguments["a"] + arguments["b"]))
+
+
+class Sum(TextEnv):
+    tools: ClassVar[dict] = {"adder": {"type": "test_adder"}}
+    runs_inline = True
+
+    def reset(self, task_index, options):
+        return "1234+4321?"
+
+    def step(self, action):
+        return StepResult("done", 0.0, True, False)
+
+
+@pytest.fixture
+def adder():
+    TOOLSETS.register("test_adder")(Adder)
+    ENVS.register("test_sum")(Sum)
+    yield
+    TOOLSETS.unregister("test_adder")
+    ENVS.unregister("test_sum")
+
+
+def test_tool_calling_episodes_agree_with_the_learners_model_on_every_model_token(server, hf, shared, adder):
+    """The tool-calling loop on the real engine: sampled tokens stay exact across tool turns (the engine's logprobs
+    equal the model's on the recorded sequence), tool results are in the record with the loss mask off."""
+    from transformers import AutoTokenizer
+
+    model, _ = hf
+    tokenizer = AutoTokenizer.from_pretrained(shared.model)
+
+    async def play(client):
+        loop = ToolCallingLoop(
+            client,
+            InProcessEnvClient(EnvService()),
+            ChatFormatter(tokenizer),
+            PARSERS.create("xml_action"),
+            RolloutConfig(group_size=3, max_new_tokens=12, agent_loop="tools"),
+            EnvConfig(name="test_sum", max_turns=3),
+            max_model_len=512,
+            tool_parser=AlwaysCalls(),
+        )
+        return await loop.run_group(task_index=0, group_id="g", seed=5)
+
+    group = server["call"](play)
+    for traj in group:
+        check_invariants(traj)
+        assert [t.tool_calls for t in traj.turns] == [1, 1, 1] and traj.stop_reason == "max_turns"
+        ids = torch.tensor([list(traj.token_ids)])
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1]
+        reference = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        mask = torch.tensor(list(traj.loss_mask[1:]), dtype=torch.bool)
+        served = torch.tensor(list(traj.logprobs[1:]))
+        assert mask.sum() == sum(t.model_tokens for t in traj.turns) > 0
+        assert torch.allclose(served[mask], reference[mask], atol=1e-3)
+        for turn in traj.turns:
+            after = turn.start + turn.model_tokens
+            assert set(traj.loss_mask[after : after + turn.env_tokens]) == {0}
+            assert "<tool_response>5555</tool_response>" in tokenizer.decode(
+                traj.token_ids[after : after + turn.env_tokens]
+            )
 
 
 def test_every_reply_comes_wholly_from_one_policy_version(server, hf):

@@ -152,7 +152,7 @@ def test_formatter_initial_prompts_are_cached_and_equal_to_a_fresh_render(tokeni
     formatter.initial("You are in cell 4.")
     formatter.initial("You are in cell 3.")  # most recently used: kept when cell 5 comes in
     formatter.initial("You are in cell 5.")
-    assert list(formatter._initial) == ["You are in cell 3.", "You are in cell 5."]
+    assert list(formatter._initial) == [("You are in cell 3.", ""), ("You are in cell 5.", "")]
     assert len(renders) == 3
     assert formatter.observation("cell 9") == fresh.observation("cell 9")
 

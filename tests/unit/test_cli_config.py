@@ -140,7 +140,7 @@ BAD = [
     (
         ["--env.name", "corridorr"],
         "env.name: 'corridorr' is not one of: agentgym, babyai, corridor, crafting, guess_number, maze, reasoning, "
-        "wordle",
+        "tool_arith, tool_chain, tool_fix, tool_lookup, wordle",
     ),
     (["--set", "run.x=1"], "run: Input should be a valid string"),
     (["--set", "run=a", "--set", "run.x=1"], "--set run.x: run is set to a value, not a section"),

@@ -498,5 +498,14 @@ def test_env_failures_map_to_the_same_errors_inline_or_threaded():
 
 def test_builtin_envs_that_never_wait_run_inline_and_the_rest_stay_threaded():
     inline = {name for name in ENVS.names() if ENVS.get(name).runs_inline}
-    assert inline == {"corridor", "crafting", "guess_number", "maze", "wordle"}
+    assert inline == {
+        "corridor",
+        "crafting",
+        "guess_number",
+        "maze",
+        "wordle",
+        "tool_arith",
+        "tool_chain",
+        "tool_lookup",
+    }
     assert not SlowEnv.runs_inline  # so the step timeout above still applies to it

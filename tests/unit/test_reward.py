@@ -105,7 +105,7 @@ def test_unknown_components_fail_at_construction():
     with pytest.raises(
         ValueError,
         match=r"unknown reward component\(s\) bogus, nope; known: bleu, chrf, env_return, exact_match, format, goal, "
-        r"hinted_action, length_penalty, ",
+        r"hinted_action, invalid_tool_calls, length_penalty, ",
     ):
         RewardComposer({"goal": {}, "nope": {}, "bogus": {}})
     with pytest.raises(ValueError, match="'length_penalty': bad params .*unexpected keyword"):

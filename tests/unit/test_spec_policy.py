@@ -49,10 +49,16 @@ def with_env(options: dict, name: str = "agentgym") -> dict:
     return {"env": {"name": name, "options": options}}
 
 
+def tools(kind: str, **options) -> dict:
+    return {"env": {"name": "tool_arith", "tools": {"t": {"type": kind, "options": options}}}}
+
+
 # -- every plugin's options: a closed schema, each text field marked or reviewed ------------------------------
 def plugin_schemas() -> dict[tuple[str, str], type[BaseModel]]:
     return {
-        (kind, name): plugins.options_model(kind, name) for kind in ("env", "reward") for name in plugins.names(kind)
+        (kind, name): plugins.options_model(kind, name)
+        for kind in ("env", "reward", "toolset")
+        for name in plugins.names(kind)
     }
 
 
@@ -96,6 +102,10 @@ REVIEWED_PLUGIN_TEXT = {
     ("reward", "llm_judge", "yes"): "words looked up in the judge's tokenizer",
     ("reward", "llm_judge", "no"): "words looked up in the judge's tokenizer",
     ("reward", "hinted_action", "hints"): "phrases found in anchor text with `in`, and actions compared with ==",
+    ("toolset", "mcp", "headers"): "HTTP headers sent to the MCP server, whose url is a trust.URL of an allowed host",
+    ("toolset", "mcp", "prefix"): "text put before the server's tool names as the model sees them",
+    ("toolset", "mcp", "include"): "tool names compared with the server's",
+    ("toolset", "mcp", "exclude"): "tool names compared with the server's",
     **{
         ("reward", scorer, "key"): "a field name looked up in the task's ground-truth JSON"
         for scorer in ("exact_match", "token_f1", "bleu", "chrf", "math_equiv")
@@ -137,6 +147,11 @@ JOB_SPEC_TEXT = {
     "rollout.addresses": "refused: the launcher's",
     "rollout.engine_args": "allow-list of keys",
     "rollout.action_parser": "registered plugin",
+    "rollout.agent_loop": "registered plugin",
+    "rollout.tool_parser": "registered plugin",
+    "env.tools": "names matching TOOLSET_NAME",
+    "env.tools.type": "registered plugin",
+    "env.tools.options": "plugin schema markers (of the toolset's type), FreeForm bounds",
     "reward.address": "refused: the launcher's",
     "reward.components": "names matching COMPONENT_NAME, each a registered plugin or naming one in its type",
     "reward.components.params": "plugin schema markers (of the component's type), FreeForm bounds",
@@ -188,6 +203,11 @@ def test_every_text_field_of_a_job_spec_is_accounted_for():
         ({"resources": {"volume_claim": "jobs-api-data"}}, ("resources", "volume_claim")),
         (with_env({**AGENTGYM["options"], "recycle_command": "touch /tmp/x"}), ("env", "options", "recycle_command")),
         (with_env({"family": "textcraft", "base_url": "http://evil.example:8000"}), ("env", "options", "base_url")),
+        (tools("mcp", transport="stdio", command=["sh", "-c", "id"]), ("env", "tools", "t", "options", "command")),
+        (tools("mcp", transport="http", url="http://evil.example/mcp"), ("env", "tools", "t", "options", "url")),
+        (tools("search", corpus="/etc"), ("env", "tools", "t", "options", "corpus")),
+        (tools("python", isolation="none"), ("env", "tools", "t", "options", "isolation")),
+        (tools("python", interpreter="/bin/sh"), ("env", "tools", "t", "options", "interpreter")),
     ],
 )
 def test_what_the_policy_refuses_is_named(roots, data, loc):
