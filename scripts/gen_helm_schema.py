@@ -111,6 +111,43 @@ def reward_servers() -> dict:
     }
 
 
+def sandbox(defs: dict) -> dict:
+    """`sandbox`: the python toolset's sandbox server (templates/sandbox.yaml). Its `options` are the python toolset's
+    (PythonOptions) without the client side's `endpoint` and `token_env`: the server runs the code itself and reads
+    its token from OMRL_SANDBOX_TOKEN."""
+    from services import plugins
+
+    try:
+        ref = model_schema(plugins.options_model("toolset", "python"), defs, "sandbox_options")
+        options = defs["sandbox_options"]
+        for client_only in ("endpoint", "token_env"):
+            options["properties"].pop(client_only, None)
+        options["additionalProperties"] = False
+    except Exception as exc:  # the server still checks them
+        ref = open_object("sandbox.options", exc)
+    # a pod's seccompProfile or a container's appArmorProfile (Kubernetes' SeccompProfile / AppArmorProfile)
+    profile = {
+        **obj({"type": {"enum": ["Unconfined", "RuntimeDefault", "Localhost"]}, "localhostProfile": STRING}, ("type",)),
+        "if": {"properties": {"type": {"const": "Localhost"}}},
+        "then": {"required": ["localhostProfile"]},
+    }
+    pod = {k: v for k, v in component(grpc=True)["properties"].items() if k != "metricsPort"}
+    return obj(
+        {
+            **pod,
+            "enabled": BOOL,
+            "options": ref,
+            "workspaceTtlSeconds": {"type": "number", "exclusiveMinimum": 0},
+            "workspaceSizeLimit": QUANTITY,
+            "auth": obj({"existingSecret": STRING, "existingSecretKey": {**STRING, "minLength": 1}}),
+            "seccompProfile": profile,
+            "appArmorProfile": {"anyOf": [profile, {"type": "null"}]},
+            "procMount": {"enum": ["Default", "Unmasked"]},
+            "hostUsers": BOOL,
+        }
+    )
+
+
 def train_config_schema() -> tuple[dict, dict]:
     """(schema of `config`, its $defs): pydantic's schema with every default made optional, as the
     services fill in defaults themselves; plugin names, env options and reward params constrained to
@@ -270,6 +307,7 @@ def build() -> dict:
                     }
                 ),
                 "envs": component(grpc=True),
+                "sandbox": sandbox(defs),
                 "reward": component(grpc=True, extra=reward_servers()),
                 "rollout": component(grpc=True, gpu=True, extra={"startupProbe": probe_timing()}),
                 "learner": component(

@@ -8,6 +8,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
+from services.common.errors import Internal
 from services.common.protos import envs_pb2
 
 
@@ -54,9 +55,12 @@ class EpisodeState:
     def from_proto(cls, msg: envs_pb2.EpisodeState) -> EpisodeState:
         """A server that predates anchors sends none: its observation is the anchor then."""
         anchor = msg.anchor or msg.observation
-        tools = json.loads(msg.tools_json) if msg.tools_json else []
+        try:
+            tools = json.loads(msg.tools_json) if msg.tools_json else []
+        except (ValueError, RecursionError):
+            tools = None
         if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-            raise ValueError("tools_json is not a list of function schemas")
+            raise Internal(f"episode {msg.episode_id}: tools_json is not a JSON list of function schemas")
         return cls(
             msg.episode_id, msg.observation, msg.reward, msg.done, msg.success, from_struct(msg.info), anchor, tools
         )

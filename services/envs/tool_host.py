@@ -156,7 +156,7 @@ class ToolHost:
             return f"unknown tool {call.name[:100]!r}; the tools are: {offered}", "unknown"
         try:
             arguments = json.loads(call.arguments_json or "{}")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return f"arguments of {call.name} are not valid JSON: {exc}", "invalid"
         if not isinstance(arguments, dict):
             return f"arguments of {call.name} must be a JSON object, got {type(arguments).__name__}", "invalid"

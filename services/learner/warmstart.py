@@ -116,7 +116,8 @@ def warmstart(
         env_cfg,
         ChatFormatter(tokenizer),
         tokenizer,
-        count=max(256, batch_size * 8),
+        # a tool task's demos differ in long numbers to copy: as many as the steps read, or the model learns them by heart
+        count=max(256, batch_size * 8, steps * batch_size // 2 if tool_parser else 0),
         seed=seed,
         say=say,
         tool_parser=tool_parser,

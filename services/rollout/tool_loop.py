@@ -101,6 +101,8 @@ class ToolCallingLoop(AgentLoop):
                 with clock.time("tokenize"):
                     obs_ids = self.formatter.tool_results([tool_message(r) for r in results])
                 reward = 0.0
+                # the env has not moved, but what the agent knows has: GiGPO groups the next turn by both
+                anchor = "\n".join([anchor, *(f"[{r.name or 'call'}] {r.content}" for r in results)])[-ANCHOR_CHARS:]
             else:
                 if parsed.valid:
                     with clock.time("env_step"):
@@ -144,6 +146,8 @@ class ToolCallingLoop(AgentLoop):
         return results
 
 
+ANCHOR_CHARS = 4096
+"""A tool turn's anchor keeps this much of its end (the env's anchor, then the results so far)."""
 LOCAL_ERRORS = frozenset({"over_limit", "unparsed"})
 """Result kinds made here, not by the env service: the model's mistakes too."""
 

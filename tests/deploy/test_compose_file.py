@@ -249,6 +249,7 @@ def test_the_reward_servers_are_off_by_default_and_their_configs_and_the_remote_
     assert {n: s["profiles"] for n, s in services.items() if "profiles" in s} == {
         "reward-model": ["reward-model"],
         "judge": ["judge"],
+        "sandbox": ["tools"],
     }
     optional = {"condition": "service_healthy", "required": False}
     assert services["reward"]["depends_on"] == {"reward-model": optional, "judge": optional}
@@ -286,3 +287,55 @@ def test_the_reward_servers_are_off_by_default_and_their_configs_and_the_remote_
     assert judge_config.address == "judge:50053"
     for service, address in ((server, config.reward.address), (judge, judge_config.address)):
         assert f"--port={address.split(':')[1]}" in service["command"]
+
+
+def test_the_sandbox_server_is_off_by_default_and_the_tools_config_runs_the_python_toolset_on_it(tmp_path):
+    """`COMPOSE_PROFILES=tools` with `OMRL_RUN_CONFIG=./deploy/compose/tools.yaml`: the python toolset's sandbox server
+    on the envs image, with the security options bubblewrap needs and nothing more (no capabilities, no-new-privileges,
+    read-only root); the envs service waits for it only with its profile on and sends the same token; the example run
+    config loads in every service and points the python toolset at the server."""
+    from services.envs.sandbox_server import TOKEN_ENV
+
+    env = {**ENV, "OMRL_RUN_CONFIG": "./deploy/compose/tools.yaml", TOKEN_ENV: "sandbox-token-1"}
+    services = check_compose().interpolate(yaml.safe_load(COMPOSE.read_text()), env)["services"]
+    sandbox, envs = services["sandbox"], services["envs"]
+    assert sandbox["profiles"] == ["tools"]
+    assert sandbox["build"] == envs["build"] and sandbox["image"] == envs["image"]
+    assert sandbox["entrypoint"] == ["python", "-m", "services.envs.sandbox_server"]
+    assert set(sandbox["security_opt"]) == {
+        "no-new-privileges:true",
+        "seccomp=unconfined",
+        "apparmor=unconfined",
+        "systempaths=unconfined",
+    }
+    assert sandbox["cap_drop"] == ["ALL"] and sandbox["read_only"] is True and "privileged" not in sandbox
+    command = sandbox["command"]
+    port = command[command.index("--port") + 1]
+    assert sandbox["healthcheck"]["test"] == [
+        "CMD",
+        "python",
+        "-m",
+        "services.common.healthcheck",
+        f"http://127.0.0.1:{port}/healthz",
+    ]
+    assert sandbox["environment"][TOKEN_ENV] == envs["environment"][TOKEN_ENV] == "sandbox-token-1"
+    assert envs["depends_on"] == {"sandbox": {"condition": "service_healthy", "required": False}}
+    for name in OUR_SERVICES:
+        config = command_config(services[name], tmp_path)
+        assert config.run == "compose-tools" and config.rollout.agent_loop == "tools", name
+        assert config.env.tools["python"].options["endpoint"] == f"http://sandbox:{port}", name
+        assert config.env.address == "envs:50052" and config.reward.address == "reward:50053", name
+
+
+def test_the_sandbox_token_is_not_required_by_the_default_stack_and_the_server_refuses_none(tmp_path):
+    """Compose interpolates the services of every profile, so a `:?` token would be required by every `docker compose
+    up`; the server itself refuses to start without one (and the toolset refuses to call it without one)."""
+    from services.envs.sandbox_server import TOKEN_ENV, create_app
+    from services.envs.tools.python import PythonOptions
+
+    text = COMPOSE.read_text()
+    assert TOKEN_ENV not in check_compose().required_variables(text)
+    services = check_compose().interpolate(yaml.safe_load(text), ENV)["services"]
+    assert services["sandbox"]["environment"][TOKEN_ENV] == ""
+    with pytest.raises(ValueError, match=TOKEN_ENV):
+        create_app(PythonOptions(), "", tmp_path)

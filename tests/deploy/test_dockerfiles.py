@@ -107,3 +107,23 @@ def test_the_reward_image_has_cpu_torch_and_transformers_for_the_reward_model():
     # torch from the CPU index before the extras (PyPI's default wheel carries CUDA), the learner image's version
     assert torch_pin.findall(text) == torch_pin.findall((DOCKER / "learner.Dockerfile").read_text()) != []
     assert text.index("whl/cpu") < text.index(".whl)[")
+
+
+def test_the_envs_image_runs_the_sandbox_server_too():
+    """The python toolset's sandbox server (services/envs/sandbox_server.py, the chart's and compose's `sandbox`) runs
+    on the envs image: bubblewrap from apt, fastapi and uvicorn from the extras."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    text = (DOCKER / "envs.Dockerfile").read_text()
+    (installed,) = re.findall(r"\.whl\)\[([a-z0-9,]+)\]", text)
+    packages = {Requirement(dep).name for extra in installed.split(",") for dep in extras[extra]}
+    assert {"fastapi", "uvicorn"} <= packages
+    assert any(
+        word == "RUN" and "apt-get install" in rest and "bubblewrap" in rest
+        for word, rest in instructions(DOCKER / "envs.Dockerfile")
+    )
+    assert importlib.util.find_spec("services.envs.sandbox_server") is not None
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose["services"]["sandbox"]["build"]["dockerfile"] == "docker/envs.Dockerfile"

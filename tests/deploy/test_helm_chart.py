@@ -7,6 +7,7 @@ same renders against the Kubernetes schemas."""
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from services.common.config import load_config
 from services.common.cpu_budget import OPENMP_IDLE
@@ -859,3 +861,206 @@ def test_only_the_reward_service_reaches_the_reward_servers_and_they_are_scraped
 def test_bad_reward_server_values_fail_the_render_naming_the_problem(settings, error):
     proc = run_helm("template", "omrl", str(CHART), *settings)
     assert proc.returncode != 0 and error in proc.stderr, proc.stderr
+
+
+# -- the python toolset's sandbox server (sandbox.enabled) --------------------------------------------------------
+SANDBOX = ("--set", "sandbox.enabled=true")
+SANDBOX_URL = "http://omrl-openmanus-rl-sandbox:8090"
+TOOLS = (
+    "--set-json",
+    "config.env.tools="
+    + json.dumps(
+        {
+            "python": {"type": "python"},
+            "py_wide": {"type": "python", "options": {"max_concurrent": 2}},
+            "py_elsewhere": {"type": "python", "options": {"endpoint": "http://sandbox.example:8090"}},
+            "calc": {"type": "calculator"},
+        }
+    ),
+)
+
+
+def sandbox_objects(docs) -> dict[str, dict]:
+    return {d["kind"]: d for d in docs if component_of(d) == "sandbox"}
+
+
+def env_of(pod: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in main_container(pod)["env"]}
+
+
+def test_the_sandbox_is_off_by_default_and_leaves_the_env_pods_and_toolsets_alone(tmp_path):
+    docs = render(*TOOLS)
+    assert sandbox_objects(docs) == {}
+    assert "OMRL_SANDBOX_TOKEN" not in env_of(workloads(docs)["envs"])
+    tools = run_config_of(docs, "envs", tmp_path).env.tools
+    assert tools["python"].options == {} and tools["py_wide"].options == {"max_concurrent": 2}
+    health = next(d for d in docs if d["kind"] == "Pod" and component_of(d) == "health-test")
+    assert "sandbox" not in main_container(health)["args"][0]
+
+
+def test_the_sandbox_is_a_deployment_and_service_on_its_port_probed_on_healthz_with_the_shared_timings():
+    docs = render(*SANDBOX, "--set", "sandbox.replicas=2", "--set-json", 'sandbox.options={"cpu_s": 4}')
+    found = sandbox_objects(docs)
+    assert set(found) == {"Deployment", "Service", "Secret", "NetworkPolicy"}
+    deployment, service = found["Deployment"], found["Service"]
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == "omrl-openmanus-rl-sandbox"
+    assert deployment["spec"]["replicas"] == 2
+    container = main_container(deployment["spec"]["template"])
+    assert container["command"] == ["python", "-m", "services.envs.sandbox_server"]
+    assert container["image"] == main_container(workloads(docs)["envs"])["image"]  # bubblewrap and fastapi are there
+    args = container["args"]
+    assert "--port=8090" in args and '--options={"cpu_s":4}' in args
+    assert "--workspace-root=/workspaces/episodes" in args and "--workspace-ttl-s=3600" in args
+    assert {"name": "http", "containerPort": 8090} in container["ports"]
+    timings = yaml.safe_load((CHART / "values.yaml").read_text())["probes"]
+    for probe in ("startup", "readiness", "liveness"):
+        spec = container[f"{probe}Probe"]
+        assert spec["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+        assert spec["periodSeconds"] == timings[probe]["periodSeconds"], probe
+        assert spec["timeoutSeconds"] == timings["timeoutSeconds"], probe
+    assert env_of(deployment["spec"]["template"])["OMRL_BIND_HOST"]["value"] == "0.0.0.0"
+    assert service["spec"]["type"] == "ClusterIP" and service["spec"]["sessionAffinity"] == "ClientIP"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8090, "targetPort": "http", "appProtocol": "http"}]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    health = next(d for d in docs if d["kind"] == "Pod" and component_of(d) == "health-test")
+    assert f"services.common.healthcheck {SANDBOX_URL}/healthz;" in main_container(health)["args"][0]
+
+
+def test_the_env_pods_get_the_sandbox_token_from_the_servers_secret():
+    docs = render(*SANDBOX)
+    secret = objects(docs, "Secret")["omrl-openmanus-rl-sandbox-token"]
+    assert len(base64.b64decode(secret["data"]["sandbox-token"])) == 48
+    ref = {"name": "omrl-openmanus-rl-sandbox-token", "key": "sandbox-token"}
+    pods = workloads(docs)
+    for component in ("sandbox", "envs"):
+        assert env_of(pods[component])["OMRL_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"] == ref, component
+    for component in ("reward", "rollout", "learner", "jobs-api", "redis"):
+        assert "OMRL_SANDBOX_TOKEN" not in {e["name"] for e in main_container(pods[component]).get("env", [])}
+    own = render(*SANDBOX, "--set", "sandbox.auth.existingSecret=mine", "--set", "sandbox.auth.existingSecretKey=t")
+    assert "omrl-openmanus-rl-sandbox-token" not in objects(own, "Secret")
+    for component in ("sandbox", "envs"):
+        assert env_of(workloads(own)[component])["OMRL_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "mine",
+            "key": "t",
+        }
+
+
+def test_python_toolsets_without_an_endpoint_run_on_the_sandbox_with_its_options(tmp_path):
+    docs = render(*SANDBOX, *TOOLS, "--set-json", 'sandbox.options={"cpu_s": 4, "memory_mb": 512}')
+    tools = run_config_of(docs, "envs", tmp_path).env.tools  # the services' own config checks pass
+    assert tools["python"].options == {"endpoint": SANDBOX_URL, "cpu_s": 4, "memory_mb": 512}
+    assert tools["py_wide"].options == {"endpoint": SANDBOX_URL, "cpu_s": 4, "memory_mb": 512, "max_concurrent": 2}
+    assert tools["py_elsewhere"].options == {"endpoint": "http://sandbox.example:8090"}
+    assert tools["calc"].options == {}
+
+
+@pytest.mark.parametrize(
+    "settings, error",
+    [
+        (
+            ("--set", "config.env.tools.py.type=python", "--set", "config.env.tools.py.options.cpu_s=3"),
+            "config.env.tools.py.options.cpu_s: this toolset runs on the sandbox server",
+        ),
+        (("--set", "sandbox.hostUsers=true"), "sandbox.procMount Unmasked needs sandbox.hostUsers false"),
+        (("--set", "sandbox.options.endpoint=http://x"), "additional properties 'endpoint' not allowed"),
+        (("--set", "sandbox.options.cpu_s=0"), "/sandbox/options/cpu_s"),
+        (("--set", "sandbox.seccompProfile.type=Localhost"), "missing property 'localhostProfile'"),
+        (("--set", "sandbox.procMount=Masked"), "/sandbox/procMount"),
+    ],
+    ids=[
+        "toolset-limit",
+        "unmasked-host-users",
+        "server-endpoint",
+        "options-range",
+        "localhost-no-profile",
+        "procmount",
+    ],
+)
+def test_bad_sandbox_values_fail_the_render_naming_the_problem(settings, error):
+    proc = run_helm("template", "omrl", str(CHART), *SANDBOX, *settings)
+    assert proc.returncode != 0 and error in proc.stderr, proc.stderr
+
+
+def sandbox_pod(*values: str, kube: str = "1.35.0") -> dict:
+    return workloads(render(*SANDBOX, "--kube-version", kube, *values))["sandbox"]
+
+
+def test_the_sandbox_pod_may_create_namespaces_for_bubblewrap_and_nothing_more():
+    """Unconfined seccomp and AppArmor (the runtimes' default profiles refuse unshare and mount) and an unmasked /proc
+    (a PID namespace's /proc cannot be mounted over runc's masked one), which the API server takes only with a user
+    namespace of the pod's own; otherwise the chart's hardening: non-root, no capabilities, no privilege escalation,
+    read-only root, no service-account token."""
+    pod = sandbox_pod()
+    spec, container = pod["spec"], main_container(pod)
+    assert spec["hostUsers"] is False and spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert "runtimeClassName" not in spec
+    ctx = container["securityContext"]
+    assert ctx["procMount"] == "Unmasked" and ctx["appArmorProfile"] == {"type": "Unconfined"}
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["readOnlyRootFilesystem"] is True and "privileged" not in ctx
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["workspaces"] == {"name": "workspaces", "emptyDir": {"sizeLimit": "1Gi"}}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/workspaces"}
+    assert "annotations" not in pod["metadata"]
+    # before 1.30 AppArmor is an annotation; a Localhost profile is named the same way
+    old = sandbox_pod(kube="1.27.0")
+    assert "appArmorProfile" not in main_container(old)["securityContext"]
+    assert old["metadata"]["annotations"] == {"container.apparmor.security.beta.kubernetes.io/sandbox": "unconfined"}
+    mine = (
+        "--set",
+        "sandbox.appArmorProfile.type=Localhost",
+        "--set",
+        "sandbox.appArmorProfile.localhostProfile=bwrap",
+    )
+    assert sandbox_pod(*mine, kube="1.27.0")["metadata"]["annotations"] == {
+        "container.apparmor.security.beta.kubernetes.io/sandbox": "localhost/bwrap"
+    }
+    assert main_container(sandbox_pod(*mine))["securityContext"]["appArmorProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "bwrap",
+    }
+
+
+def test_the_sandbox_takes_a_runtime_class_such_as_gvisor():
+    pod = sandbox_pod(
+        "--set",
+        "sandbox.runtimeClassName=gvisor",
+        "--set",
+        "sandbox.procMount=Default",
+        "--set",
+        "sandbox.hostUsers=true",
+        "--set",
+        "sandbox.options.isolation=none",
+    )
+    assert pod["spec"]["runtimeClassName"] == "gvisor" and "hostUsers" not in pod["spec"]
+    assert main_container(pod)["securityContext"]["procMount"] == "Default"
+    assert '--options={"isolation":"none"}' in main_container(pod)["args"]
+
+
+@pytest.mark.parametrize("kube", ["1.27.0", "1.35.0"])
+def test_the_sandbox_objects_are_valid_kubernetes_objects_of_the_oldest_and_newest_version(kube):
+    spec = importlib.util.spec_from_file_location("check_manifests", ROOT / "scripts/check_manifests.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    docs = render(*SANDBOX, *TOOLS, "--kube-version", kube)
+    chosen = [d for d in docs if component_of(d) in ("sandbox", "envs")]
+    assert {d["kind"] for d in chosen} >= {"Deployment", "Service", "Secret", "NetworkPolicy", "StatefulSet"}
+    assert check.check_documents(chosen, kube) == []
+
+
+def test_only_the_env_pods_reach_the_sandbox_and_it_reaches_nothing():
+    docs = render(*SANDBOX)
+    policy = objects(docs, "NetworkPolicy")["omrl-openmanus-rl-sandbox"]
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["egress"] == []
+    for caller in ("envs", "reward", "rollout", "learner", "redis", "jobs-api"):
+        assert allowed(docs, caller, "sandbox", 8090) == (caller == "envs"), caller
+        assert not allowed(docs, "sandbox", caller, 50052), caller
+    assert not allowed(docs, "envs", "sandbox", 8090, src_namespace="elsewhere")
+    assert not allowed(docs, "envs", "sandbox", 9102)
+    plain = objects(render(), "NetworkPolicy")["omrl-openmanus-rl-envs"]["spec"]["egress"]
+    assert not any("sandbox" in json.dumps(rule) for rule in plain)
+    assert "omrl-openmanus-rl-sandbox" not in objects(
+        render(*SANDBOX, "--set", "networkPolicy.enabled=false"), "NetworkPolicy"
+    )

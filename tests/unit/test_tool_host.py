@@ -200,3 +200,21 @@ def test_grpc_and_in_process_clients_agree_on_tools():
             assert await play(remote) == await play(InProcessEnvClient(svc))
 
     run(main())
+
+
+def test_hostile_arguments_and_a_malformed_tool_list_are_refused_by_name():
+    from services.common.errors import Internal
+    from services.common.protos import envs_pb2
+    from services.envs.messages import EpisodeState
+
+    svc, _ = service()
+
+    async def main():
+        state = await svc.create("test_bench", 0)
+        deep = "[" * 100_000 + "]" * 100_000
+        return await svc.call_tools(state.episode_id, [ToolCall("d", "echo", deep)])
+
+    assert run(main())[0].kind == "invalid"
+    for tools_json in ('{"not": "a list"}', "[1, 2]", "[" * 100_000):
+        with pytest.raises(Internal, match="tools_json"):
+            EpisodeState.from_proto(envs_pb2.EpisodeState(episode_id="e", tools_json=tools_json))

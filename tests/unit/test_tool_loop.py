@@ -118,6 +118,7 @@ def test_a_call_runs_its_result_comes_back_masked_and_the_answer_ends_the_episod
         first, answer = traj.turns
         assert (first.tool_calls, first.invalid_tool_calls, first.action_valid) == (1, 0, True)
         assert first.action == 'add({"a":1021,"b":123})' and answer.action == "1144"
+        assert answer.anchor == first.anchor + "\n[add] 1144"  # GiGPO tells the states apart by what the tools said
         tool_tokens = traj.token_ids[first.start + first.model_tokens : answer.start]
         assert "<tool_response>1144</tool_response>" in tokenizer.decode(tool_tokens)
         assert set(traj.loss_mask[first.start + first.model_tokens : answer.start]) == {0}

@@ -1,5 +1,6 @@
 {{/* Workload and Service of a CPU-only gRPC service (envs, reward):
-     omrl.grpcService (dict "root" $ "component" "envs" "module" "services.envs" ["peers" true] ["datasets" true])
+     omrl.grpcService (dict "root" $ "component" "envs" "module" "services.envs" ["peers" true] ["datasets" true]
+     ["env" $envVarsYaml])
      With "peers", a StatefulSet: each replica has a stable name on a headless Service, and every
      replica is given the others' direct addresses, as an episode lives on the replica that created it
      and calls reaching another replica are forwarded to it (services/envs/replicas.py). */}}
@@ -63,6 +64,9 @@ spec:
             - name: HOME
               value: /tmp
             {{- include "omrl.serviceEnv" .root | nindent 12 }}
+            {{- with .env }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}

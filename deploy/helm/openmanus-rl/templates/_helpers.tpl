@@ -114,6 +114,48 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
       key: {{ .Values.weightPush.existingSecretKey }}
 {{- end -}}
 
+{{/* Sandbox server of the python toolset (sandbox.enabled, templates/sandbox.yaml) -------------------- */}}
+{{- define "omrl.sandbox.name" -}}
+{{- include "omrl.component" (dict "root" . "component" "sandbox") -}}
+{{- end -}}
+
+{{- define "omrl.sandbox.url" -}}
+{{- printf "http://%s:%d" (include "omrl.sandbox.name" .) (int .Values.sandbox.port) -}}
+{{- end -}}
+
+{{- define "omrl.sandbox.secretName" -}}
+{{- .Values.sandbox.auth.existingSecret | default (printf "%s-token" (include "omrl.sandbox.name" .)) -}}
+{{- end -}}
+
+{{/* The bearer token, as OMRL_SANDBOX_TOKEN (the server requires it; the toolset's default token_env sends it) */}}
+{{- define "omrl.sandbox.tokenEnv" -}}
+- name: OMRL_SANDBOX_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "omrl.sandbox.secretName" . }}
+      key: {{ .Values.sandbox.auth.existingSecretKey }}
+{{- end -}}
+
+{{/* The python toolsets of the run config that run on the sandbox server: those naming no `endpoint` get the
+     server's URL and its options (the limits the model is told are the ones the server enforces); of their own
+     options only the client side's (max_concurrent, remote_timeout_s) are kept, any other is refused.
+     omrl.sandbox.pointTools (dict "root" $ "tools" $cfg.env.tools) changes the tools in place. */}}
+{{- define "omrl.sandbox.pointTools" -}}
+{{- $root := .root -}}
+{{- range $name, $tool := .tools -}}
+{{- $own := $tool.options | default dict -}}
+{{- if and (eq (toString ($tool.type | default "")) "python") (not $own.endpoint) -}}
+{{- range $key, $_ := $own -}}
+{{- if not (has $key (list "max_concurrent" "remote_timeout_s")) -}}
+{{- fail (printf "config.env.tools.%s.options.%s: this toolset runs on the sandbox server (sandbox.enabled), which takes its settings from sandbox.options; a toolset keeps only max_concurrent and remote_timeout_s (or names an endpoint of its own)" $name $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $server := deepCopy ($root.Values.sandbox.options | default dict) -}}
+{{- $_ := set $tool "options" (merge (dict "endpoint" (include "omrl.sandbox.url" $root)) $own $server) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Images: <image.repository>/<component>:<tag>-<flavor> (flavor cpu unless the component sets cuda);
      omrl.image (dict "root" $ "key" "rollout" "component" "rollout" ["flavor" "cuda"]), or with "values" in place
      of "key" for values that are not a top-level key (a reward server's) */}}
@@ -200,6 +242,9 @@ openmanus-rl/run: {{ .root.Values.config.run | default "default" | quote }}
 {{- $_ = set $cfg "stream" (merge (dict "redis_url" (include "omrl.redis.url" .)) ($cfg.stream | default dict)) -}}
 {{- $_ = set $cfg "learner" (merge (dict "checkpoint_dir" (printf "/data/checkpoints/%s" ($cfg.run | default "default"))) ($cfg.learner | default dict)) -}}
 {{- $_ = set $cfg "env" (merge $cfg.env (dict "data_dir" "/datasets/generated")) -}}
+{{- if and .Values.sandbox.enabled $cfg.env.tools -}}
+{{- include "omrl.sandbox.pointTools" (dict "root" . "tools" $cfg.env.tools) -}}
+{{- end -}}
 {{- if eq (include "omrl.weightDist.enabled" .) "true" -}}
 {{- /* unless given, under its name or its old one (weight_dist_host, still accepted) */ -}}
 {{- if not (or $cfg.learner.weight_nccl_host $cfg.learner.weight_dist_host) -}}
@@ -270,30 +315,27 @@ capabilities:
   drop: [ALL]
 {{- end -}}
 
+{{/* The shared probe helper (gRPC services, the sandbox server): startup, readiness and liveness with the timings
+     (values `probes`, whose `startup` a component may replace with its own budget), each with its own check (a
+     probe handler: grpc, httpGet):
+     omrl.probes (dict "probes" $timings "startup" $check "readiness" $check "liveness" $check) */}}
+{{- define "omrl.probes" -}}
+{{- range $kind := list "startup" "readiness" "liveness" }}
+{{ $kind }}Probe:
+  {{- toYaml (index $ $kind) | nindent 2 }}
+  periodSeconds: {{ (index $.probes $kind).periodSeconds }}
+  failureThreshold: {{ (index $.probes $kind).failureThreshold }}
+  timeoutSeconds: {{ $.probes.timeoutSeconds }}
+{{- end }}
+{{- end -}}
+
 {{/* gRPC health probes (Kubernetes-native); the startup probe covers model loading */}}
 {{/* readiness: the whole server (a rollout server waiting for weights is not ready); startup and
 liveness: "omrl.live", SERVING while the process answers (see services/common/grpc_server.py) */}}
 {{- define "omrl.grpcProbes" -}}
-startupProbe:
-  grpc:
-    port: {{ .port }}
-    service: omrl.live
-  periodSeconds: {{ .probes.startup.periodSeconds }}
-  failureThreshold: {{ .probes.startup.failureThreshold }}
-  timeoutSeconds: {{ .probes.timeoutSeconds }}
-readinessProbe:
-  grpc:
-    port: {{ .port }}
-  periodSeconds: {{ .probes.readiness.periodSeconds }}
-  failureThreshold: {{ .probes.readiness.failureThreshold }}
-  timeoutSeconds: {{ .probes.timeoutSeconds }}
-livenessProbe:
-  grpc:
-    port: {{ .port }}
-    service: omrl.live
-  periodSeconds: {{ .probes.liveness.periodSeconds }}
-  failureThreshold: {{ .probes.liveness.failureThreshold }}
-  timeoutSeconds: {{ .probes.timeoutSeconds }}
+{{- $live := dict "grpc" (dict "port" .port "service" "omrl.live") -}}
+{{- $ready := dict "grpc" (dict "port" .port) -}}
+{{- include "omrl.probes" (dict "probes" .probes "startup" $live "readiness" $ready "liveness" $live) | trim -}}
 {{- end -}}
 
 {{/* The extended resource a component's GPUs are requested as: omrl.gpuResource (dict "root" $ "values" $v) */}}
