@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
     + END
     + "{%- elif message['role'] == 'tool' -%}"
     + USER
-    + "<tool_response>{{ message['content'] }}</tool_response>"
+    + "<tool_response> {{ message['content'] }}</tool_response>"
     + END
     + "{%- else -%}{{ raise_exception('tiny model chat template: unsupported role ' + message['role']) }}"
     "{%- endif -%}"

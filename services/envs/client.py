@@ -101,7 +101,14 @@ class InProcessEnvClient(EnvClient):
 
 
 class GrpcEnvClient(EnvClient):
-    def __init__(self, address: str, timeout_s: float = 30.0, batch_steps: bool = False, batch_creates: bool = True):
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 30.0,
+        batch_steps: bool = False,
+        batch_creates: bool = True,
+        tools_timeout_s: float | None = None,
+    ):
         """`timeout_s` bounds every call; keep it above the server's step timeout so a slow env is
         reported by the server (DEADLINE_EXCEEDED with the env's name) rather than cut off here.
         `address` may name several replicas (`ipv4:h1:p1,h2:p2`, or a DNS name with several records):
@@ -111,6 +118,8 @@ class GrpcEnvClient(EnvClient):
         Steps from then on. `batch_creates`: `create_batch` is one CreateBatch call (a server without it
         gets single Creates from then on); false: single Creates always."""
         self.address, self.timeout_s, self.batch_steps = address, timeout_s, batch_steps
+        self.tools_timeout_s = tools_timeout_s or timeout_s
+        """The deadline of one CallTools (its calls may queue for sandbox slots: `EnvDeadlines.tools_client_s`)."""
         self.batch_creates = batch_creates
         self._channel: grpc.aio.Channel | None = None
         self._stub: envs_pb2_grpc.EnvServiceStub | None = None
@@ -228,7 +237,7 @@ class GrpcEnvClient(EnvClient):
     async def call_tools(self, episode_id: str, calls: list[ToolCall]) -> list[ToolResult]:
         request = envs_pb2.CallToolsRequest(episode_id=episode_id, calls=[call.to_proto() for call in calls])
         with rpc_errors():
-            reply = await self.stub.CallTools(request, timeout=self.timeout_s)
+            reply = await self.stub.CallTools(request, timeout=self.tools_timeout_s)
         if len(reply.results) != len(calls):
             raise Internal(f"CallTools answered {len(reply.results)} results for {len(calls)} calls")
         return [ToolResult.from_proto(result) for result in reply.results]

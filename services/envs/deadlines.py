@@ -8,6 +8,11 @@ number of calls at once (`TextEnv.call_capacity`; AgentGym: servers x `max_concu
     routed    = service + 5 s                     a replica forwarding an episode's call to its owner
     client    = routed + 5 s                      the rollout's gRPC deadline to the env service
 
+Tool calls the same way, with `env.max_tool_calls` calls an episode and the smallest capacity among the run's
+toolsets (the python sandbox's `max_concurrent`): `tools_client = env.tool_timeout_s x tool waves + 10 s` is the
+rollout's deadline of one CallTools. The env service gives each call `env.tool_timeout_s` times the waves actually
+queued ahead of it (services.envs.tool_host), never beyond what is left of the CallTools deadline.
+
 Each rollout server runs groups_per_step x (1 + max_staleness) producer workers, each playing one group
 of group_size episodes at once, spread over the env-service replicas. In the worst case every one of
 them calls its env at the same moment (the group's creates do), and the calls are served `capacity` at
@@ -38,6 +43,8 @@ class EnvDeadlines:
     service_s: float
     routed_s: float
     client_s: float
+    tools_client_s: float = 0.0
+    """The rollout's gRPC deadline of one CallTools (a turn's tool calls)."""
 
 
 def episodes_in_flight(config: TrainConfig) -> int:
@@ -68,4 +75,32 @@ def env_deadlines(config: TrainConfig, step_timeout_s: float | None = None) -> E
     capacity = env_call_capacity(config)
     waves = queue_waves(episodes_in_flight(config), config.env.replicas, capacity)
     service = base * waves
-    return EnvDeadlines(capacity, waves, service, service + FORWARD_MARGIN_S, service + 2 * FORWARD_MARGIN_S)
+    tool_waves = queue_waves(
+        episodes_in_flight(config) * config.env.max_tool_calls, config.env.replicas, tool_capacity(config)
+    )
+    tools_client = config.env.tool_timeout_s * tool_waves + 2 * FORWARD_MARGIN_S
+    return EnvDeadlines(
+        capacity,
+        waves,
+        service,
+        service + FORWARD_MARGIN_S,
+        service + 2 * FORWARD_MARGIN_S,
+        max(tools_client, service + 2 * FORWARD_MARGIN_S),
+    )
+
+
+def tool_capacity(config: TrainConfig) -> int | None:
+    """The smallest capacity among the run's toolsets (the env's own and `env.tools`); None: none is limited."""
+    from services.envs.tools import TOOLSETS
+
+    env = config.env
+    toolsets = {**ENVS.get(env.name).tools_for(dict(env.options)), **{n: t.model_dump() for n, t in env.tools.items()}}
+    capacities = []
+    for entry in toolsets.values():
+        try:
+            cls = TOOLSETS.get(str(entry.get("type")))
+            capacities.append(cls.capacity_of(cls.Options.model_validate(entry.get("options") or {})))
+        except Exception:  # noqa: BLE001 - a toolset that cannot be loaded here fails at the env service, by name
+            continue
+    known = [c for c in capacities if c]
+    return min(known) if known else None

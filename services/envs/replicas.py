@@ -119,9 +119,11 @@ class RoutedEnvService:
         reply = await self._forward("Step", episode_id, envs_pb2.StepRequest(episode_id=episode_id, action=action))
         return EpisodeState.from_proto(reply)
 
-    async def call_tools(self, episode_id: str, calls: list[ToolCall], forwarded: bool = False) -> list[ToolResult]:
+    async def call_tools(
+        self, episode_id: str, calls: list[ToolCall], forwarded: bool = False, time_left: float | None = None
+    ) -> list[ToolResult]:
         if self._is_local(episode_id, forwarded):
-            return await self.local.call_tools(episode_id, calls)
+            return await self.local.call_tools(episode_id, calls, time_left)
         request = envs_pb2.CallToolsRequest(episode_id=episode_id, calls=[call.to_proto() for call in calls])
         reply = await self._forward("CallTools", episode_id, request)
         return [ToolResult.from_proto(result) for result in reply.results]

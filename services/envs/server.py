@@ -56,7 +56,9 @@ class EnvServicer(envs_pb2_grpc.EnvServiceServicer):
 
     async def CallTools(self, request: envs_pb2.CallToolsRequest, context) -> envs_pb2.CallToolsResponse:
         calls = [ToolCall.from_proto(call) for call in request.calls]
-        results = await self.service.call_tools(request.episode_id, calls, _forwarded(context))
+        results = await self.service.call_tools(
+            request.episode_id, calls, _forwarded(context), time_left=context.time_remaining()
+        )
         return envs_pb2.CallToolsResponse(results=[result.to_proto() for result in results])
 
     async def Close(self, request: envs_pb2.CloseRequest, context) -> envs_pb2.CloseResponse:

@@ -271,8 +271,11 @@ class EnvService:
         """The env instance playing an episode (in-process callers only: the warm-start's random tool user)."""
         return self._get(episode_id).env
 
-    async def call_tools(self, episode_id: str, calls: list[ToolCall]) -> list[ToolResult]:
-        """One model turn's tool calls (services.envs.tool_host): each call's failure is its own result."""
+    async def call_tools(
+        self, episode_id: str, calls: list[ToolCall], time_left: float | None = None
+    ) -> list[ToolResult]:
+        """One model turn's tool calls (services.envs.tool_host): each call's failure is its own result. `time_left`:
+        what the caller's deadline leaves (no call's deadline goes beyond it)."""
         ep = self._get(episode_id)
         with self._errors(ep.env_name):
             if not isinstance(calls, list) or not all(isinstance(call, ToolCall) for call in calls):
@@ -281,7 +284,7 @@ class EnvService:
             if ep.done:
                 raise FailedPrecondition(f"episode {episode_id} is done; reset or close it")
             ep.last_used = time.monotonic()
-            results = await self.tools.call(ep.tools or EpisodeTools(), episode_id, calls)
+            results = await self.tools.call(ep.tools or EpisodeTools(), episode_id, calls, time_left)
             ep.last_used = time.monotonic()
             return results
 

@@ -37,6 +37,8 @@ RESULT_KINDS = ("ok", "invalid", "unknown", "error", "failed", "timeout", "limit
 MODEL_ERRORS = frozenset({"invalid", "unknown"})
 """Result kinds that are the model's mistake (an episode's `invalid_tool_calls`); the others are the tool's."""
 TRUNCATED = "\n[tool output truncated]"
+ANSWER_MARGIN_S = 1.0
+"""Each call ends this long before the CallTools deadline, so its caller gets the results, a timeout among them."""
 
 
 @dataclass(frozen=True)
@@ -133,16 +135,20 @@ class ToolHost:
             self._started[key] = toolset
             return toolset
 
-    async def call(self, tools: EpisodeTools, episode_id: str, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    async def call(
+        self, tools: EpisodeTools, episode_id: str, calls: Sequence[ToolCall], time_left: float | None = None
+    ) -> list[ToolResult]:
+        """`time_left`: what the caller's deadline leaves; each call ends `ANSWER_MARGIN_S` before it."""
         if len(calls) > self.max_calls:
             raise InvalidArgument(f"{len(calls)} tool calls in one turn; at most {self.max_calls}")
-        return list(await asyncio.gather(*(self._one(tools, episode_id, call) for call in calls)))
+        cap = None if time_left is None else max(0.1, time_left - ANSWER_MARGIN_S)
+        return list(await asyncio.gather(*(self._one(tools, episode_id, call, cap) for call in calls)))
 
-    async def _one(self, tools: EpisodeTools, episode_id: str, call: ToolCall) -> ToolResult:
+    async def _one(self, tools: EpisodeTools, episode_id: str, call: ToolCall, cap: float | None) -> ToolResult:
         start = time.perf_counter()
         tool = tools.tools.get(call.name)
         label = call.name if tool is not None else "unknown"
-        content, kind = await self._run(tools, episode_id, call, tool)
+        content, kind = await self._run(tools, episode_id, call, tool, cap)
         seconds = time.perf_counter() - start
         self._m_calls.labels(label, kind or "ok").inc()
         self._m_seconds.labels(label).observe(seconds)
@@ -150,7 +156,9 @@ class ToolHost:
             content = content[: self.max_output_chars - len(TRUNCATED)] + TRUNCATED
         return ToolResult(call.id, call.name, content, kind, seconds)
 
-    async def _run(self, tools: EpisodeTools, episode_id: str, call: ToolCall, tool: _Tool | None) -> tuple[str, str]:
+    async def _run(
+        self, tools: EpisodeTools, episode_id: str, call: ToolCall, tool: _Tool | None, cap: float | None
+    ) -> tuple[str, str]:
         if tool is None:
             offered = ", ".join(tools.tools) or "none"
             return f"unknown tool {call.name[:100]!r}; the tools are: {offered}", "unknown"
@@ -169,6 +177,7 @@ class ToolHost:
         deadline = self.call_timeout_s * (
             1 + self._in_flight[id(toolset)] // toolset.capacity if toolset.capacity else 1
         )
+        deadline = deadline if cap is None else min(deadline, cap)
         self._in_flight[id(toolset)] += 1
         try:
             ctx = ToolContext(episode_id, tools.workspace or Path(tempfile.gettempdir()), deadline)

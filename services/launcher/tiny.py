@@ -40,7 +40,7 @@ def tool_corpus(config: TrainConfig, episodes: int, say: Callable[[str], None] |
             if isinstance(turn, ToolTurn):
                 texts += [parser.format_calls(turn.calls), *(result.content for result in turn.results)]
             else:
-                texts += [f"<action>{turn[0]}</action>", turn[1].observation]
+                texts += [f"<action> {turn[0]}</action>", turn[1].observation]
     return texts
 
 

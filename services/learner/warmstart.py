@@ -65,7 +65,7 @@ def tool_demo_episodes(
                 after = formatter.tool_results([tool_message(result) for result in turn.results])
             else:
                 text, after = (
-                    f"<action>{turn[0]}</action>",
+                    f"<action> {turn[0]}</action>",  # a number copied after a space, as the tiny template writes results
                     None if turn[1].done else formatter.observation(turn[1].observation),
                 )
             reply = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
@@ -116,7 +116,7 @@ def warmstart(
         env_cfg,
         ChatFormatter(tokenizer),
         tokenizer,
-        # a tool task's demos differ in long numbers to copy: as many as the steps read, or the model learns them by heart
+        # tool demos differ in long numbers to copy: as many as the steps read, or the model learns them by heart
         count=max(256, batch_size * 8, steps * batch_size // 2 if tool_parser else 0),
         seed=seed,
         say=say,

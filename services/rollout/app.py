@@ -105,7 +105,10 @@ async def run_server(
         loop = AGENT_LOOPS.get(config.rollout.agent_loop)(
             core,
             GrpcEnvClient(
-                config.env.address, timeout_s=env_deadlines(config).client_s, batch_steps=config.env.batch_steps
+                config.env.address,
+                timeout_s=env_deadlines(config).client_s,
+                batch_steps=config.env.batch_steps,
+                tools_timeout_s=env_deadlines(config).tools_client_s,
             ),
             ChatFormatter(AutoTokenizer.from_pretrained(config.model.path)),
             PARSERS.create(config.rollout.action_parser),

@@ -20,6 +20,7 @@ from services.common.run_state import AsyncRunState, RunState
 from services.common.stream import TrajectoryStream
 from services.common.trajectory import decode_batch
 from services.envs.client import GrpcEnvClient, InProcessEnvClient
+from services.envs.messages import ToolCall
 from services.envs.service import EnvService
 from services.reward.client import InProcessRewardClient
 from services.reward.composer import RewardComposer
@@ -147,6 +148,25 @@ def test_a_step_batch_reaches_each_episode_on_its_own_replica(cluster):
     assert [s.episode_id for s in stepped] == [s.episode_id for s in states] and all(closed)
     forwarded = sum(r.metric('omrl_envs_forwarded_calls_total{op="Step",outcome="ok"}') for r in replicas)
     assert forwarded > 0, "the batch's steps of the other replica's episodes were forwarded to their owner"
+
+
+def test_tool_calls_reach_the_replica_that_holds_the_episode_and_its_workspace(cluster):
+    config, replicas = cluster
+    call = ToolCall("c", "calculator", '{"expression": "1234 + 4321"}')
+
+    async def main():
+        async with GrpcEnvClient(config.env.address, timeout_s=10) as client:
+            states = [await client.create("tool_arith", i) for i in range(7)]
+            results = [await client.call_tools(s.episode_id, [call, call]) for s in states]
+            closed = [await client.close(s.episode_id) for s in states]
+        return states, results, closed
+
+    states, results, closed = asyncio.run(main())
+    assert {s.episode_id.rpartition(".")[0] for s in states} == {"replica-a", "replica-b"} and all(closed)
+    assert all(s.tools[0]["function"]["name"] == "calculator" for s in states)
+    assert {(r.content, r.kind) for pair in results for r in pair} == {("5555", "")}
+    forwarded = sum(r.metric('omrl_envs_forwarded_calls_total{op="CallTools",outcome="ok"}') for r in replicas)
+    assert forwarded > 0, "calls of the other replica's episodes were forwarded to their owner"
 
 
 class SlowPolicy(ScriptedPolicy):

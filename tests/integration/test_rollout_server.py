@@ -167,7 +167,7 @@ def test_tool_calling_episodes_agree_with_the_learners_model_on_every_model_toke
         for turn in traj.turns:
             after = turn.start + turn.model_tokens
             assert set(traj.loss_mask[after : after + turn.env_tokens]) == {0}
-            assert "<tool_response>5555</tool_response>" in tokenizer.decode(
+            assert "<tool_response> 5555</tool_response>" in tokenizer.decode(
                 traj.token_ids[after : after + turn.env_tokens]
             )
 

@@ -23,6 +23,8 @@ LISTENERS = {
     ("services/common/grpc_server.py", ".bind(("): "free_port(): a probe of a port, closed at once",
     ("services/learner/app.py", "start_http_server("): "the learner's metrics endpoint, on bind_host()",
     ("services/jobs/__main__.py", "uvicorn.run("): "the job API, on bind_host()",
+    ("services/envs/sandbox_server.py", "uvicorn.run("): "the python tool's sandbox server, on bind_host(), every "
+    "call but /healthz behind its bearer token",
     ("services/cli/inspector.py", ".bind(("): "omrl inspect PATH: the inspector of local run folders, on 127.0.0.1 "
     "only (no token: read-only, this machine's users)",
     ("services/cli/inspector.py", ".listen("): "the same socket",

@@ -44,7 +44,7 @@ def error_of(overrides: list[str]) -> tuple[tuple, str]:
         (
             "reward.components={goall: {}}",
             ("reward", "components", "goall", "[key]"),
-            "'goall' is not one of: bleu, chrf, env_return, exact_match, format, goal, hinted_action, length_penalty,",
+            "'goall' is not one of: bleu, chrf, env_return, exact_match, format, goal, hinted_action,",
         ),
         (
             "env.options={lenght: 5}",
@@ -147,7 +147,7 @@ def test_error_lines_name_each_field_once_per_line():
         "algorithm.advantage: 'grpoo' is not one of: gae, gigpo, grpo, opo, reinforce_plus_plus, "
         "reinforce_plus_plus_baseline, remax, rloo",
         "env.name: 'corridorr' is not one of: agentgym, babyai, corridor, crafting, guess_number, maze, "
-        "reasoning, wordle",
+        "reasoning, tool_arith, tool_chain, tool_fix, tool_lookup, wordle",
     ]
 
 

@@ -89,3 +89,15 @@ def test_fifo_slots_time_out_and_leave_the_queue():
     assert not slots._waiters
     slots.release()
     assert slots.acquire(timeout=0)
+
+
+def test_a_turns_tool_calls_get_a_deadline_for_the_sandbox_slots_they_may_wait_for():
+    rollout = {"group_size": 8, "groups_per_step": 4}
+    python = config(env={"name": "tool_arith", "options": {"tool": "python"}, "max_tool_calls": 2}, rollout=rollout)
+    # 32 episodes x 2 calls for 8 sandboxes: 8 waves of the 10 s tool deadline, plus the two forwarding margins
+    assert env_deadlines(python).tools_client_s == 10 * 8 + 10
+    fewer = {"sandbox": {"type": "python", "options": {"max_concurrent": 4}}}
+    tight = config(env={"name": "tool_arith", "tools": fewer, "max_tool_calls": 2}, rollout=rollout)
+    assert env_deadlines(tight).tools_client_s == 10 * 16 + 10
+    unlimited = config(env={"name": "tool_arith"}, rollout=rollout)  # the calculator: no queue
+    assert env_deadlines(unlimited).tools_client_s == env_deadlines(unlimited).client_s == 20

@@ -218,3 +218,14 @@ def test_hostile_arguments_and_a_malformed_tool_list_are_refused_by_name():
     for tools_json in ('{"not": "a list"}', "[1, 2]", "[" * 100_000):
         with pytest.raises(Internal, match="tools_json"):
             EpisodeState.from_proto(envs_pb2.EpisodeState(episode_id="e", tools_json=tools_json))
+
+
+def test_no_call_outlives_what_the_callers_deadline_leaves():
+    svc, _ = service(call_timeout_s=30)
+
+    async def main():
+        state = await svc.create("test_bench", 0)
+        return await svc.call_tools(state.episode_id, calls("deadline", "hang"), time_left=1.5)
+
+    given, hung = run(main())
+    assert float(given.content) == 0.5 and hung.kind == "timeout" and "within 0.5s" in hung.content

@@ -103,7 +103,7 @@ def make_loop(tokenizer, reply, max_turns=4, max_tool_calls=4):
 def solver(obs):
     """Calls add with the prompt's numbers, then answers with what it returned."""
     if "<tool_response>" in obs:
-        result = re.search(r"<tool_response>(\d+)", obs).group(1)
+        result = re.search(r"<tool_response> (\d+)", obs).group(1)
         return f"<action>{result}</action>"
     a, b = map(int, re.search(r"What is (\d+) \+ (\d+)", obs).groups())
     return call("add", a=a, b=b)
@@ -120,7 +120,7 @@ def test_a_call_runs_its_result_comes_back_masked_and_the_answer_ends_the_episod
         assert first.action == 'add({"a":1021,"b":123})' and answer.action == "1144"
         assert answer.anchor == first.anchor + "\n[add] 1144"  # GiGPO tells the states apart by what the tools said
         tool_tokens = traj.token_ids[first.start + first.model_tokens : answer.start]
-        assert "<tool_response>1144</tool_response>" in tokenizer.decode(tool_tokens)
+        assert "<tool_response> 1144</tool_response>" in tokenizer.decode(tool_tokens)
         assert set(traj.loss_mask[first.start + first.model_tokens : answer.start]) == {0}
         assert set(traj.loss_mask[answer.start : answer.start + answer.model_tokens]) == {1}
         for turn in traj.turns:  # every prompt the engine saw is the record's prefix: nothing re-tokenised
@@ -148,7 +148,7 @@ def test_the_models_mistakes_are_answered_counted_and_the_episode_goes_on(tokeni
     assert [t.action_valid for t in traj.turns] == [False, True, True, True]
     assert "unknown tool 'subtract'" in seen[1] and "do not match its schema at a" in seen[1]
     assert "could not read a tool call" in seen[1]
-    assert seen[2].count("<tool_response>3</tool_response>") == 2 and "at most 2 tool calls" in seen[2]
+    assert seen[2].count("<tool_response> 3</tool_response>") == 2 and "at most 2 tool calls" in seen[2]
     assert "Error (refused): not today" in seen[3]
 
 

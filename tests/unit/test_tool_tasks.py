@@ -109,7 +109,7 @@ def test_random_tool_calls_and_actions_are_well_formed(name):
 def test_tool_arith_options_pick_operations_and_toolset():
     opts = {"digits": 8, "operations": ["*", "-"], "tool": "python"}
     env, first = play("tool_arith", 4, opts)
-    a, op, b = re.search(r"What is (\d+) ([-*]) (\d+)\?", first).groups()
+    a, op, b = re.search(r"What is \"(\d+) ([-*]) (\d+)\"\?", first).groups()
     assert len(a) == len(b) == 8 and "python tool" in first
     assert env.task_info()["answer"] == str(int(a) * int(b) if op == "*" else int(a) - int(b))
     (tool, arguments), *_ = env.random_tool_calls(random.Random(1))

@@ -71,7 +71,7 @@ class ToolArith(TextEnv):
         self.op = rng.choice(opts.operations)
         self.answer = {"+": self.a + self.b, "-": self.a - self.b, "*": self.a * self.b}[self.op]
         return (
-            f"What is {self.a} {self.op} {self.b}? {TOOL_SENTENCES[opts.tool]} Give the exact integer as your "
+            f'What is "{self.a} {self.op} {self.b}"? {TOOL_SENTENCES[opts.tool]} Give the exact integer as your '
             f"final answer. {action_format('12345')}"
         )
 

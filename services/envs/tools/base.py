@@ -79,6 +79,11 @@ class Toolset(abc.ABC):
     """Calls it runs at once (the rest wait for a slot); None: no limit. A call's deadline grows with the calls
     queued ahead of it (services.envs.tool_host), as the env-call deadlines do."""
 
+    @classmethod
+    def capacity_of(cls, options: ToolOptions) -> int | None:
+        """`capacity` of an instance with these options, known before one is built (the run's deadlines)."""
+        return None
+
     async def start(self) -> None:
         """Connects or builds what the toolset needs (an MCP session, a search index); called once before
         the first `specs` and `call`."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import stat
@@ -195,10 +196,15 @@ def _budgets(out: int, err: int, cap: int) -> tuple[int, int]:
     return min(out, cap - err_budget), err_budget
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
 def _stderr_limit(stderr: str) -> str | None:
     """The limit the interpreter's last words name: Python raises (and exits 1) where a limit refuses it memory, a
     file's growth (SIGXFSZ is ignored by Python) or a fork."""
-    last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    # the last exception line, not the last line: a fork bomb's processes die together, their tracebacks interleaved
+    last = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), lines[-1] if lines else "")
     if last.startswith("MemoryError") or "[Errno 12] Cannot allocate memory" in last:
         return "memory"
     if "[Errno 27] File too large" in last:
@@ -550,10 +556,14 @@ class Python(Toolset):
     type = "python"
     Options = PythonOptions
 
+    @classmethod
+    def capacity_of(cls, options: PythonOptions) -> int:
+        return options.max_concurrent
+
     def __init__(self, options: PythonOptions):
         super().__init__(options)
         self.options: PythonOptions = options
-        self.capacity = options.max_concurrent
+        self.capacity = self.capacity_of(options)
         self.limits_hit: Counter[str] = Counter()
         """Calls that hit each limit (cpu, memory, processes, file_size, output, wall), for the service's metrics."""
         self.sandbox = Sandbox(options) if options.endpoint is None else None
