@@ -64,7 +64,7 @@ def tool_demo_episodes(
                 text = parser.format_calls(turn.calls)
                 after = formatter.tool_results([tool_message(result) for result in turn.results])
             else:
-                # the answer after a space, as the tiny template writes a tool's output: a copy starts after the same token
+                # after a space, as the tiny template writes a tool's output: a copy starts after the same token
                 text, after = (
                     f"<action> {turn[0]}</action>",
                     None if turn[1].done else formatter.observation(turn[1].observation),
