@@ -34,15 +34,11 @@ def select(
     rows: list[dict[str, Any]], filters: dict[str, str], sort: str | None, limit: int, ascending: bool = False
 ) -> list[tuple[dict, dict]]:
     """(summary, row) of the episodes that pass every filter, sorted (highest first), at most `limit`."""
-    from services.learner.episodes import episode_summary
+    from services.learner.episodes import select_episodes
 
-    picked = [(episode_summary(row), row) for row in rows]
-    picked = [(s, r) for s, r in picked if _matches(s, filters)]
-    if sort:
-        if sort not in SORT_KEYS:
-            raise UsageError(f"--sort {sort!r}: want one of {', '.join(SORT_KEYS)}")
-        picked.sort(key=lambda pair: pair[0][sort], reverse=not ascending)
-    return picked[:limit] if limit > 0 else picked
+    if sort and sort not in SORT_KEYS:
+        raise UsageError(f"--sort {sort!r}: want one of {', '.join(SORT_KEYS)}")
+    return select_episodes(rows, lambda summary: _matches(summary, filters), sort, ascending, limit)
 
 
 def read_folder(folder: Path, step: int | None) -> tuple[int, list[dict[str, Any]]]:

@@ -623,6 +623,13 @@ class LearnerConfig(Section):
     each (no compute on padding); the same losses and gradients as padded rows. Pair with `micro_batch_tokens`.
     `auto`: on a GPU whose attention keeps to each sequence (`varlen`, flash, flex), never on CPU, nor with
     `share_prefix`."""
+    sequence_parallel: int = Field(1, ge=1, le=1024)
+    """Ulysses sequence parallelism: each packed row split over this many learner processes, attention over the
+    whole row on 1/N of the heads (all-to-all of queries, keys and values), so one process holds 1/N of a long
+    trajectory's activations; the batch is split over the world's processes / N groups. The same logprobs,
+    losses and gradients as 1 (the unsplit row). Needs packed rows and varlen attention (`auto` picks them); must divide
+    `nproc` (a group stays within a node) and, at start, the model's attention heads, and its key/value heads
+    or be a multiple of them. 1: no split."""
     attention: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "varlen"] = "auto"
     """Attention kernel of the policy, critic and reference (transformers' attn_implementation). Packed rows
     use a block-diagonal mask with sdpa/eager (every score of the row computed), a document mask with
@@ -652,6 +659,24 @@ class LearnerConfig(Section):
             raise ValueError("learner.share_prefix runs padded rows; varlen attention needs packed ones")
         if self.share_prefix and not self.logprob_chunk_tokens:
             raise ValueError("learner.share_prefix needs the chunked head: set learner.logprob_chunk_tokens > 0")
+        sp = self.sequence_parallel
+        if sp > 1:
+            if self.nproc % sp:
+                raise ValueError(
+                    f"learner.sequence_parallel {sp} must divide learner.nproc {self.nproc}: each group of "
+                    f"{sp} processes splits one row, within a node"
+                )
+            if self.pack_sequences is False:
+                raise ValueError(f"learner.sequence_parallel {sp} splits packed rows: set learner.pack_sequences")
+            if self.share_prefix:
+                raise ValueError(
+                    f"learner.sequence_parallel {sp} splits packed rows; learner.share_prefix runs padded ones"
+                )
+            if self.attention not in ("auto", "varlen"):
+                raise ValueError(
+                    f"learner.sequence_parallel {sp} runs varlen attention over the split rows, not "
+                    f"{self.attention!r}: set learner.attention to varlen (or auto)"
+                )
         if self.share_prefix and self.activation_checkpointing is True:
             # a recomputed layer would append its keys to the shared cache a second time
             raise ValueError("learner.share_prefix keeps a key/value cache: unset learner.activation_checkpointing")

@@ -15,14 +15,23 @@ from services.learner.losses import value_loss
 from services.learner.model import load_value_model, token_values
 from services.learner.parallelize import parallelize
 from services.learner.schedule import build_optimizer, build_scheduler
+from services.learner.sequence_parallel import SequenceGroup
 
 
 class Critic:
-    def __init__(self, config: TrainConfig, model_path: str, device: torch.device, dtype: str, mixed: bool):
+    def __init__(
+        self,
+        config: TrainConfig,
+        model_path: str,
+        device: torch.device,
+        dtype: str,
+        mixed: bool,
+        sequence_group: SequenceGroup | None = None,
+    ):
         algo = config.algorithm
         self.config = config
         self.pack = config.learner.pack_sequences
-        self.model = load_value_model(model_path, dtype, config.learner.attention)
+        self.model = load_value_model(model_path, dtype, config.learner.attention, split=sequence_group is not None)
         parallelize(
             self.model,
             device,
@@ -31,6 +40,7 @@ class Critic:
             compile_layers=config.learner.compile,
             wrap=config.learner.fsdp_wrap,
             compile_scope=config.learner.compile_scope,
+            sequence_group=sequence_group,
         )
         self.optimizer = build_optimizer(self.model, algo.critic_lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)

@@ -166,6 +166,22 @@ def episode_summary(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def select_episodes(
+    rows: list[dict[str, Any]],
+    keep: Callable[[dict[str, Any]], bool] = lambda summary: True,
+    sort: str | None = None,
+    ascending: bool = False,
+    limit: int = 0,
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(summary, row) of the recorded episodes whose summary `keep` passes: in record order (a group's episodes
+    together), or by the summary's `sort` key, highest first unless `ascending`; at most `limit` (0: all). What
+    `omrl episodes` and the inspector's step page both show."""
+    picked = [(summary, row) for row in rows if keep(summary := episode_summary(row))]
+    if sort:
+        picked.sort(key=lambda pair: pair[0][sort], reverse=not ascending)
+    return picked[:limit] if limit > 0 else picked
+
+
 class EpisodeRecorder:
     """Rank 0 of the learner: writes each step's sample; a failure is logged and never stops training."""
 

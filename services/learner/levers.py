@@ -8,7 +8,11 @@ The token budget: the GPU's memory, less a margin, the model's training states (
 moments, sharded over the learner processes, plus a gathered bf16 copy), the reference's and the critic's, and the
 head's chunk of logits, divided by what a token's activations take (about layers x (8 hidden + 8 intermediate)
 bytes without activation checkpointing: fitted to the 0.5B shape's peak memory at 16k-64k-token micro-batches on
-H200s, docs/benchmarks.md). Where that leaves under 16k tokens, activation checkpointing turns on (`auto`)."""
+H200s, docs/benchmarks.md). Where that leaves under 16k tokens, activation checkpointing turns on (`auto`).
+
+With `sequence_parallel` N > 1 rows are always packed under varlen attention (on CPU too), and a process holds
+1/N of each row's activations: the budget and the longest row are N times one process's (not measured on GPUs
+yet)."""
 
 from __future__ import annotations
 
@@ -76,10 +80,14 @@ def token_budget(
     critic: bool,
     reference: bool,
     compiled: bool = True,
+    sequence_parallel: int = 1,
 ) -> int:
-    """Tokens a micro-batch may hold on a GPU of `gpu_bytes`, a multiple of 4096 in [4096, 65536]."""
-    tokens = fitting_tokens(shape, gpu_bytes, world_size, chunk, checkpointed, critic, reference, compiled)
-    return max(MIN_TOKENS, min(MAX_TOKENS, tokens // TOKEN_STEP * TOKEN_STEP))
+    """Tokens a micro-batch may hold on a GPU of `gpu_bytes`, a multiple of 4096 in [4096, 65536] (times
+    `sequence_parallel`: each process of a group holds that share of the micro-batch)."""
+    tokens = fitting_tokens(
+        shape, gpu_bytes, world_size, chunk, checkpointed, critic, reference, compiled, sequence_parallel
+    )
+    return max(MIN_TOKENS, min(MAX_TOKENS * sequence_parallel, tokens // TOKEN_STEP * TOKEN_STEP))
 
 
 def fitting_tokens(
@@ -91,16 +99,17 @@ def fitting_tokens(
     critic: bool,
     reference: bool,
     compiled: bool = True,
+    sequence_parallel: int = 1,
 ) -> int:
     """Tokens whose activations fit beside the training states on a GPU of `gpu_bytes` (unrounded, unclamped):
-    the longest row one learner process can train without sequence parallelism."""
+    the longest row one learner process can train, times `sequence_parallel` (the processes that split a row)."""
     models = 2 if critic else 1
     states = models * shape.params * (16 / world_size + 2) + (2 * shape.params if reference else 0)
     head = chunk * shape.vocab * 4  # a chunk's fp32 logits; the dense head (chunk 0) holds every token's
     activations = shape.activation_bytes(checkpointed) * (1 if compiled else EAGER_ACTIVATIONS)
     per_token = models * activations + (0 if chunk else shape.vocab * 8)
     free = gpu_bytes * MEMORY_MARGIN - states - head - RESERVE_BYTES
-    return int(free // per_token) if free > 0 else 0
+    return int(free // per_token) * sequence_parallel if free > 0 else 0
 
 
 def resolve(
@@ -126,6 +135,7 @@ def resolve(
         return value
 
     attention = learner.attention
+    split = learner.sequence_parallel > 1  # Ulysses splits packed rows under varlen attention (on any device)
     keeps_to_sequences = attention in ("varlen", "flash_attention_2", "flex_attention") or (
         attention == "auto" and gpu and varlen_available()
     )
@@ -133,9 +143,10 @@ def resolve(
     pack = pick(
         "learner",
         "pack_sequences",
-        attention == "varlen" or (gpu and keeps_to_sequences and not learner.share_prefix),
+        split or attention == "varlen" or (gpu and keeps_to_sequences and not learner.share_prefix),
     )
-    attention = pick("learner", "attention", "varlen" if gpu and pack and varlen_available() else "sdpa")
+    varlen = split or (gpu and pack and varlen_available())
+    attention = pick("learner", "attention", "varlen" if varlen else "sdpa")
     compiled = pick("learner", "compile", gpu and compiler_available())
     chunk = pick("learner", "logprob_chunk_tokens", GPU_CHUNK if gpu else CPU_CHUNK)
     checkpointed, tokens = learner.activation_checkpointing, algo.micro_batch_tokens
@@ -144,7 +155,16 @@ def resolve(
         needs = {"critic": critic, "reference": bool(algo.use_kl_in_reward or algo.use_kl_loss)}
 
         def budget(with_checkpoints: bool) -> int:
-            return token_budget(shape, gpu_bytes, world_size, chunk, with_checkpoints, compiled=compiled, **needs)
+            return token_budget(
+                shape,
+                gpu_bytes,
+                world_size,
+                chunk,
+                with_checkpoints,
+                compiled=compiled,
+                sequence_parallel=learner.sequence_parallel,
+                **needs,
+            )
 
         if checkpointed == "auto":
             checkpointed = pick(
@@ -215,4 +235,5 @@ def longest_row(config: TrainConfig, device: Any, model_path: str, world_size: i
         build_estimator(algo).needs_values,
         bool(algo.use_kl_in_reward or algo.use_kl_loss),
         bool(learner.compile),
+        learner.sequence_parallel,
     )

@@ -11,8 +11,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from services.learner import sequence_parallel
 from services.learner.collectives import world_size
 from services.learner.model import TOKEN_STATS_METHOD, compile_head
+from services.learner.sequence_parallel import SequenceGroup
 
 COMPILE_SCOPES = ("layers", "decoder")
 
@@ -26,12 +28,16 @@ def parallelize(
     compile_layers: bool = False,
     wrap: str = "layers",
     compile_scope: str = "layers",
+    sequence_group: SequenceGroup | None = None,
 ) -> nn.Module:
     """Applies the levers to `model` in place and returns it sharded on `device`. `compile_layers` also
     compiles the fused logprob head's elementwise kernels; `wrap`: FSDP's units (`shard_model`);
     `compile_scope`: `layers`, each decoder layer its own compiled graph (FSDP's per-layer hooks stay outside
     the graphs, and identical layers reuse one), or `decoder`, the whole decoder stack (embeddings, rotary
-    tables, every layer, final norm) one graph, so kernels fuse across layer boundaries; needs `root` units."""
+    tables, every layer, final norm) one graph, so kernels fuse across layer boundaries; needs `root` units.
+    `sequence_group`: the processes that split each packed row with this one (`sequence_parallel`; the model must
+    have been loaded with its attention). FSDP shards over every process either way, so its gradient reduction
+    sums the group's parts of each gradient."""
     if compile_scope not in COMPILE_SCOPES:
         raise ValueError(f"unknown compile scope {compile_scope!r}: one of {COMPILE_SCOPES}")
     whole = compile_layers and compile_scope == "decoder"
@@ -46,6 +52,7 @@ def parallelize(
         model.base_model.compile()
     if compile_layers:
         compile_head(model)
+    sequence_parallel.attach(model, sequence_group)
     return shard_model(model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap)
 
 

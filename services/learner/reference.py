@@ -9,6 +9,7 @@ import torch
 from services.learner import collectives
 from services.learner.model import load_model, token_logprobs
 from services.learner.parallelize import parallelize
+from services.learner.sequence_parallel import SequenceGroup
 
 
 class ReferencePolicy:
@@ -24,16 +25,19 @@ class ReferencePolicy:
         head: str = "fused",
         wrap: str = "layers",
         head_kernel: str = "auto",
+        sequence_group: SequenceGroup | None = None,
     ):
         from services.weightsync.wire import checksum
 
-        self.model = load_model(model_path, dtype, attention, head, head_kernel)
+        self.model = load_model(model_path, dtype, attention, head, head_kernel, split=sequence_group is not None)
         self.chunk_tokens, self.pack = chunk_tokens, pack
         self.model.requires_grad_(False)
         digest = checksum(self.model.state_dict().items()) if collectives.is_rank0() else None
         self.identity: dict[str, Any] = {"path": str(model_path), "checksum": collectives.broadcast_object(digest)}
         """Where the weights came from and their checksum; checkpoints record it, resume checks it."""
-        parallelize(self.model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap)
+        parallelize(
+            self.model, device, mixed_precision_bf16=mixed_precision_bf16, wrap=wrap, sequence_group=sequence_group
+        )
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefixes=None) -> torch.Tensor:

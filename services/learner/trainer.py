@@ -6,7 +6,12 @@ logprobs, critic values), gather those to every rank; KL penalty into the reward
 on the whole batch; then `ppo_epochs` passes of the policy (and critic). A pass takes one optimizer step per
 mini-batch (`ppo_mini_batch_size` consecutive sequences of the batch, in order; the whole batch by default),
 its gradient accumulated over this rank's micro-batches of that mini-batch, its loss normalised by the
-mini-batch's own token and sequence counts. The learning-rate schedule advances once per step."""
+mini-batch's own token and sequence counts. The learning-rate schedule advances once per step.
+
+With `learner.sequence_parallel` N > 1 the batch is split over the data ranks (world / N) instead of every
+process; the N processes of a data rank run the same micro-batches, each a 1/N slice of every packed row, and
+hold the same per-token values after each forward pass (`sequence_parallel`), so the batch-level sums and
+gathers reduce over the data ranks only."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import torch
 
 from services.common.config import TrainConfig
 from services.common.trajectory import Trajectory
-from services.learner import checkpoint, collectives, full_weights
+from services.learner import checkpoint, collectives, full_weights, sequence_parallel
 from services.learner.advantages import build_estimator
 from services.learner.advantages.base import AdvantageInputs
 from services.learner.batch import TrainBatch, baseline_scores, collate, split_baselines, turns_of
@@ -94,6 +99,15 @@ class PolicyTrainer:
         self.device = collectives.resolve_device(config.learner.device)
         self.rank, self.world_size = collectives.init_distributed(self.device)
         config = self.config = resolve_levers(config, self.device, model_path, self.world_size)
+        sp = config.learner.sequence_parallel
+        if sp > 1:
+            from transformers import AutoConfig
+
+            sequence_parallel.check_world(self.world_size, sp)
+            sequence_parallel.check_model(AutoConfig.from_pretrained(model_path), sp)
+        self.mesh = sequence_parallel.build_mesh(self.device.type, self.world_size, self.rank, sp)
+        """Data ranks split the batch; each is a group of `sequence_parallel` processes that split its rows."""
+        group = self.mesh.sequence
         torch.manual_seed(config.seed)
         if config.deterministic:
             use_deterministic_kernels(self.device.type)
@@ -112,6 +126,7 @@ class PolicyTrainer:
             learner.logprob_head,
             learner.head_kernel,
             learner.head_keep_logits,
+            split=group is not None,
         )
         self.pad_id = int(self.model.config.pad_token_id or 0)
         parallelize(
@@ -122,6 +137,7 @@ class PolicyTrainer:
             compile_layers=config.learner.compile,
             wrap=config.learner.fsdp_wrap,
             compile_scope=config.learner.compile_scope,
+            sequence_group=group,
         )
         self.optimizer = build_optimizer(self.model, algo.lr, algo.weight_decay, config.learner.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, algo, config.learner.steps)
@@ -130,7 +146,7 @@ class PolicyTrainer:
         self.correction = RolloutCorrection.from_config(algo)
         self.critic = None
         if self.estimator.needs_values:
-            self.critic = Critic(config, model_path, self.device, load_dtype, mixed)
+            self.critic = Critic(config, model_path, self.device, load_dtype, mixed, sequence_group=group)
         self.reference = None
         if algo.use_kl_in_reward or algo.use_kl_loss:
             self.reference = ReferencePolicy(
@@ -144,6 +160,7 @@ class PolicyTrainer:
                 head=config.learner.logprob_head,
                 wrap=config.learner.fsdp_wrap,
                 head_kernel=config.learner.head_kernel,
+                sequence_group=group,
             )
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.step = 0
@@ -173,17 +190,18 @@ class PolicyTrainer:
             for m in mini.micro:
                 counts[i, 0] += m.loss_mask.sum()
                 counts[i, 1] += (m.loss_mask.sum(-1) > 0).sum()
-        for mini, (tokens, seqs) in zip(minis, collectives.all_reduce_sum(counts).tolist()):
+        for mini, (tokens, seqs) in zip(minis, self._reduce(counts).tolist()):
             mini.policy_norm = {**mini.norm, "num_tokens": max(tokens, 1.0), "num_seqs": max(seqs, 1.0)}
 
     def _local_micro_batches(self, batch: TrainBatch, rows: torch.Tensor) -> list[_Micro]:
-        """This rank's share of `rows` in micro-batches, topped up with empty (mask 0) micro-batches
+        """This data rank's share of `rows` in micro-batches, topped up with empty (mask 0) micro-batches
         so that every rank runs the same number of forward/backward passes (FSDP's collectives)."""
-        shares = rows.tensor_split(self.world_size)
+        shares = rows.tensor_split(self.mesh.dp_size)
         chunks = [self._micro_rows(batch, share) for share in shares]
         n_micro = max(len(c) for c in chunks)
-        # a share may be empty (a mini-batch smaller than the world): then this rank runs fillers only
-        out = [self._micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in chunks[self.rank]]
+        # a share may be empty (a mini-batch smaller than the data ranks): then this rank runs fillers only
+        mine = chunks[self.mesh.dp_rank]
+        out = [self._micro(batch.select(chunk).trim().to(self.device), chunk) for chunk in mine]
         while len(out) < n_micro:
             mb = batch.select(slice(0, 1)).trim()
             mb.response_mask = torch.zeros_like(mb.response_mask)
@@ -219,13 +237,17 @@ class PolicyTrainer:
         return list(share.split(algo.micro_batch_size))
 
     def _gather(self, micro: list[_Micro], field: str, shape: torch.Size) -> torch.Tensor:
-        """The per-micro-batch tensors `field` of every rank, as one [B, T] CPU tensor on every rank."""
+        """The per-micro-batch tensors `field` of every data rank, as one [B, T] CPU tensor on every rank."""
         full = torch.zeros(shape, dtype=torch.float64, device=self.device)
         for m in micro:
             if m.rows is not None:
                 local = getattr(m, field)
                 full[m.rows.to(self.device), : local.shape[1]] = local.to(torch.float64)
-        return collectives.all_reduce_sum(full).to("cpu", torch.float32)
+        return self._reduce(full).to("cpu", torch.float32)
+
+    def _reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the data ranks (the processes of a sequence group hold the same values)."""
+        return collectives.all_reduce_sum(tensor, self.mesh.dp_group)
 
     # -- one step ---------------------------------------------------------------------------
     def _score(self, micro: list[_Micro], sums: dict[str, torch.Tensor], fused: bool = False) -> None:
@@ -370,7 +392,7 @@ class PolicyTrainer:
         if self.keeps_tokens:
             self.step_tokens = self._step_tokens(trajectories, micro, advantages, token_rewards, mask)
         extra["time/step_cpu_s"] = time.process_time() - cpu_start  # every thread of the process: load shows here
-        totals = collectives.all_reduce_sum(torch.stack([sums[key] for key in _SUMS])).tolist()
+        totals = self._reduce(torch.stack([sums[key] for key in _SUMS])).tolist()
         return {**self._metrics(batch, dict(zip(_SUMS, totals)), grad_norms, skipped, len(minis)), **extra}
 
     def _step_tokens(
@@ -446,7 +468,9 @@ class PolicyTrainer:
                 )
                 loss = loss + algo.kl_loss_coef * kl_loss
                 sums["kl_loss"] += kl_loss.detach()
-            # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss.
+            # FSDP averages gradients over ranks; the partial losses already sum to the mini-batch loss. (With
+            # sequence parallelism each process of a group holds its data rank's loss, and its backward pass reaches
+            # the parameters through its own tokens only: the group's gradients sum to that loss's.)
             set_last_micro_batch(self.model, i == len(mini.micro) - 1)
             (loss * self.world_size).backward()
             n = mask.sum()

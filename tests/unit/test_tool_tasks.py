@@ -109,7 +109,7 @@ def test_random_tool_calls_and_actions_are_well_formed(name):
 def test_tool_arith_options_pick_operations_and_toolset():
     opts = {"digits": 8, "operations": ["*", "-"], "tool": "python"}
     env, first = play("tool_arith", 4, opts)
-    a, op, b = re.search(r"What is \"(\d+) ([-*]) (\d+)\"\?", first).groups()
+    a, op, b = re.search(r"What is \"(\d+)([-*])(\d+)\"\?", first).groups()
     assert len(a) == len(b) == 8 and "python tool" in first
     assert env.task_info()["answer"] == str(int(a) * int(b) if op == "*" else int(a) - int(b))
     (tool, arguments), *_ = env.random_tool_calls(random.Random(1))
@@ -214,3 +214,13 @@ def test_datasets_are_written_for_the_tool_tasks():
         rows = generate_rows(EnvConfig(name=name, train_tasks=3, validation_tasks=2), "validation")
         assert [row["task_index"] for row in rows] == [3, 4]
         assert all(row["prompt"][0]["content"] and row["reward_model"]["style"] == "rule" for row in rows)
+
+
+def test_tool_arith_demos_draw_the_operator_from_five_and_answer_with_what_the_tool_said():
+    env, first = play("tool_arith", 7, {"digits": 3})
+    rng = random.Random(0)
+    expressions = {env.random_tool_calls(rng)[0][1]["expression"] for _ in range(200)}
+    a, b = re.search(r"What is \"(\d+)\+(\d+)\"", first).groups()
+    assert expressions == {f"{a}{op}{b}" for op in ("+", "-", "*", "//", "%")}
+    assert env.random_answer(rng, ["-1,234"]) == "-1234"
+    assert len(env.random_answer(rng, [])) == len(env.task_info()["answer"])

@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from services.envs.base import EnvOptions, InvalidTask, StepResult, TextEnv, action_format, seen_number
+from services.envs.base import NUMBER, EnvOptions, InvalidTask, StepResult, TextEnv, action_format
 from services.envs.registry import register_env
 
 Operator = Literal["+", "-", "*"]
+DEMO_OPERATORS = ("+", "-", "*", "//", "%")
 TOOLS: dict[str, dict[str, dict[str, Any]]] = {
     "calculator": {"calculator": {"type": "calculator"}},
     "python": {"python": {"type": "python"}},
@@ -71,7 +72,7 @@ class ToolArith(TextEnv):
         self.op = rng.choice(opts.operations)
         self.answer = {"+": self.a + self.b, "-": self.a - self.b, "*": self.a * self.b}[self.op]
         return (
-            f'What is "{self.a} {self.op} {self.b}"? {TOOL_SENTENCES[opts.tool]} Give the exact integer as your '
+            f'What is "{self.a}{self.op}{self.b}"? {TOOL_SENTENCES[opts.tool]} Give the exact integer as your '
             f"final answer. {action_format('12345')}"
         )
 
@@ -83,10 +84,13 @@ class ToolArith(TextEnv):
         return ("-" if self.answer < 0 else "") + str(rng.randint(10 ** (width - 1) if width > 1 else 0, 10**width - 1))
 
     def random_answer(self, rng: random.Random, seen: list[str]) -> str:
-        return seen_number(rng, seen, self.random_action(rng))
+        """What the tool said, right or wrong (the random part is the call's operator): a number it returned."""
+        numbers = [n for text in seen for n in NUMBER.findall(text)]
+        return numbers[0].replace(",", "") if numbers else self.random_action(rng)
 
     def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-        expression = f"{self.a} {rng.choice(['+', '-', '*'])} {self.b}"
+        """The task's numbers with an operator drawn from five (so a demo is right one time in five at most)."""
+        expression = f"{self.a}{rng.choice(DEMO_OPERATORS)}{self.b}"
         if self.opts.tool == "python":
             return [("python", {"code": f"print({expression})"})]
         return [("calculator", {"expression": expression})]

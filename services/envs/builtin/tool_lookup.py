@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
 
-from services.envs.base import EnvOptions, InvalidTask, StepResult, TextEnv, action_format, seen_number
+from services.envs.base import EnvOptions, InvalidTask, StepResult, TextEnv, action_format
 from services.envs.builtin.tool_arith import parse_integer
 from services.envs.registry import register_env
 from services.envs.tools.corpora import CORPORA, Document
@@ -67,6 +68,8 @@ KINDS = (
     ),
 )
 KIND = {kind.name: kind for kind in KINDS}
+FACT_VALUE = re.compile(r"(?<= )\d+(?=[ .])")
+"""A fact's number in a document's text: after a space, before a space or the sentence's end."""
 ONSETS = (
     "b",
     "br",
@@ -185,7 +188,9 @@ class ToolLookup(TextEnv):
         return random_number_like(rng, self.fact.value)
 
     def random_answer(self, rng: random.Random, seen: list[str]) -> str:
-        return seen_number(rng, seen, self.random_action(rng))
+        """One of the facts' numbers the search showed (a hit's rank and id are not facts), or a made-up one."""
+        values = [n for text in seen for n in FACT_VALUE.findall(text)]
+        return rng.choice([*values, self.random_action(rng)])
 
     def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
         return [("search", {"query": random_query(rng, self.question)})]

@@ -46,11 +46,12 @@ def summaries(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def select(rows: list[dict[str, Any]], filters: Filters, sort: str = "", ascending: bool = False) -> list[dict]:
-    """Summaries of the episodes that pass the filters: in batch order (groups together), or sorted by `sort`."""
-    picked = [s for s in summaries(rows) if filters.keep(s)]
-    if sort in SORT_KEYS:
-        picked.sort(key=lambda s: s[sort], reverse=not ascending)
-    return picked
+    """Summaries (without transcripts) of the episodes that pass the filters: in batch order (groups together), or
+    sorted by `sort`."""
+    from services.learner.episodes import select_episodes  # the record's module, kept out of the API's start
+
+    picked = select_episodes(rows, filters.keep, sort if sort in SORT_KEYS else None, ascending)
+    return [{k: v for k, v in summary.items() if k != "transcript"} for summary, _ in picked]
 
 
 def choices(rows: list[dict[str, Any]], key: str) -> list[str]:
