@@ -3,7 +3,7 @@ service's own pod may not create namespaces (Kubernetes' default seccomp profile
 points at it.
 
 `POST /run` {"code", "episode_id", "timeout"} runs the code in the same local sandbox as the toolset
-(services/envs/tools/python.py, `Sandbox`) and answers its `RunResult` as JSON; a call the sandbox refuses answers
+(services/envs/tools/sandbox.py, `Sandbox`) and answers its `RunResult` as JSON; a call the sandbox refuses answers
 503 {"detail", "kind"}. Every request but `GET /healthz` needs `Authorization: Bearer <token>`, the token read from
 the environment variable OMRL_SANDBOX_TOKEN (the server does not start without it). The server listens on loopback
 unless --host or $OMRL_BIND_HOST says otherwise. Each episode id gets its own workspace folder under --workspace-root
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from services.envs.tools.base import ToolError
-from services.envs.tools.python import PythonOptions, Sandbox
+from services.envs.tools.sandbox import PythonOptions, Sandbox
 
 TOKEN_ENV = "OMRL_SANDBOX_TOKEN"
 MAX_CODE_CHARS = 200_000

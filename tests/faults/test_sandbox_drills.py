@@ -1,4 +1,4 @@
-"""Hostile code against the python toolset's sandbox (services/envs/tools/python.py), for each isolation that is a
+"""Hostile code against the python toolset's sandbox (services/envs/tools/sandbox.py), for each isolation that is a
 sandbox (bwrap, unshare; one missing on the host is skipped). Every drill runs the toolset itself on a fresh
 workspace, no service, and checks that the code is contained within its limit, that the answer is an error
 observation (an error ToolOutput, or a ToolError of the right kind), and that an ordinary call made alongside and one
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from services.envs.tools.base import ToolContext, ToolError, ToolOutput
-from services.envs.tools.python import _NEEDS, Python, PythonOptions
+from services.envs.tools.python import Python
+from services.envs.tools.sandbox import _NEEDS, PythonOptions
 
 pytestmark = [pytest.mark.faults]
 

@@ -156,29 +156,30 @@ def model_case(
     return out
 
 
-def trainer_case(model_path: str, sp: int, nproc: int | None = None, steps: int = 2) -> dict:
+def trainer_case(model_path: str, sp: int, nproc: int | None = None, steps: int = 2, device: str = "cpu") -> dict:
     """`steps` PPO steps (critic, KL in the reward and as a loss, entropy bonus, two epochs, packed token-budget
     micro-batches) with `sp` of `nproc` processes splitting each row; per-step metrics (untimed) and the weights'
-    checksum."""
+    checksum. On `cuda`: bf16 with fp32 master weights, the `auto` levers (compiled layers where Triton builds)."""
     from services.learner.trainer import PolicyTrainer
     from tests.support.learner import untimed
     from tests.support.smoke import param_checksum, synthetic_trajectories
 
-    trainer = PolicyTrainer(trainer_config(sp, nproc or sp), model_path)
+    trainer = PolicyTrainer(trainer_config(sp, nproc or sp, device), model_path)
     metrics = [untimed(trainer.train_step(synthetic_trajectories(6, 2, seed=step))) for step in range(steps)]
     return {"metrics": metrics, "checksum": param_checksum(trainer), "dp_size": trainer.mesh.dp_size}
 
 
-def trainer_config(sp: int, nproc: int):
+def trainer_config(sp: int, nproc: int, device: str = "cpu"):
     from services.common.config import TrainConfig
     from tests.support.smoke import PPO_SETTINGS
 
     return TrainConfig.model_validate(
         {
             "seed": 0,
+            "model": {"dtype": "float32" if device == "cpu" else "bfloat16"},
             "rollout": {"group_size": 2},
             "learner": {
-                "device": "cpu",
+                "device": device,
                 "nproc": nproc,
                 "sequence_parallel": sp,
                 "pack_sequences": True,
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.model, kind, group, lengths=lengths, device=device, dtype=args.dtype
             )
     if "trainer" in cases:
-        results["trainer"] = trainer_case(args.model, sp, nproc=world)
+        results["trainer"] = trainer_case(args.model, sp, nproc=world, device=device.type)
     if rank == 0:
         torch.save(results, args.out)
     collectives.barrier()
