@@ -31,7 +31,7 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sp_gpu")
-    model = str(build_model(tmp / "model", kv_heads=1, hidden=4 * HEAD_DIM))
+    model = str(build_model(tmp / "model", kv_heads=1, hidden=4 * HEAD_DIM, positions=4096))
     out = tmp / "two.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += ["-m", "tests.support.sequence_parallel", "--model", model, "--out", str(out), "--device", "cuda"]

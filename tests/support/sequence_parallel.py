@@ -21,7 +21,9 @@ KV_CASES = (4, 2, 1)
 CASES = ("attention", "model", "trainer")
 
 
-def build_model(path: str | Path, *, kv_heads: int = 1, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
+def build_model(
+    path: str | Path, *, kv_heads: int = 1, hidden: int = 32, layers: int = 2, positions: int = 256, seed: int = 0
+) -> Path:
     """A tiny random Llama with 4 query heads over `kv_heads` key/value heads (grouped-query attention)."""
     from transformers import LlamaConfig
 
@@ -34,7 +36,7 @@ def build_model(path: str | Path, *, kv_heads: int = 1, hidden: int = 32, layers
         num_attention_heads=HEADS,
         num_key_value_heads=kv_heads,
         vocab_size=64,
-        max_position_embeddings=max(256, 2 * sum(LENGTHS)),
+        max_position_embeddings=positions,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
