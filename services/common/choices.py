@@ -93,12 +93,22 @@ def _located(exc: ValidationError, prefix: tuple, known: list[str], what: str, o
 
 
 def check_env_options(env: str, options: dict[str, Any]) -> None:
-    """Validates `options` with the env's own `Options` model (the one its `reset` parses them with).
-    A process without the env's dependencies (the reward image has no httpx for `agentgym`) cannot run
-    it and leaves the check to the env service and to the job API, which has them."""
-    envs = registry("env")
+    """Validates `options` with the env's own `Options` model (the one its `reset` parses them with)."""
+    _check_options("env", env, options)
+
+
+def check_toolset_options(kind: str, options: dict[str, Any]) -> None:
+    """Validates a toolset's `options` with its type's `Options` model."""
+    _check_options("toolset", kind, options)
+
+
+def _check_options(kind: str, name: str, options: dict[str, Any]) -> None:
+    """`options` checked with plugin `name`'s options model. A process without the plugin's dependencies (the
+    reward image has no httpx for `agentgym`) cannot run it and leaves the check to the service that runs it and
+    to the job API, which have them."""
+    plugins = registry(kind)
     try:
-        model: type[BaseModel] | None = envs.options(env) if envs is not None else None
+        model: type[BaseModel] | None = plugins.options(name) if plugins is not None else None
     except ImportError:
         return
     if model is None:
@@ -106,23 +116,7 @@ def check_env_options(env: str, options: dict[str, Any]) -> None:
     try:
         model.model_validate(options)
     except ValidationError as exc:
-        raise _located(exc, (), sorted(model.model_fields), "option", f"env {env!r}") from None
-
-
-def check_toolset_options(kind: str, options: dict[str, Any]) -> None:
-    """Validates a toolset's `options` with its `Options` model (as `check_env_options` does an env's); a process
-    without the toolset's dependencies leaves the check to the env service and the job API."""
-    toolsets = registry("toolset")
-    try:
-        model: type[BaseModel] | None = toolsets.options(kind) if toolsets is not None else None
-    except (ImportError, KeyError):
-        return
-    if model is None:
-        return
-    try:
-        model.model_validate(options)
-    except ValidationError as exc:
-        raise _located(exc, (), sorted(model.model_fields), "option", f"toolset {kind!r}") from None
+        raise _located(exc, (), sorted(model.model_fields), "option", f"{kind} {name!r}") from None
 
 
 def check_reward_function(name: str, function: str, named_by_type: bool) -> None:

@@ -237,6 +237,10 @@ class EnvConfig(Section):
     max_tool_calls: int = Field(4, ge=1, le=16)
     """Tool calls one model turn may make; the rest are answered with an error and counted as invalid."""
 
+    def toolset_entries(self) -> dict[str, dict[str, Any]]:
+        """`tools` as the env service takes them: {instance name: {"type", "options"}}."""
+        return {name: toolset.model_dump() for name, toolset in self.tools.items()}
+
     @field_validator("options")
     @classmethod
     def _check_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:

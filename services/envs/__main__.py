@@ -98,7 +98,7 @@ def main() -> None:
         replica_id=args.replica_id,
         idle_ttl_s=args.idle_ttl_s,
         tools=ToolHost(
-            {name: toolset.model_dump() for name, toolset in config.env.tools.items()},
+            config.env.toolset_entries(),
             call_timeout_s=config.env.tool_timeout_s,
             max_output_chars=args.max_observation_chars,
             max_calls=config.env.max_tool_calls,

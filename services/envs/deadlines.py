@@ -94,7 +94,7 @@ def tool_capacity(config: TrainConfig) -> int | None:
     from services.envs.tools import TOOLSETS
 
     env = config.env
-    toolsets = {**ENVS.get(env.name).tools_for(dict(env.options)), **{n: t.model_dump() for n, t in env.tools.items()}}
+    toolsets = {**ENVS.get(env.name).tools_for(dict(env.options)), **env.toolset_entries()}
     capacities = []
     for entry in toolsets.values():
         try:

@@ -175,7 +175,7 @@ async def _play_tool_demos(
     from services.envs.tool_host import ToolHost
 
     host = ToolHost(
-        {name: toolset.model_dump() for name, toolset in env_cfg.tools.items()},
+        env_cfg.toolset_entries(),
         call_timeout_s=env_cfg.tool_timeout_s,
         max_calls=env_cfg.max_tool_calls,
     )

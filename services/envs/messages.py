@@ -81,6 +81,12 @@ class ToolCall:
         return cls(msg.id, msg.name, msg.arguments_json)
 
 
+MODEL_MISTAKES = frozenset({"invalid", "unknown", "unparsed", "over_limit"})
+"""Tool-result kinds that are the model's mistake (a turn's `invalid_tool_calls`): from the env service, arguments
+that fail the schema and unknown tools; from the tool-calling loop, calls that did not parse or went past the turn's
+limit. The other kinds are the tool's failures."""
+
+
 @dataclass(frozen=True)
 class ToolResult:
     id: str

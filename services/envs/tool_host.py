@@ -33,9 +33,6 @@ from services.envs.tools import TOOLSETS, ToolContext, ToolError, Toolset, ToolS
 
 log = logging.getLogger(__name__)
 
-RESULT_KINDS = ("ok", "invalid", "unknown", "error", "failed", "timeout", "limit", "refused", "unavailable")
-MODEL_ERRORS = frozenset({"invalid", "unknown"})
-"""Result kinds that are the model's mistake (an episode's `invalid_tool_calls`); the others are the tool's."""
 TRUNCATED = "\n[tool output truncated]"
 ANSWER_MARGIN_S = 1.0
 """Each call ends this long before the CallTools deadline, so its caller gets the results, a timeout among them."""

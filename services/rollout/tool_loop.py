@@ -14,17 +14,12 @@ import json
 from typing import Any
 
 from services.common import metrics
-from services.common.config import EnvConfig, RolloutConfig
 from services.common.trajectory import Trajectory, TrajectoryBuilder
-from services.envs.messages import ToolCall, ToolResult
-from services.rollout.action_parsers import ActionParser
-from services.rollout.agent_loop import AgentLoop, Generator
+from services.envs.messages import MODEL_MISTAKES, ToolCall, ToolResult
+from services.rollout.agent_loop import AgentLoop
 from services.rollout.agent_loops import AGENT_LOOPS
-from services.rollout.prompting import ChatFormatter
 from services.rollout.tool_parsers import TOOL_PARSERS, ParsedCall, ParsedReply, ToolCallParser
 
-MODEL_ERRORS = frozenset({"invalid", "unknown"})
-"""Result kinds of the env service that are the model's mistake (services.envs.tool_host)."""
 TOOL_CALLS = metrics.preset(
     metrics.counter(
         "rollout",
@@ -39,23 +34,10 @@ TOOL_CALLS = metrics.preset(
 
 @AGENT_LOOPS.register("tools")
 class ToolCallingLoop(AgentLoop):
-    def __init__(
-        self,
-        generator: Generator,
-        env_client: Any,
-        formatter: ChatFormatter,
-        parser: ActionParser,
-        rollout: RolloutConfig,
-        env: EnvConfig,
-        max_model_len: int,
-        server_name: str = "",
-        greedy_baseline: bool = False,
-        tool_parser: ToolCallParser | None = None,
-    ):
-        super().__init__(
-            generator, env_client, formatter, parser, rollout, env, max_model_len, server_name, greedy_baseline
-        )
-        self.tool_parser = tool_parser or TOOL_PARSERS.create(rollout.tool_parser)
+    def __init__(self, *args: Any, tool_parser: ToolCallParser | None = None, **kwargs: Any):
+        """AgentLoop's arguments; `tool_parser` replaces the one `rollout.tool_parser` names."""
+        super().__init__(*args, **kwargs)
+        self.tool_parser = tool_parser or TOOL_PARSERS.create(self.rollout.tool_parser)
 
     async def _play(self, state: Any, task_index: int, group_id: str, seed: int | None, baseline: bool) -> Trajectory:
         tools = list(state.tools)
@@ -97,7 +79,7 @@ class ToolCallingLoop(AgentLoop):
             if parsed is None:
                 results = await self._call_tools(state.episode_id, reply)
                 record.tool_calls = len(results)
-                record.invalid_tool_calls = sum(r.kind in MODEL_ERRORS or r.kind in LOCAL_ERRORS for r in results)
+                record.invalid_tool_calls = sum(r.kind in MODEL_MISTAKES for r in results)
                 with clock.time("tokenize"):
                     obs_ids = self.formatter.tool_results([tool_message(r) for r in results])
                 reward = 0.0
@@ -148,8 +130,6 @@ class ToolCallingLoop(AgentLoop):
 
 ANCHOR_CHARS = 4096
 """A tool turn's anchor keeps this much of its end (the env's anchor, then the results so far)."""
-LOCAL_ERRORS = frozenset({"over_limit", "unparsed"})
-"""Result kinds made here, not by the env service: the model's mistakes too."""
 
 
 def tool_message(result: ToolResult) -> dict[str, str]:
