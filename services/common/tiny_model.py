@@ -58,13 +58,16 @@ MODEL_SHAPE = dict(
 )
 
 
-def _train_tokenizer(corpus: Sequence[str], split_digits: bool = False):
+NUMBER_TOKENS = [str(n) for n in range(1000)]
+"""With `number_tokens`: one added token per number below 1000, so a number is written in chunks of up to three
+digits from the left (`1436` as `143`, `6`), as Llama 3's and GPT-4's tokenizers write numbers."""
+
+
+def _train_tokenizer(corpus: Sequence[str], number_tokens: bool = False):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if split_digits:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
@@ -74,7 +77,9 @@ def _train_tokenizer(corpus: Sequence[str], split_digits: bool = False):
         show_progress=False,
     )
     tok.train_from_iterator(list(corpus), trainer=trainer, length=len(corpus))
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ACTION_TOKENS])
+    # added tokens are matched leftmost-longest before the BPE sees the text: digits never reach its merges
+    added = ACTION_TOKENS + (NUMBER_TOKENS if number_tokens else [])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tok
 
 
@@ -84,10 +89,10 @@ def build_tiny_model(
     *,
     seed: int = 0,
     tie_word_embeddings: bool = False,
-    split_digits: bool = False,
+    number_tokens: bool = False,
 ) -> Path:
-    """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`. `split_digits`: numbers
-    are tokenised digit by digit (as Llama and Qwen tokenizers do)."""
+    """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`. `number_tokens`:
+    numbers are written in tokens of up to three digits (see `NUMBER_TOKENS`)."""
     from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 
     if not corpus:
@@ -96,7 +101,7 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(corpus, split_digits),
+        tokenizer_object=_train_tokenizer(corpus, number_tokens),
         pad_token=PAD,
         eos_token=END,
         additional_special_tokens=[USER, ASSISTANT],

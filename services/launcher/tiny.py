@@ -44,15 +44,23 @@ def tool_corpus(config: TrainConfig, episodes: int, say: Callable[[str], None] |
     return texts
 
 
+TOOL_WARMSTART_LR = 1e-3
+
+
 def prepare_tiny_model(
     config: TrainConfig, root: Path, say: Callable[[str], None] = print, warmstart_lr: float = 2e-3
 ) -> Path:
     from services.common.tiny_model import build_tiny_model
     from services.learner.warmstart import warmstart
 
-    # numbers digit by digit, as Llama's and Qwen's tokenizers write them: the tool tasks' agent copies long numbers
+    # The tool tasks' agent copies numbers from a tool's result. Written digit by digit, a 2-layer model copies them
+    # badly (digits repeat, so "the token after the one I just wrote" is ambiguous); in chunks of three they are
+    # distinct tokens it copies as it copies words.
+    # Tied embeddings make a copy one circuit for every number (attend to it, write its own embedding back)
+    # instead of one output row learned per number; at warm-start lr 2e-3 that circuit formed and broke down again.
     tools = config.rollout.agent_loop == "tools"
-    base = build_tiny_model(root / "base", env_corpus(config, say=say), seed=config.seed, split_digits=tools)
+    corpus = env_corpus(config, say=say)
+    base = build_tiny_model(root / "base", corpus, seed=config.seed, number_tokens=tools, tie_word_embeddings=tools)
     if not config.model.warmstart_steps:
         return base
     say(f"warm-starting the tiny model on the {config.env.name} action format ({config.model.warmstart_steps} steps)")
@@ -62,7 +70,7 @@ def prepare_tiny_model(
         config.env,
         config.model.warmstart_steps,
         seed=config.seed,
-        lr=warmstart_lr,
+        lr=TOOL_WARMSTART_LR if tools else warmstart_lr,
         say=say,
         read_observations=config.model.warmstart_reads_observations,
         tool_parser=config.rollout.tool_parser if config.rollout.agent_loop == "tools" else None,

@@ -139,3 +139,15 @@ def test_warmstart_episodes_ignore_the_hint(model_dir):
         first = text.split("<action>", 2)[2].split("</action>", 1)[0]  # [1] is the prompt's example
         agree += hint == first
     assert 0.35 < agree / len(episodes) < 0.65, agree
+
+
+def test_number_tokens_write_numbers_in_chunks_of_three_from_the_left(tmp_path):
+    numbered = build_tiny_model(tmp_path, CORPUS, number_tokens=True)
+    tok = transformers.AutoTokenizer.from_pretrained(numbered)
+    text = 'What is "679+899"? <action> 1578</action> fact-0123, 12345 and 7'
+    pieces = tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])
+    assert [p for p in pieces if p.isdigit()] == ["679", "899", "157", "8", "0", "123", "123", "45", "7"]
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    # without the option digits go through the BPE like any other character
+    plain = transformers.AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "plain", CORPUS))
+    assert "899" not in plain.convert_ids_to_tokens(plain(text, add_special_tokens=False)["input_ids"])
