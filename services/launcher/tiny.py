@@ -44,12 +44,15 @@ def tool_corpus(config: TrainConfig, episodes: int, say: Callable[[str], None] |
     return texts
 
 
+WARMSTART_LR = 2e-3
 TOOL_WARMSTART_LR = 1e-3
 
 
 def prepare_tiny_model(
-    config: TrainConfig, root: Path, say: Callable[[str], None] = print, warmstart_lr: float = 2e-3
+    config: TrainConfig, root: Path, say: Callable[[str], None] = print, warmstart_lr: float | None = None
 ) -> Path:
+    """The tiny model for `config`, warm-started at `warmstart_lr` (default: `TOOL_WARMSTART_LR` for the tool loop,
+    `WARMSTART_LR` otherwise)."""
     from services.common.tiny_model import build_tiny_model
     from services.learner.warmstart import warmstart
 
@@ -70,8 +73,8 @@ def prepare_tiny_model(
         config.env,
         config.model.warmstart_steps,
         seed=config.seed,
-        lr=TOOL_WARMSTART_LR if tools else warmstart_lr,
+        lr=warmstart_lr if warmstart_lr is not None else TOOL_WARMSTART_LR if tools else WARMSTART_LR,
         say=say,
         read_observations=config.model.warmstart_reads_observations,
-        tool_parser=config.rollout.tool_parser if config.rollout.agent_loop == "tools" else None,
+        tool_parser=config.rollout.tool_parser if tools else None,
     )
