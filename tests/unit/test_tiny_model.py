@@ -121,6 +121,42 @@ def test_warmstart_labels_replies_only_or_every_real_token():
     assert training_labels(ids, attention, batch, True).tolist() == [[5, 6, 7, 8], [9, 10, -100, -100]]
 
 
+WARMSTART_BATCHES = {
+    "no common prefix": [([5, 6, 7, 8, 9, 10], [0, 0, 1, 1, 0, 1]), ([9, 10, 11], [0, 1, 1])],
+    "a common prefix": [([5, 6, 7, 8, 9, 10], [0, 0, 0, 1, 0, 1]), ([5, 6, 7, 11], [0, 0, 1, 1])],
+    "the same rows": [([5, 6, 7, 8], [0, 0, 1, 1]), ([5, 6, 7, 8], [0, 0, 1, 1])],
+    "one row": [([5, 6, 7, 8], [0, 1, 0, 1])],
+}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("batch", WARMSTART_BATCHES.values(), ids=WARMSTART_BATCHES)
+def test_warmstart_loss_and_gradients_are_the_models_own(tmp_path, model_dir, tied, batch):
+    """The warm-start's loss (its shared prefix run once, the head at labelled positions only) and its gradients
+    are what the model computes on the whole batch."""
+    import torch
+
+    from services.learner.warmstart import next_token_loss, training_labels
+
+    path = build_tiny_model(tmp_path / "m", CORPUS, seed=3, tie_word_embeddings=True) if tied else model_dir
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([row + [0] * (width - len(row)) for row, _ in batch])
+    attention = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row, _ in batch])
+    labels = training_labels(ids, attention, batch, False)
+
+    def loss_and_grads(loss_fn):
+        model.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    ours, our_grads = loss_and_grads(lambda: next_token_loss(model, ids, attention, labels))
+    theirs, their_grads = loss_and_grads(lambda: model(input_ids=ids, attention_mask=attention, labels=labels).loss)
+    assert ours == pytest.approx(theirs, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(our_grads, their_grads, strict=True))
+
+
 def test_warmstart_episodes_ignore_the_hint(model_dir):
     """Reading observations must not teach which action is right: the warm-start's episodes come from a
     random policy, so its first moves agree with corridor's hint about half the time."""
