@@ -98,12 +98,11 @@ def next_token_loss(model, input_ids: torch.Tensor, attention: torch.Tensor, lab
     read observations, the replies alone: about an eighth of a tool demo's tokens)."""
     from transformers import DynamicCache
 
-    rows = input_ids.shape[0]
+    rows, width = input_ids.shape
     differs = (input_ids != input_ids[:1]).any(dim=0) | (attention == 0).any(dim=0)
-    shared = int(differs.int().argmax()) if bool(differs.any()) else input_ids.shape[1] - 1
-    shared = min(shared, input_ids.shape[1] - 1)
+    # the first column that differs (or is padding), leaving at least one token to the rest
+    shared = min(int(differs.int().argmax()) if bool(differs.any()) else width, width - 1)
     decoder = model.get_decoder()
-    cache = None
     if rows > 1 and shared > 0:
         cache = DynamicCache(config=model.config)
         prefix = decoder(input_ids=input_ids[:1, :shared], past_key_values=cache, use_cache=True).last_hidden_state

@@ -86,11 +86,12 @@ class ToolArith(TextEnv):
     def random_answer(self, rng: random.Random, seen: list[str]) -> str:
         """The first number the tool returned two times in three, else one of the question's numbers: the random
         parts are the call's operator and which number is copied, so a demo is right at most one time in nine and
-        a policy warm-started on them starts well below the learning test's 20%, sampling noise included."""
+        a policy warm-started on them starts well below 20% (9.6% of 512 held-out tasks, docs/tools.md)."""
         numbers = [n for text in seen for n in NUMBER.findall(text)]
         if not numbers:
             return self.random_action(rng)
-        return rng.choice([numbers[0].replace(",", ""), numbers[0].replace(",", ""), str(rng.choice([self.a, self.b]))])
+        said = numbers[0].replace(",", "")
+        return rng.choice([said, said, str(rng.choice([self.a, self.b]))])
 
     def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
         """The task's numbers with an operator drawn from six."""
