@@ -227,3 +227,19 @@ def test_tool_arith_demos_draw_the_operator_from_six_and_mostly_answer_with_what
     assert set(answers) == {"-1234", a, b}
     assert 550 < answers["-1234"] < 650  # two times in three, the tool's first number
     assert len(env.random_answer(rng, [])) == len(env.task_info()["answer"])
+
+
+def test_tool_lookup_demos_hold_the_facts_name_half_the_time_and_copy_the_first_hit_one_time_in_three():
+    env, _ = play("tool_lookup", 3)
+    words = env.question.replace("?", "").split()
+    rng = random.Random(0)
+    queries = [env.random_tool_calls(rng)[0][1]["query"].split() for _ in range(900)]
+    assert all(set(query) <= set(words) and len(query) >= 2 for query in queries)
+    assert all(query == sorted(query, key=words.index) for query in queries)  # in the question's order
+    named = sum(env.fact.name in query for query in queries)
+    assert 400 < named < 500, named  # one in two
+    hits = "1. fact-0004\nThe island of Zaxtus has 19113 inhabitants.\n\n2. fact-0009\nLake Brou is 20 metres deep."
+    answers = [env.random_answer(rng, [hits]) for _ in range(900)]
+    assert 250 < answers.count("19113") < 350 and "20" not in answers  # the first hit's number, one in three
+    made_up = env.random_answer(rng, ["no document matches 'In which'"])
+    assert made_up.isdigit() and len(made_up) == len(str(env.fact.value))
