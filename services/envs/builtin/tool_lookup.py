@@ -198,11 +198,11 @@ class ToolLookup(TextEnv):
         return values[0] if values and rng.random() < 1 / 3 else self.random_action(rng)
 
     def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-        """A query of random words of the question that holds the fact's name half the time (random words: four in
-        ten). With the name the fact comes first; without it the search shows other facts. Names are several
-        sub-word tokens the model must copy exactly: in demos that held them one time in six, the warm-started
-        model misspelt most of them. Demos are right about one time in six; RL learns which query and which
-        number."""
+        """A query of random words of the question that holds the fact's name half the time (a pick of random words
+        alone would about four times in ten). With the name the fact comes first; without it the search shows other
+        facts. Names are several sub-word tokens the model must copy exactly: in demos that held them one time in
+        six, the warm-started model misspelt most of them. Demos are right about one time in six; RL learns which
+        query and which number."""
         with_name = rng.random() < 1 / 2
         return [("search", {"query": random_query(rng, self.question, self.fact.name, with_name)})]
 
