@@ -63,7 +63,7 @@ NUMBER_TOKENS = [str(n) for n in range(1000)]
 digits from the left (`1436` as `143`, `6`), as Llama 3's and GPT-4's tokenizers write numbers."""
 
 
-def _train_tokenizer(corpus: Sequence[str], number_tokens: bool = False):
+def _train_tokenizer(corpus: Sequence[str], number_tokens: bool = False, whole_words: Sequence[str] = ()):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -78,7 +78,7 @@ def _train_tokenizer(corpus: Sequence[str], number_tokens: bool = False):
     )
     tok.train_from_iterator(list(corpus), trainer=trainer, length=len(corpus))
     # added tokens are matched leftmost-longest before the BPE sees the text: digits never reach its merges
-    added = ACTION_TOKENS + (NUMBER_TOKENS if number_tokens else [])
+    added = ACTION_TOKENS + (NUMBER_TOKENS if number_tokens else []) + list(whole_words)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tok
 
@@ -90,9 +90,11 @@ def build_tiny_model(
     seed: int = 0,
     tie_word_embeddings: bool = False,
     number_tokens: bool = False,
+    whole_words: Sequence[str] = (),
 ) -> Path:
     """Writes config, float32 safetensors weights, generation config and tokenizer to `out_dir`. `number_tokens`:
-    numbers are written in tokens of up to three digits (see `NUMBER_TOKENS`)."""
+    numbers are written in tokens of up to three digits (see `NUMBER_TOKENS`); `whole_words`: one added token each
+    (`TextEnv.whole_words`)."""
     from transformers import GenerationConfig, LlamaConfig, PreTrainedTokenizerFast
 
     if not corpus:
@@ -101,7 +103,7 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_train_tokenizer(corpus, number_tokens),
+        tokenizer_object=_train_tokenizer(corpus, number_tokens, whole_words),
         pad_token=PAD,
         eos_token=END,
         additional_special_tokens=[USER, ASSISTANT],

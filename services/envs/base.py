@@ -100,6 +100,12 @@ class TextEnv(abc.ABC):
         return dict(cls.tools)
 
     @classmethod
+    def whole_words(cls, options: dict[str, Any] | None) -> list[str]:
+        """Words that a tokenizer made for this env (the tiny model's) keeps as one token each: invented names an
+        agent must copy exactly, which a 2-layer model misspells when they come in sub-word pieces."""
+        return []
+
+    @classmethod
     def task_range(cls, options: dict[str, Any] | None) -> range | None:
         """The task indices this env can serve with these options; None: any index >= 0."""
         return None

@@ -54,6 +54,7 @@ def prepare_tiny_model(
     """The tiny model for `config`, warm-started at `warmstart_lr` (default: `TOOL_WARMSTART_LR` for the tool loop,
     `WARMSTART_LR` otherwise)."""
     from services.common.tiny_model import build_tiny_model
+    from services.envs.registry import ENVS
     from services.learner.warmstart import warmstart
 
     # The tool tasks' agent copies numbers from a tool's result. Written digit by digit, a 2-layer model copies them
@@ -61,9 +62,14 @@ def prepare_tiny_model(
     # distinct tokens it copies as it copies words.
     # Tied embeddings make a copy one circuit for every number (attend to it, write its own embedding back)
     # instead of one output row learned per number; at warm-start lr 2e-3 that circuit formed and broke down again.
+    # Invented names (tool_lookup's) are one token each for the same reason: in sub-word pieces the model misspelt
+    # them in its searches, and a misspelt name finds nothing.
     tools = config.rollout.agent_loop == "tools"
     corpus = env_corpus(config, say=say)
-    base = build_tiny_model(root / "base", corpus, seed=config.seed, number_tokens=tools, tie_word_embeddings=tools)
+    words = ENVS.get(config.env.name).whole_words(dict(config.env.options)) if tools else []
+    base = build_tiny_model(
+        root / "base", corpus, seed=config.seed, number_tokens=tools, tie_word_embeddings=tools, whole_words=words
+    )
     if not config.model.warmstart_steps:
         return base
     say(f"warm-starting the tiny model on the {config.env.name} action format ({config.model.warmstart_steps} steps)")

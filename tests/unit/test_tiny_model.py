@@ -177,6 +177,20 @@ def test_warmstart_episodes_ignore_the_hint(model_dir):
     assert 0.35 < agree / len(episodes) < 0.65, agree
 
 
+def test_whole_words_are_one_token_each_and_decode_back(tmp_path):
+    from services.envs.builtin.tool_lookup import ToolLookup, facts
+
+    names = ToolLookup.whole_words({})
+    assert names == [fact.name for fact in facts()] and len(set(names)) == len(names) == 500
+    tok = transformers.AutoTokenizer.from_pretrained(build_tiny_model(tmp_path, CORPUS, whole_words=names))
+    text = f'How deep is Lake {names[3]}? {{"query": "{names[3]} deep"}} {names[0]}.'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert [p for p in tok.convert_ids_to_tokens(ids) if p in names] == [names[3], names[3], names[0]]
+    assert tok.decode(ids) == text
+    plain = transformers.AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "plain", CORPUS))
+    assert names[3] not in plain.convert_ids_to_tokens(plain(text, add_special_tokens=False)["input_ids"])
+
+
 def test_number_tokens_write_numbers_in_chunks_of_three_from_the_left(tmp_path):
     numbered = build_tiny_model(tmp_path, CORPUS, number_tokens=True)
     tok = transformers.AutoTokenizer.from_pretrained(numbered)

@@ -229,17 +229,23 @@ def test_tool_arith_demos_draw_the_operator_from_six_and_mostly_answer_with_what
     assert len(env.random_answer(rng, [])) == len(env.task_info()["answer"])
 
 
-def test_tool_lookup_demos_hold_the_facts_name_half_the_time_and_copy_the_first_hit_one_time_in_three():
+def test_tool_lookup_demos_search_for_the_name_and_copy_a_hits_number_the_first_one_time_in_seven():
     env, _ = play("tool_lookup", 3)
     words = env.question.replace("?", "").split()
     rng = random.Random(0)
     queries = [env.random_tool_calls(rng)[0][1]["query"].split() for _ in range(900)]
-    assert all(set(query) <= set(words) and len(query) >= 2 for query in queries)
+    assert all(set(query) <= set(words) and env.fact.name in query and len(query) >= 3 for query in queries)
     assert all(query == sorted(query, key=words.index) for query in queries)  # in the question's order
-    named = sum(env.fact.name in query for query in queries)
-    assert 400 < named < 500, named  # one in two
-    hits = "1. fact-0004\nThe island of Zaxtus has 19113 inhabitants.\n\n2. fact-0009\nLake Brou is 20 metres deep."
-    answers = [env.random_answer(rng, [hits]) for _ in range(900)]
-    assert 250 < answers.count("19113") < 350 and "20" not in answers  # the first hit's number, one in three
+    hits = (
+        f"1. {env.fact.id}\n{env.fact.text}\n\n2. fact-0004\nThe island of Zaxtus has 19113 inhabitants."
+        "\n\n3. fact-0009\nLake Brou is 20 metres deep.\n\n4. fact-0014\nLake Reil is 31 metres deep."
+    )
+    answers = [env.random_answer(rng, [hits]) for _ in range(1400)]
+    counts = [answers.count(value) for value in (str(env.fact.value), "19113", "20", "31")]
+    assert 150 < counts[0] < 250 and all(300 < n < 500 for n in counts[1:3]) and counts[3] == 0, counts
+    made_up = [a for a in answers if a not in (str(env.fact.value), "19113", "20")]
+    assert 300 < len(made_up) < 500 and all(len(a) == len(str(env.fact.value)) for a in made_up)
+    one_hit = [env.random_answer(rng, [f"1. {env.fact.id}\n{env.fact.text}"]) for _ in range(700)]
+    assert 50 < one_hit.count(str(env.fact.value)) < 150  # the missing hits' share is made up
     made_up = env.random_answer(rng, ["no document matches 'In which'"])
     assert made_up.isdigit() and len(made_up) == len(str(env.fact.value))

@@ -47,6 +47,10 @@ class ToolChain(TextEnv):
         "calculator": {"type": "calculator"},
     }
 
+    @classmethod
+    def whole_words(cls, options: dict[str, Any] | None) -> list[str]:
+        return [fact.name for fact in facts()]
+
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)
         if task_index < 0:

@@ -176,6 +176,10 @@ class ToolLookup(TextEnv):
     Options = ToolLookupOptions
     tools = {"search": {"type": "search", "options": {"corpus": "builtin:facts"}}}
 
+    @classmethod
+    def whole_words(cls, options: dict[str, Any] | None) -> list[str]:
+        return [fact.name for fact in facts()]
+
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)
         if task_index < 0:
@@ -192,19 +196,18 @@ class ToolLookup(TextEnv):
         return random_number_like(rng, self.fact.value)
 
     def random_answer(self, rng: random.Random, seen: list[str]) -> str:
-        """The first fact's number the search showed (a hit's rank and id are not facts) one time in three, else
-        a made-up one."""
-        values = [n for text in seen for n in FACT_VALUE.findall(text)]
-        return values[0] if values and rng.random() < 1 / 3 else self.random_action(rng)
+        """A number copied from the search's hits: the first hit's one time in seven, the second's or the third's two
+        times in seven each, else a made-up one (also where there is no such hit). Most demos copy a number from a
+        document, so the warm-start learns to copy; which hit to copy from is what RL learns."""
+        results = next((text for text in seen if FACT_VALUE.search(text)), "")
+        values = [found[0] for hit in results.split("\n\n") if (found := FACT_VALUE.findall(hit))]
+        pick = rng.choices(range(4), weights=(1, 2, 2, 2))[0]
+        return values[pick] if pick < min(3, len(values)) else self.random_action(rng)
 
     def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-        """A query of random words of the question that holds the fact's name half the time (a pick of random words
-        alone would about four times in ten). With the name the fact comes first; without it the search shows other
-        facts. Names are several sub-word tokens the model must copy exactly: in demos that held them one time in
-        six, the warm-started model misspelt most of them. Demos are right about one time in six; RL learns which
-        query and which number."""
-        with_name = rng.random() < 1 / 2
-        return [("search", {"query": random_query(rng, self.question, self.fact.name, with_name)})]
+        """A query of the fact's name and random other words of the question, in the question's order: the search
+        then shows the fact first. Names are one token each in the tiny model's tokenizer (`whole_words`)."""
+        return [("search", {"query": random_query(rng, self.question, self.fact.name, with_name=True)})]
 
     def step(self, action: str) -> StepResult:
         given = parse_integer(action)

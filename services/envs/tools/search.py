@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,14 +59,25 @@ class Index:
     retriever: bm25s.BM25
 
     def search(self, query: str, k: int) -> tuple[list[Document], list[str]]:
-        """The best `k` documents with a positive score (ties in corpus order), and the query's indexed words."""
+        """The best `k` documents with a positive score, and the query's indexed words. Ties go in an order drawn
+        from the query's words (the same words, the same order): documents written from one template tie on a
+        vague query, which in corpus order would show the corpus's first ones to every such query."""
         words = [w for w in _tokenize([query])[0] if w and w in self.retriever.vocab_dict]
         if not words:
             return [], []
         scores = self.retriever.get_scores(words)
         found = np.flatnonzero(scores > 0)
-        ranked = found[np.lexsort((found, -scores[found]))][:k]
+        ranked = found[np.lexsort((_tie_order(found, words), -scores[found]))][:k]
         return [self.documents[i] for i in ranked], words
+
+
+def _tie_order(found: np.ndarray, words: list[str]) -> np.ndarray:
+    """A pseudo-random order of the documents `found`, drawn from `words` (splitmix64 of index and seed)."""
+    with np.errstate(over="ignore"):
+        x = found.astype(np.uint64) + np.uint64(zlib.crc32(" ".join(words).encode())) * np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 @TOOLSETS.register("search")
