@@ -15,7 +15,14 @@ from pydantic import Field
 
 from services.envs.base import EnvOptions, InvalidTask, StepResult, TextEnv, action_format, seen_number
 from services.envs.builtin.tool_arith import parse_integer
-from services.envs.builtin.tool_lookup import SEARCH_SENTENCE, Fact, facts, random_number_like, random_query
+from services.envs.builtin.tool_lookup import (
+    SEARCH_SENTENCE,
+    Fact,
+    fact_names,
+    facts,
+    random_number_like,
+    random_query,
+)
 from services.envs.registry import register_env
 
 QUESTIONS = {
@@ -49,7 +56,7 @@ class ToolChain(TextEnv):
 
     @classmethod
     def whole_words(cls, options: dict[str, Any] | None) -> list[str]:
-        return [fact.name for fact in facts()]
+        return fact_names()
 
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)

@@ -137,18 +137,23 @@ def facts() -> tuple[Fact, ...]:
     return tuple(found)
 
 
+def fact_names() -> list[str]:
+    """Every fact's invented name: the tiny tokenizer's whole words for the envs that search the facts."""
+    return [fact.name for fact in facts()]
+
+
 @CORPORA.register("facts")
 def facts_corpus() -> list[Document]:
     return [{"id": fact.id, "text": fact.text} for fact in facts()]
 
 
-def random_query(rng: random.Random, question: str, name: str | None = None, with_name: bool = False) -> str:
+def random_query(rng: random.Random, question: str, name: str | None = None) -> str:
     """A few of the question's words, in order: a search a plausible (not necessarily good) agent would make.
-    With `name` (a word of the question) the other words are drawn, and the name is added when `with_name`."""
+    With `name` (a word of the question) the other words are drawn and the name is added to them."""
     words = question.replace("?", "").split()
     others = [i for i, word in enumerate(words) if word != name]
     picked = set(rng.sample(others, rng.randint(min(2, len(others)), min(5, len(others)))))
-    if name in words and with_name:
+    if name in words:
         picked.add(words.index(name))
     return " ".join(words[i] for i in sorted(picked))
 
@@ -178,7 +183,7 @@ class ToolLookup(TextEnv):
 
     @classmethod
     def whole_words(cls, options: dict[str, Any] | None) -> list[str]:
-        return [fact.name for fact in facts()]
+        return fact_names()
 
     def reset(self, task_index: int, options: dict) -> str:
         opts = self.parse_options(options)
@@ -207,7 +212,7 @@ class ToolLookup(TextEnv):
     def random_tool_calls(self, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
         """A query of the fact's name and random other words of the question, in the question's order: the search
         then shows the fact first. Names are one token each in the tiny model's tokenizer (`whole_words`)."""
-        return [("search", {"query": random_query(rng, self.question, self.fact.name, with_name=True)})]
+        return [("search", {"query": random_query(rng, self.question, self.fact.name)})]
 
     def step(self, action: str) -> StepResult:
         given = parse_integer(action)
