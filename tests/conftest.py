@@ -20,6 +20,7 @@ one module, or one class, per worker at a time) starts them early and its worker
 
 
 LONGEST = (
+    "e2e/test_tool_learning.py",
     "e2e/test_learning.py",
     "faults/test_service_restarts.py",
     "integration/test_gigpo_vs_grpo_learning.py",

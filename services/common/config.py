@@ -161,6 +161,10 @@ class ModelConfig(Section):
     tiny model's: 1024)."""
     warmstart_steps: int = Field(150, ge=0, le=100000)
     """Supervised steps on the task format before RL, for the tiny model only (0 disables)."""
+    warmstart_lr: float | None = Field(None, gt=0, le=1)
+    """The warm-start's AdamW learning rate; empty: 2e-3, or 1e-3 for the tool-calling loop."""
+    warmstart_warmup_steps: int = Field(0, ge=0, le=100000)
+    """Warm-start steps over which the learning rate rises linearly from zero."""
     warmstart_reads_observations: bool = True
     """Warm-start also trains next-token prediction on prompts and observations (the reading a pretrained
     model brings), while the actions it sees stay random: the starting success rate stays that of the

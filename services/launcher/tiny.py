@@ -51,8 +51,8 @@ TOOL_WARMSTART_LR = 1e-3
 def prepare_tiny_model(
     config: TrainConfig, root: Path, say: Callable[[str], None] = print, warmstart_lr: float | None = None
 ) -> Path:
-    """The tiny model for `config`, warm-started at `warmstart_lr` (default: `TOOL_WARMSTART_LR` for the tool loop,
-    `WARMSTART_LR` otherwise)."""
+    """The tiny model for `config`, warm-started at `warmstart_lr` (default: `model.warmstart_lr`, else
+    `TOOL_WARMSTART_LR` for the tool loop and `WARMSTART_LR` otherwise)."""
     from services.common.tiny_model import build_tiny_model
     from services.envs.registry import ENVS
     from services.learner.warmstart import warmstart
@@ -79,7 +79,8 @@ def prepare_tiny_model(
         config.env,
         config.model.warmstart_steps,
         seed=config.seed,
-        lr=warmstart_lr if warmstart_lr is not None else TOOL_WARMSTART_LR if tools else WARMSTART_LR,
+        lr=warmstart_lr or config.model.warmstart_lr or (TOOL_WARMSTART_LR if tools else WARMSTART_LR),
+        warmup_steps=config.model.warmstart_warmup_steps,
         say=say,
         read_observations=config.model.warmstart_reads_observations,
         tool_parser=config.rollout.tool_parser if tools else None,

@@ -128,11 +128,13 @@ def warmstart(
     say: Callable[[str], None] = print,
     read_observations: bool = False,
     tool_parser: str | None = None,
+    warmup_steps: int = 0,
 ) -> Path:
     """`read_observations` also trains next-token prediction on the prompts and observations, the way
     pretraining gives a real model its reading: the tiny model then picks up the environment's text (that
     a hint repeats from one observation to the next, say) while its actions stay those of the random
-    policy, so the starting success rate is unchanged."""
+    policy, so the starting success rate is unchanged. `warmup_steps`: the learning rate rises linearly to `lr`
+    over these first steps (step k at k/warmup_steps of it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from services.rollout.prompting import ChatFormatter
@@ -152,6 +154,8 @@ def warmstart(
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.train()
     optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    ramp = max(1, warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optim, lambda done: min(1.0, (done + 1) / ramp))
     pad = tokenizer.pad_token_id or 0
     rng = random.Random(seed)
     for step in range(1, steps + 1):
@@ -164,6 +168,7 @@ def warmstart(
         optim.zero_grad()
         loss.backward()
         optim.step()
+        schedule.step()
         if step % 50 == 0 or step == steps:
             say(f"warm-start {step}/{steps}: loss {loss.item():.3f}")
     model.save_pretrained(out_dir)

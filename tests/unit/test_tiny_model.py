@@ -177,6 +177,27 @@ def test_warmstart_episodes_ignore_the_hint(model_dir):
     assert 0.35 < agree / len(episodes) < 0.65, agree
 
 
+def test_warmstart_warmup_scales_the_first_steps(tmp_path, model_dir):
+    """`warmup_steps` ramps the learning rate from lr/warmup_steps: Adam's first update moves each weight by about
+    its learning rate, so the first step's largest change is a tenth of the unramped one with a warm-up of 10."""
+    from safetensors.torch import load_file
+
+    from services.common.config import EnvConfig
+    from services.learner.warmstart import warmstart
+
+    def largest_change(warmup: int) -> float:
+        out = warmstart(
+            model_dir, tmp_path / f"w{warmup}", EnvConfig(name="corridor"), steps=1, lr=1e-3, say=lambda _: None,
+            warmup_steps=warmup,
+        )  # fmt: skip
+        before, after = load_file(model_dir / "model.safetensors"), load_file(out / "model.safetensors")
+        return max(float((after[name] - before[name]).abs().max()) for name in before)
+
+    full, ramped = largest_change(0), largest_change(10)
+    assert full == pytest.approx(1e-3, rel=0.05)
+    assert ramped == pytest.approx(1e-4, rel=0.05)
+
+
 def test_whole_words_are_one_token_each_and_decode_back(tmp_path):
     from services.envs.builtin.tool_lookup import ToolLookup, facts
 

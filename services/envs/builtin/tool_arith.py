@@ -72,8 +72,8 @@ class ToolArith(TextEnv):
         self.op = rng.choice(opts.operations)
         self.answer = {"+": self.a + self.b, "-": self.a - self.b, "*": self.a * self.b}[self.op]
         return (
-            f'What is "{self.a}{self.op}{self.b}"? {TOOL_SENTENCES[opts.tool]} Give the exact integer as your '
-            f"final answer. {action_format('12345')}"
+            f"{TOOL_SENTENCES[opts.tool]} Give the exact integer as your final answer. {action_format('12345')} "
+            f'What is "{self.a}{self.op}{self.b}"?'
         )
 
     def task_info(self) -> dict:
@@ -85,8 +85,9 @@ class ToolArith(TextEnv):
 
     def random_answer(self, rng: random.Random, seen: list[str]) -> str:
         """The first number the tool returned two times in three, else one of the question's numbers: the random
-        parts are the call's operator and which number is copied, so a demo is right at most one time in nine and
-        a policy warm-started on them starts well below 20% (9.6% of 512 held-out tasks, docs/tools.md)."""
+        parts are the call's operator and which number is copied, so a demo is right at most one time in nine. A
+        policy warm-started on them starts below 20%: 14.6% of 512 held-out tasks, writing the question's `+` in 25%
+        of its calls (docs/tools.md)."""
         numbers = [n for text in seen for n in NUMBER.findall(text)]
         if not numbers:
             return self.random_action(rng)
