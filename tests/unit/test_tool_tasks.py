@@ -70,7 +70,7 @@ def test_same_index_same_task_and_indices_differ(name):
     for task_index in range(12):
         (a, first), (b, again) = play(name, task_index), play(name, task_index)
         assert first == again and a.task_info() == b.task_info(), (name, task_index)
-        assert "<action>" in first and first.rstrip().endswith("</action>.")
+        assert "<action>" in first and "</action>." in first  # the answer's format (tool_arith: before the question)
         seen.append(first)
     assert len(set(seen)) >= 11, name
     assert play(name, 3, {"seed": 1})[1] != play(name, 3)[1]
