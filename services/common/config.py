@@ -164,7 +164,7 @@ class ModelConfig(Section):
     warmstart_lr: float | None = Field(None, gt=0, le=1)
     """The warm-start's AdamW learning rate; empty: 2e-3, or 1e-3 for the tool-calling loop."""
     warmstart_warmup_steps: int = Field(0, ge=0, le=100000)
-    """Warm-start steps over which the learning rate rises linearly from zero."""
+    """Warm-start steps over which the learning rate ramps up linearly (step k of N at k/N of it)."""
     warmstart_reads_observations: bool = True
     """Warm-start also trains next-token prediction on prompts and observations (the reading a pretrained
     model brings), while the actions it sees stay random: the starting success rate stays that of the

@@ -33,7 +33,9 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("sandbox") / "server.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMRL_SANDBOX_TOKEN": "s3cret"}
     env.pop("OMRL_BIND_HOST", None)
-    options = json.dumps({"cpu_s": 1, "wall_s": 2})
+    # a CPU-bound call must reach its 1 s of CPU before the wall clock's end on a loaded machine: with 2 s, beside
+    # a busy process and the other xdist worker, it got less than half a core and the wall clock came first
+    options = json.dumps({"cpu_s": 1, "wall_s": 6})
     args = ["--port", str(port), "--options", options, "--workspace-root", str(root), "--log-level", "warning"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -67,7 +69,7 @@ def run(url: str, calls: list[tuple[str, str]], token: str = "s3cret") -> list:
 
     async def go():
         os.environ[TOKEN_ENV] = token
-        tool = Python(PythonOptions(endpoint=url, token_env=TOKEN_ENV, wall_s=5))
+        tool = Python(PythonOptions(endpoint=url, token_env=TOKEN_ENV, wall_s=10))  # the server's 6 s binds
         await tool.start()
         answers = []
         try:
