@@ -27,6 +27,9 @@ from tests.support.api_process import JobApiProcess
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
+WAIT_MS = 30_000
+"""How long a check waits for a page that a click loads: beside a busy process the next page's table was not there yet
+when it was counted."""
 SETUP_HINT = "run scripts/setup.sh (it installs Debian's chromium and the dev extra's playwright)"
 STEPS = 3
 WIDTH = 1200
@@ -96,6 +99,13 @@ def inspector(runs):
         proc.wait(timeout=20)
 
 
+def expect(locator):
+    """Playwright's retrying assertions (imported here: without playwright, `browser` fails with the setup hint)."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(locator)
+
+
 @pytest.fixture(scope="module")
 def browser():
     executable = chromium_path()
@@ -133,11 +143,11 @@ def test_the_run_list_shows_both_runs_and_compares_them_on_one_chart(page, inspe
     page.check(f'input[value="{name}"]')
     page.check(f'input[value="{copy}"]')
     page.click("text=compare the checked runs")
-    assert page.url.endswith(f"/compare?run={name}&run={copy}")
+    page.wait_for_url(lambda url: url.endswith(f"/compare?run={name}&run={copy}"))
     chart = page.locator('.chart[data-title="reward"]')
     for run, folder in ((name, root / name), (copy, root / copy)):
         circles = chart.locator(f'g.series[data-run="{run}"] circle')
-        assert circles.count() == STEPS
+        expect(circles).to_have_count(STEPS, timeout=WAIT_MS)
         last = metrics_of(folder)[-1]
         assert float(circles.nth(STEPS - 1).get_attribute("data-value")) == pytest.approx(last["reward_mean"])
         assert f"step {STEPS}: reward_mean" in circles.nth(STEPS - 1).locator("title").text_content()
@@ -150,7 +160,7 @@ def test_a_steps_episodes_and_a_filter(page, inspector, runs, shots):
     page.goto(inspector)
     page.click(f'tr[data-run="{name}"] a')
     page.click('.steps a:text-is("2")')
-    assert page.locator("tr.episode").count() == len(rows)
+    expect(page.locator("tr.episode")).to_have_count(len(rows), timeout=WAIT_MS)
     first = page.locator("tr.episode").first
     assert first.locator('[data-key="reward"]').inner_text() == f"{rows[0]['reward']:.4f}"
     advantage = episode_summary(rows[0])["advantage_mean"]
@@ -159,7 +169,8 @@ def test_a_steps_episodes_and_a_filter(page, inspector, runs, shots):
     page.select_option('select[name="success"]', "false")
     page.click('button:text-is("apply")')
     failed = [r["trajectory_id"] for r in rows if not r["success"]]
-    assert "success=false" in page.url
+    page.wait_for_url(lambda url: "success=false" in url)
+    expect(page.locator("tr.episode")).to_have_count(len(failed), timeout=WAIT_MS)
     assert page.locator("tr.episode").evaluate_all("rows => rows.map(r => r.dataset.trajectory)") == failed
     assert page.locator("#count").inner_text() == f"{len(failed)} of {len(rows)} recorded episodes"
 
@@ -177,6 +188,7 @@ def test_an_episodes_transcript_and_token_view(page, inspector, runs, shots):
     assert spans.count() == len(row["token_ids"])
     page.screenshot(path=shots / "inspector_episode.png", full_page=True)
     page.click('.modes a:text-is("advantage")')
+    page.wait_for_url(lambda url: "mode=advantage" in url)
     assert page.locator("#tokens").get_attribute("data-mode") == "advantage" and "mode=advantage" in page.url
     t = row["turns"][0]["start"]
     title = page.locator("#tokens span").nth(t).get_attribute("title")
